@@ -1,0 +1,25 @@
+# Two commands: `make demo` and `make test`. Both create .venv if it is missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml .ci/install-torch.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	bash .ci/install-torch.sh $(PY)
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gpupipe demo --root demo-data
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) demo-data .bench

@@ -1,0 +1,224 @@
+"""From a resolved source to batches of encoded images, in and out of DataLoader workers.
+
+:class:`EncodedDataset` is the worker side: a torch ``IterableDataset`` of plain
+data (source, plan, settings) that builds its filesystem inside the worker and
+yields :class:`~gpupipe.batch.EncodedBatch` objects. :class:`EncodedLoader` is
+the main-process side: it owns the epoch, counts what was delivered (the resume
+state) and knows the exact number of batches. ``GpuLoader`` puts decode and
+augmentation behind it.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from gpupipe.batch import EncodedBatch, pack
+from gpupipe.errors import ConfigError, PlanError
+from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity, rank_chunks, steps_per_rank, worker_chunks
+from gpupipe.sources import ResolvedSource, Source, resolve
+from gpupipe.storage import FetchConfig, Fetcher
+from gpupipe.stream import ErrorPolicy, SkipLog, iter_chunks, iter_whole_shards
+from gpupipe.types import World
+
+__all__ = ["StreamConfig", "LoaderStats", "EncodedDataset", "EncodedLoader", "default_num_workers"]
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How samples are streamed and split. ``shuffle_buffer`` is the shuffle window in
+    samples (rounded to whole batches); ``on_error`` is ``raise`` or ``skip``."""
+
+    shuffle: bool = True
+    shuffle_buffer: int = 1024
+    drop_last: bool = True
+    on_error: ErrorPolicy = ErrorPolicy.RAISE
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "on_error", _policy(self.on_error))
+        if self.shuffle_buffer < 0:
+            raise ConfigError(f"stream.shuffle_buffer: must be >= 0, got {self.shuffle_buffer}")
+
+
+def _policy(value) -> ErrorPolicy:
+    try:
+        return ErrorPolicy(value)
+    except ValueError:
+        raise ConfigError(f"stream.on_error: {value!r} is not one of 'raise', 'skip'") from None
+
+
+def default_num_workers(world: World) -> int:
+    """Workers per rank: the cores this process may use, shared among the ranks of
+    the node, less one for the training process; at least 1, at most 8 (workers
+    only fetch and parse, so more rarely helps; raise it for high-latency storage)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    per_rank = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, min(8, per_rank - 1))
+
+
+@dataclass
+class LoaderStats:
+    batches: int = 0
+    samples: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    io_wait_s: float = 0.0  # in workers, waiting for storage
+    wait_s: float = 0.0  # in the main process, waiting for a batch from the workers
+
+
+class EncodedDataset(IterableDataset):
+    """The worker side. Everything on it is plain data (a test pickles it)."""
+
+    def __init__(self, source: ResolvedSource, spec: PlanSpec, stream: StreamConfig, world: World,
+                 epoch: int = 0, progress: Mapping | None = None):
+        self.source, self.spec, self.stream, self.world = source, spec, stream, world
+        self.epoch, self.progress = epoch, dict(progress) if progress else None
+
+    def __iter__(self) -> Iterator[EncodedBatch]:
+        world = self.world.for_current_worker()
+        fetcher = Fetcher.for_url(self.source.shard_urls[0], self.source.storage_options, self.stream.fetch)
+        try:
+            if self.source.manifest is not None:
+                yield from self._planned(fetcher, world)
+            else:
+                yield from self._whole_shards(fetcher, world)
+        finally:
+            fetcher.close()
+
+    def _planned(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
+        spec, b = self.spec, self.spec.batch_size
+        progress = Progress.from_dict(spec, self.progress) if self.progress else None
+        mine = worker_chunks(rank_chunks(spec, world.rank, progress), world.worker_id, world.num_workers)
+        skips = SkipLog()
+        wait0 = 0.0
+        for chunk, samples, valid in iter_chunks(fetcher, self.source, spec, self.epoch, mine,
+                                                 on_error=self.stream.on_error, skips=skips):
+            for i in range(chunk.num_batches - chunk.first_batch):
+                batch = pack(samples[i * b:(i + 1) * b], valid[i * b:(i + 1) * b],
+                             epoch=self.epoch, chunk=chunk.index, batch=chunk.first_batch + i)
+                yield replace(batch, skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
+                skips.count, wait0 = 0, fetcher.stats.wait_s
+
+    def _whole_shards(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
+        spec, b = self.spec, self.spec.batch_size
+        part = world.rank * world.num_workers + world.worker_id
+        samples = iter_whole_shards(
+            fetcher, self.source.shard_urls, seed=spec.seed, epoch=self.epoch, shuffle=spec.shuffle,
+            buffer_size=self.stream.shuffle_buffer, part=part, num_parts=world.world_size * world.num_workers,
+            on_error=self.stream.on_error)
+        batch: list = []
+        for s in samples:
+            batch.append(s)
+            if len(batch) == b:
+                yield pack(batch, [True] * b, epoch=self.epoch)
+                batch = []
+        if batch and not spec.drop_last:
+            yield pack(batch, [True] * len(batch), epoch=self.epoch)
+
+
+class EncodedLoader:
+    """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
+
+    ``for batch in loader`` runs one epoch; the next ``for`` runs the next epoch
+    unless ``set_epoch`` says otherwise. ``state_dict()`` taken mid-epoch and given
+    to ``load_state_dict()`` of a new loader continues with exactly the batches
+    not yet delivered (the worker count may differ; the world size may not).
+    """
+
+    def __init__(self, source: str | list[str] | Source, *, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 num_workers: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                 drop_last: bool = True, rank: int | None = None, world_size: int | None = None,
+                 stream: StreamConfig | None = None, pin_memory: bool = False, prefetch_factor: int = 2):
+        src = source if isinstance(source, Source) else Source(url=source, storage_options=dict(storage_options or {}))
+        self.stream = replace(stream or StreamConfig(), shuffle=shuffle, drop_last=drop_last)
+        self.world = World.detect(rank, world_size)
+        self.source = resolve(src, self.stream.fetch)
+        counts = self.source.manifest.sample_counts() if self.source.manifest else (0,) * len(self.source.shard_urls)
+        self.spec = PlanSpec(counts=counts, batch_size=batch_size, world_size=self.world.world_size, seed=seed,
+                             shuffle=shuffle, drop_last=drop_last,
+                             chunk_batches=max(1, self.stream.shuffle_buffer // batch_size))
+        self.num_workers = default_num_workers(self.world) if num_workers is None else num_workers
+        if self.num_workers < 0:
+            raise ConfigError(f"loader.num_workers: must be >= 0, got {self.num_workers}")
+        self.pin_memory, self.prefetch_factor = pin_memory, prefetch_factor
+        self.epoch = 0
+        self._progress = Progress.for_rank(self.spec)
+        self._complete = False
+        self.stats = LoaderStats()
+        if self.source.manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
+            raise ConfigError(
+                f"{self.spec.num_samples} samples cannot give one batch of {batch_size} to each of "
+                f"{self.world.world_size} rank(s) with drop_last=True; use drop_last=False or a smaller batch_size")
+
+    # -- epoch and length ----------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches per epoch on this rank — the same number on every rank."""
+        if self.source.manifest is None:
+            raise TypeError("len() needs the shards' index.json (run `gpupipe index`); without it the count is unknown")
+        return steps_per_rank(self.spec)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
+        if epoch != self.epoch or self._complete:
+            self.epoch, self._complete = epoch, False
+            self._progress = Progress.for_rank(self.spec)
+
+    # -- iteration -------------------------------------------------------------------------
+    def _dataset(self) -> EncodedDataset:
+        return EncodedDataset(self.source, self.spec, self.stream, self.world, self.epoch, self._progress.to_dict())
+
+    def __iter__(self) -> Iterator[EncodedBatch]:
+        if self._complete:
+            self.set_epoch(self.epoch + 1)
+        workers = self.num_workers
+        if self.source.manifest is not None:
+            workers = min(workers, max(1, math.ceil(len(rank_chunks(self.spec, self.world.rank, self._progress)))))
+        loader = DataLoader(self._dataset(), batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
+                            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+                            persistent_workers=False)
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(it, None)
+            self.stats.wait_s += time.perf_counter() - t0
+            if batch is None:
+                break
+            self._count(batch)
+            yield batch
+        self._complete = True
+
+    def _count(self, batch: EncodedBatch) -> None:
+        if batch.chunk >= 0:
+            self._progress.advance(batch.chunk, batch.batch)
+        s = self.stats
+        s.batches += 1
+        s.samples += len(batch)
+        s.bytes += batch.nbytes
+        s.skipped += batch.skipped
+        s.io_wait_s += batch.io_wait_s
+
+    # -- resume ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "complete": self._complete,
+                "plan": plan_identity(self.spec), "progress": self._progress.to_dict()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise PlanError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        mid_epoch = not state["complete"] and (state["progress"]["done_below"] or state["progress"]["partial"])
+        check_resumable(state["plan"], self.spec, mid_epoch=bool(mid_epoch))
+        self.epoch, self._complete = int(state["epoch"]), bool(state["complete"])
+        self._progress = Progress.from_dict(self.spec, state["progress"]) if mid_epoch else Progress.for_rank(self.spec)

@@ -1,0 +1,67 @@
+"""The gpupipe exception tree.
+
+Every error a user can cause (bad data, bad config, unreachable storage) is a
+:class:`GpupipeError`; each message names the bad value and, where there is one,
+the way out.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "GpupipeError",
+    "ConfigError",
+    "ShardFormatError",
+    "DecodeError",
+    "StorageError",
+    "PlanError",
+    "MissingDependencyError",
+]
+
+
+class GpupipeError(Exception):
+    """Base class of every error gpupipe raises on purpose."""
+
+
+class ConfigError(GpupipeError, ValueError):
+    """A configuration value is missing, of the wrong type, or out of range."""
+
+
+class ShardFormatError(GpupipeError):
+    """A shard is not a valid WebDataset-layout tar (or disagrees with its manifest).
+
+    ``shard`` is the shard URL and ``offset`` the byte offset in it where the
+    problem was found (``None`` when it is not about one place).
+    """
+
+    def __init__(self, message: str, *, shard: str = "", offset: int | None = None):
+        where = shard + (f" at byte {offset}" if offset is not None else "")
+        super().__init__(f"{where}: {message}" if where else message)
+        self.shard = shard
+        self.offset = offset
+        self.reason = message
+
+
+class DecodeError(GpupipeError):
+    """An image could not be decoded (or failed the pre-decode header check)."""
+
+
+class StorageError(GpupipeError, OSError):
+    """Storage refused or failed a request for good (after retries, or a 403/404)."""
+
+    def __init__(self, message: str, *, url: str = ""):
+        super().__init__(f"{url}: {message}" if url else message)
+        self.url = url
+
+
+class PlanError(GpupipeError):
+    """The epoch plan cannot be made or resumed as asked (e.g. world size changed mid-epoch)."""
+
+
+class MissingDependencyError(GpupipeError, ImportError):
+    """An optional dependency is needed for the asked feature; the message says which extra."""
+
+    def __init__(self, package: str, *, extra: str, feature: str):
+        super().__init__(
+            f"{feature} needs the '{package}' package: pip install 'gpupipe[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra

@@ -1,0 +1,337 @@
+"""A cheap pre-decode check of encoded image bytes: format, size, channels, EXIF orientation.
+
+:func:`probe` reads only the header of a JPEG, PNG, GIF, BMP or WebP image (stdlib only,
+no copy of the buffer) and raises :class:`~gpupipe.errors.DecodeError` for anything a
+decoder should not be given: empty data, unknown magic bytes (an HTML/XML error page saved
+as ``.jpg`` is named as such), headers cut off or malformed, zero or absurd sizes, and
+images whose declared size exceeds ``max_pixels`` (decompression bombs). "Truncated"
+means only what the header walk can see: a JPEG is walked marker by marker up to its first
+SOS and must have scan data after it, a PNG chunk by chunk up to its first IDAT; entropy
+coded data is never scanned. Whatever the input, ``probe`` returns or raises
+``DecodeError`` -- nothing else -- and every loop is bounded.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from gpupipe.errors import DecodeError
+
+__all__ = ["ImageHeader", "probe", "MAX_SIDE"]
+
+MAX_SIDE = 1 << 20  # a side longer than this is a corrupt header, not an image
+_MAX_SEGMENTS = 4096  # JPEG markers before SOS / PNG and WebP chunks walked
+_MAX_SKIP = 4096  # fill bytes or stray bytes tolerated before one JPEG marker
+_INTERNAL = "malformed header (internal error"  # the safety net's message; tests look for it
+
+_JPEG_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7,
+                       0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+_JPEG_PROGRESSIVE = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
+_JPEG_STANDALONE = frozenset((0x01, 0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5, 0xD6, 0xD7))
+_SOI, _EOI, _SOS, _APP1 = 0xD8, 0xD9, 0xDA, 0xE1
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG colour type -> (channels as stored, allowed bit depths); palette images count as 3
+_PNG_COLOUR = {0: (1, (1, 2, 4, 8, 16)), 2: (3, (8, 16)), 3: (3, (1, 2, 4, 8)),
+               4: (2, (8, 16)), 6: (4, (8, 16))}
+_BMP_INFO_SIZES = (40, 52, 56, 64, 108, 124)
+_OTHER_FORMATS = ((b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"\x00\x00\x00\x0cjP  ", "JPEG 2000"),
+                  (b"\xffO\xffQ", "JPEG 2000"), (b"\xff\x0a", "JPEG XL"),
+                  (b"\x00\x00\x00\x0cJXL ", "JPEG XL"), (b"8BPS", "Photoshop"), (b"%PDF", "PDF"),
+                  (b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"))
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image's header declares.
+
+    ``channels`` is as stored: 1 gray, 2 gray+alpha, 3 colour (palette images too),
+    4 CMYK/YCCK (JPEG) or with alpha (PNG, WebP, 32-bit BMP). ``orientation`` is the EXIF
+    orientation 1..8 (JPEG APP1, PNG eXIf, WebP EXIF), 1 when absent or invalid.
+    ``progressive`` is set for progressive JPEG frames (SOF2/6/10/14).
+    """
+
+    format: str
+    width: int
+    height: int
+    channels: int
+    orientation: int = 1
+    progressive: bool = False
+    bit_depth: int = 8
+
+
+def probe(data: bytes | memoryview, *, max_pixels: int | None = None, name: str = "") -> ImageHeader:
+    """Check the header of encoded image ``data`` and return what it declares.
+
+    Raises :class:`DecodeError` (prefixed with ``name`` when given) for empty data, unknown or
+    unsupported magic bytes, truncated or malformed headers, a zero side or one over
+    :data:`MAX_SIDE`, and ``width * height > max_pixels``.
+    """
+    try:
+        header = _check_size(_parse(_as_bytes_view(data)), max_pixels)
+    except DecodeError as e:
+        raise DecodeError(f"{name}: {e}" if name else str(e)) from None
+    except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
+        # every parser checks its bounds; this net keeps the contract if one misses a case
+        message = f"{_INTERNAL}: {type(e).__name__}: {e})"
+        raise DecodeError(f"{name}: {message}" if name else message) from None
+    return header
+
+
+def _as_bytes_view(data: object) -> memoryview:
+    """A flat unsigned-byte view of ``data`` (no copy)."""
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    except (TypeError, ValueError) as e:
+        raise DecodeError(f"expected bytes or a contiguous buffer, got {type(data).__name__}: {e}") from None
+
+
+def _parse(view: memoryview) -> ImageHeader:
+    """Dispatch on the magic bytes."""
+    if not len(view):
+        raise DecodeError("empty data (0 bytes)")
+    head = bytes(view[:64])
+    if head.startswith(b"\xff\xd8"):
+        return _jpeg(view)
+    if head.startswith(_PNG_SIGNATURE):
+        return _png(view)
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return _gif(view)
+    if head.startswith(b"BM"):
+        return _bmp(view)
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return _webp(view)
+    raise DecodeError(_not_an_image(head))
+
+
+def _not_an_image(head: bytes) -> str:
+    """Say what unrecognised data looks like: a known other format, an HTML/XML page, text."""
+    shown = f"starts with {head[:16]!r}"
+    for magic, kind in _OTHER_FORMATS:
+        if head.startswith(magic):
+            return f"unsupported image format {kind} ({shown}); convert it to JPEG, PNG or WebP"
+    if head[4:8] == b"ftyp":
+        return f"unsupported image format HEIF/AVIF (brand {head[8:12]!r}; {shown})"
+    if head.startswith(b"RIFF"):
+        return f"not an image: a RIFF {head[8:12]!r} file, not WEBP ({shown})"
+    text = head.lstrip(b" \t\r\n\xef\xbb\xbf")
+    if text.startswith(b"<"):
+        return f"not an image: an HTML/XML page, e.g. a saved error response ({shown})"
+    if all(32 <= c < 127 or c in b"\t\r\n" for c in head):
+        return f"not an image: text ({shown})"
+    return f"not an image: {shown}"
+
+
+def _check_size(header: ImageHeader, max_pixels: int | None) -> ImageHeader:
+    """Reject zero, negative or absurd sides and more than ``max_pixels`` pixels."""
+    w, h, fmt = header.width, header.height, header.format.upper()
+    if w <= 0 or h <= 0:
+        raise DecodeError(f"{fmt}: declared size {w}x{h} has no pixels")
+    if w > MAX_SIDE or h > MAX_SIDE:
+        raise DecodeError(f"{fmt}: declared size {w}x{h} is absurd (a side over {MAX_SIDE}); corrupt header")
+    if max_pixels is not None and w * h > max_pixels:
+        raise DecodeError(f"{fmt}: declared size {w}x{h} ({w * h} pixels) exceeds "
+                          f"max_pixels={max_pixels}; raise max_pixels to accept it")
+    return header
+
+
+def _jpeg(view: memoryview) -> ImageHeader:
+    """Walk JPEG markers from SOI to the first SOS; read the SOF and the first APP1 Exif."""
+    pos, sof, orientation = 2, None, None
+    for _ in range(_MAX_SEGMENTS):
+        wanted = "SOF" if sof is None else "SOS"
+        found = _next_marker(view, pos)
+        if found is None:
+            raise DecodeError(f"truncated JPEG: no {wanted} marker before end of data ({len(view)} bytes)")
+        marker, pos = found
+        if marker in _JPEG_STANDALONE:
+            continue
+        if marker in (_SOI, _EOI):
+            raise DecodeError(f"JPEG: marker 0xFF{marker:02X} at byte {pos - 2} before {wanted}")
+        if pos + 2 > len(view):
+            raise DecodeError(f"truncated JPEG: no {wanted} marker before end of data ({len(view)} bytes)")
+        end = pos + struct.unpack_from(">H", view, pos)[0]
+        if end < pos + 2:
+            raise DecodeError(f"JPEG: marker 0xFF{marker:02X} at byte {pos - 2} has a length below 2")
+        if end > len(view):
+            raise DecodeError(f"truncated JPEG: no {wanted} marker before end of data (segment 0xFF"
+                              f"{marker:02X} at byte {pos - 2} runs to byte {end}, data has {len(view)})")
+        body = view[pos + 2:end]
+        if marker == _SOS:
+            if sof is None:
+                raise DecodeError(f"JPEG: SOS marker at byte {pos - 2} before any SOF")
+            if end >= len(view):
+                raise DecodeError("truncated JPEG: data ends right after the header (no scan data)")
+            width, height, channels, progressive, depth = sof
+            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth)
+        if marker in _JPEG_SOF:
+            if sof is not None:
+                raise DecodeError(f"JPEG: second SOF marker at byte {pos - 2}")
+            sof = _jpeg_sof(marker, body)
+        elif marker == _APP1 and orientation is None and body[:5] == b"Exif\x00":
+            orientation = _exif_orientation(body[6:])
+        pos = end
+    raise DecodeError(f"JPEG: more than {_MAX_SEGMENTS} markers before SOS")
+
+
+def _next_marker(view: memoryview, pos: int) -> tuple[int, int] | None:
+    """The marker code at or after ``pos`` and the position after it; None at end of data.
+
+    Skips fill bytes (0xFF 0xFF ...) and, like libjpeg, a few stray bytes before a marker.
+    """
+    if pos + 1 < len(view) and view[pos] == 0xFF and view[pos + 1] not in (0x00, 0xFF):
+        return view[pos + 1], pos + 2  # the usual case
+    window = bytes(view[pos:pos + _MAX_SKIP])
+    i = window.find(b"\xff")
+    while 0 <= i < len(window):
+        while i < len(window) and window[i] == 0xFF:
+            i += 1
+        if i < len(window) and window[i] != 0x00:
+            return window[i], pos + i + 1
+        i = window.find(b"\xff", i)
+    if pos + len(window) >= len(view):
+        return None
+    raise DecodeError(f"JPEG: no marker within {_MAX_SKIP} bytes after byte {pos}")
+
+
+def _jpeg_sof(marker: int, body: memoryview) -> tuple[int, int, int, bool, int]:
+    """(width, height, channels, progressive, bit depth) from an SOF segment body."""
+    if len(body) < 6:
+        raise DecodeError(f"JPEG: SOF segment of {len(body)} bytes is too short")
+    precision, height, width, components = struct.unpack_from(">BHHB", body, 0)
+    if len(body) != 6 + 3 * components:
+        raise DecodeError(f"JPEG: SOF segment of {len(body)} bytes does not fit its {components} components")
+    if not 1 <= components <= 4:
+        raise DecodeError(f"JPEG: unsupported number of components {components}")
+    if not 2 <= precision <= 16:
+        raise DecodeError(f"JPEG: invalid sample precision {precision}")
+    return width, height, components, marker in _JPEG_PROGRESSIVE, precision
+
+
+def _exif_orientation(tiff: memoryview) -> int:
+    """EXIF tag 0x0112 of IFD0 in a TIFF-structured block (either byte order); 1 if absent or malformed."""
+    if tiff[:6] == b"Exif\x00\x00":  # PNG eXIf and WebP EXIF payloads sometimes keep the prefix
+        tiff = tiff[6:]
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return 1
+    order = "<" if tiff[:2] == b"II" else ">"
+    magic, ifd = struct.unpack_from(order + "HI", tiff, 2)
+    if magic != 42 or not 8 <= ifd <= len(tiff) - 2:
+        return 1
+    (count,) = struct.unpack_from(order + "H", tiff, ifd)
+    for entry in range(ifd + 2, ifd + 2 + 12 * min(count, (len(tiff) - ifd - 2) // 12), 12):
+        tag, kind, n = struct.unpack_from(order + "HHI", tiff, entry)
+        if tag == 0x0112:
+            if kind not in (3, 4) or n != 1:  # SHORT (or, from some writers, LONG)
+                return 1
+            (value,) = struct.unpack_from(order + ("H" if kind == 3 else "I"), tiff, entry + 8)
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _png(view: memoryview) -> ImageHeader:
+    """Check the signature and IHDR (length, CRC, colour type and depth); walk chunks to IDAT."""
+    if len(view) < 33:
+        raise DecodeError(f"truncated PNG: IHDR needs 33 bytes, data has {len(view)}")
+    length, kind, width, height, depth, colour, compression, filtering, interlace = \
+        struct.unpack_from(">I4sIIBBBBB", view, 8)
+    if length != 13 or kind != b"IHDR":
+        raise DecodeError(f"PNG: first chunk is {kind!r} of {length} bytes, not a 13-byte IHDR")
+    if zlib.crc32(view[12:29]) != struct.unpack_from(">I", view, 29)[0]:
+        raise DecodeError("PNG: IHDR CRC mismatch (corrupt header)")
+    channels, depths = _PNG_COLOUR.get(colour, (0, ()))
+    if depth not in depths:
+        raise DecodeError(f"PNG: invalid colour type {colour} with bit depth {depth}")
+    if compression or filtering or interlace > 1:
+        raise DecodeError(f"PNG: invalid IHDR methods (compression {compression}, "
+                          f"filter {filtering}, interlace {interlace})")
+    return ImageHeader("png", width, height, channels, _png_orientation(view), bit_depth=depth)
+
+
+def _png_orientation(view: memoryview) -> int:
+    """Walk chunks after IHDR to the first IDAT (which must be complete); eXIf orientation or 1."""
+    pos, orientation = 33, 1
+    for _ in range(_MAX_SEGMENTS):
+        if pos + 8 > len(view):
+            raise DecodeError(f"truncated PNG: no IDAT chunk before end of data ({len(view)} bytes)")
+        length, kind = struct.unpack_from(">I4s", view, pos)
+        if kind == b"IDAT":
+            if pos + 12 + length > len(view):
+                raise DecodeError(f"truncated PNG: IDAT chunk at byte {pos} runs to byte "
+                                  f"{pos + 12 + length}, data has {len(view)}")
+            return orientation
+        if kind == b"IEND":
+            raise DecodeError(f"PNG: IEND at byte {pos} before any IDAT chunk")
+        if kind == b"eXIf":
+            orientation = _exif_orientation(view[pos + 8:pos + 8 + length])
+        pos += 12 + length
+    raise DecodeError(f"PNG: more than {_MAX_SEGMENTS} chunks before IDAT")
+
+
+def _gif(view: memoryview) -> ImageHeader:
+    """Logical screen size from the GIF87a/89a header; some data must follow the colour table."""
+    if len(view) < 13:
+        raise DecodeError(f"truncated GIF: logical screen descriptor needs 13 bytes, data has {len(view)}")
+    width, height, packed = struct.unpack_from("<HHB", view, 6)
+    table = 3 << ((packed & 7) + 1) if packed & 0x80 else 0
+    if len(view) <= 13 + table:
+        raise DecodeError("truncated GIF: data ends right after the header (no image data)")
+    return ImageHeader("gif", width, height, 3)
+
+
+def _bmp(view: memoryview) -> ImageHeader:
+    """Width and |height| from a BITMAPCOREHEADER or BITMAPINFOHEADER (and later versions)."""
+    if len(view) < 26:
+        raise DecodeError(f"truncated BMP: header needs at least 26 bytes, data has {len(view)}")
+    offset, info_size = struct.unpack_from("<II", view, 10)
+    if info_size != 12 and info_size not in _BMP_INFO_SIZES:
+        raise DecodeError(f"BMP: unsupported info header size {info_size}")
+    if len(view) < 14 + info_size:
+        raise DecodeError(f"truncated BMP: {info_size}-byte info header cut off at {len(view)} bytes")
+    layout = "<HHHH" if info_size == 12 else "<iiHH"
+    width, height, _planes, bits = struct.unpack_from(layout, view, 18)
+    if bits not in (1, 2, 4, 8, 16, 24, 32):
+        raise DecodeError(f"BMP: invalid bits per pixel {bits}")
+    if offset >= len(view):
+        raise DecodeError(f"truncated BMP: pixel data at byte {offset}, data has {len(view)}")
+    return ImageHeader("bmp", width, abs(height), 4 if bits == 32 else 3)
+
+
+def _webp(view: memoryview) -> ImageHeader:
+    """Size from the first chunk (VP8, VP8L or VP8X) of a RIFF WEBP container."""
+    if len(view) < 30:
+        raise DecodeError(f"truncated WebP: header needs 30 bytes, data has {len(view)}")
+    riff_size, kind = struct.unpack_from("<I4x4s", view, 4)
+    if riff_size + 8 > len(view):
+        raise DecodeError(f"truncated WebP: RIFF declares {riff_size + 8} bytes, data has {len(view)}")
+    if kind == b"VP8 ":
+        if view[23:26] != b"\x9d\x01\x2a" or view[20] & 1:
+            raise DecodeError("WebP: VP8 chunk does not start with a key frame")
+        width, height = struct.unpack_from("<HH", view, 26)
+        return ImageHeader("webp", width & 0x3FFF, height & 0x3FFF, 3)
+    if kind == b"VP8L":
+        (bits,) = struct.unpack_from("<I", view, 21)
+        if view[20] != 0x2F or bits >> 29:
+            raise DecodeError("WebP: VP8L chunk has a bad signature or version")
+        return ImageHeader("webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1, 3 + (bits >> 28 & 1))
+    if kind == b"VP8X":
+        flags = view[20]
+        width = 1 + int.from_bytes(view[24:27], "little")
+        height = 1 + int.from_bytes(view[27:30], "little")
+        orientation = _webp_orientation(view) if flags & 0x08 else 1
+        return ImageHeader("webp", width, height, 4 if flags & 0x10 else 3, orientation)
+    raise DecodeError(f"WebP: unknown first chunk {kind!r}")
+
+
+def _webp_orientation(view: memoryview) -> int:
+    """Walk RIFF chunks (by their sizes, skipping the data) to an EXIF chunk; its orientation or 1."""
+    pos = 12
+    for _ in range(_MAX_SEGMENTS):
+        if pos + 8 > len(view):
+            return 1
+        kind, size = struct.unpack_from("<4sI", view, pos)
+        if kind == b"EXIF":
+            return _exif_orientation(view[pos + 8:pos + 8 + size])
+        pos += 8 + size + (size & 1)
+    return 1

@@ -1,0 +1,66 @@
+"""Write samples as numbered tar shards plus the manifest, on any fsspec URL."""
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any, Mapping
+
+from gpupipe.formats.tar import TarShardWriter
+from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
+from gpupipe.storage import open_filesystem
+
+__all__ = ["ShardSink"]
+
+
+class ShardSink:
+    """Collects samples into shards of ``shard_size`` samples under ``dst``.
+
+    Each shard is built in memory and written with one ``pipe_file``-style put,
+    so an object store never holds half a shard; ``close()`` writes ``index.json``
+    last, which makes the dataset visible only when it is complete.
+    """
+
+    def __init__(self, dst: str, *, shard_size: int = 1000, storage_options: Mapping[str, Any] | None = None,
+                 prefix: str = "shard", classes: tuple[str, ...] = ()):
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+        self.fs, self.root = open_filesystem(dst, storage_options)
+        self.root = self.root.rstrip("/")
+        self.fs.makedirs(self.root, exist_ok=True)
+        self.shard_size, self.prefix, self.classes = shard_size, prefix, classes
+        self.entries: list[ShardEntry] = []
+        self._buf: io.BytesIO | None = None
+        self._writer: TarShardWriter | None = None
+
+    def write(self, key: str, fields: dict[str, bytes]) -> None:
+        if self._writer is None:
+            self._buf = io.BytesIO()
+            self._writer = TarShardWriter(self._buf)
+        self._writer.write(key, fields)
+        if len(self._writer.offsets) >= self.shard_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._writer is None or not self._writer.offsets:
+            return
+        self._writer.close()
+        data = self._buf.getvalue()
+        name = f"{self.prefix}-{len(self.entries):06d}.tar"
+        self.fs.pipe_file(f"{self.root}/{name}", data)
+        offsets = tuple(self._writer.offsets)
+        self.entries.append(ShardEntry(name=name, num_samples=len(offsets) - 1, size=len(data),
+                                       sha256=hashlib.sha256(data).hexdigest(), offsets=offsets))
+        self._buf, self._writer = None, None
+
+    def close(self) -> Manifest:
+        self._flush()
+        manifest = Manifest(shards=tuple(self.entries), classes=tuple(self.classes))
+        self.fs.pipe_file(f"{self.root}/{MANIFEST_NAME}", manifest.to_json().encode())
+        return manifest
+
+    def __enter__(self) -> "ShardSink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()

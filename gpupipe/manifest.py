@@ -1,0 +1,129 @@
+"""The shard manifest, ``index.json`` beside the shards.
+
+It lists each shard's name (relative to the manifest), sample count, byte size,
+SHA-256 and the byte offset where each sample starts (plus the end of the last
+sample). With it, a reader knows the whole epoch without listing or scanning:
+exact equal splits, and byte-range reads of part of a shard.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from gpupipe.errors import ShardFormatError
+from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.types import TarMember
+
+__all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard"]
+
+MANIFEST_NAME = "index.json"
+FORMAT = "gpupipe-manifest"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard: ``offsets`` has ``num_samples + 1`` entries (sample starts, then end of data)."""
+
+    name: str
+    num_samples: int
+    size: int
+    sha256: str
+    offsets: tuple[int, ...] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        offs = self.offsets
+        if len(offs) != self.num_samples + 1:
+            raise ShardFormatError(
+                f"manifest lists {len(offs)} offsets for {self.num_samples} samples (need samples + 1)",
+                shard=self.name,
+            )
+        if any(b < a for a, b in zip(offs, offs[1:])) or (offs and (offs[0] < 0 or offs[-1] > self.size)):
+            raise ShardFormatError("manifest offsets are not increasing within the shard size", shard=self.name)
+
+    def byte_range(self, start: int, stop: int) -> tuple[int, int]:
+        """Bytes holding samples ``[start, stop)`` of this shard."""
+        return self.offsets[start], self.offsets[stop]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    shards: tuple[ShardEntry, ...]
+    classes: tuple[str, ...] = ()
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def sample_counts(self) -> tuple[int, ...]:
+        return tuple(s.num_samples for s in self.shards)
+
+    def to_json(self) -> str:
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "num_samples": self.num_samples,
+            "classes": list(self.classes),
+            "shards": [
+                {"name": s.name, "num_samples": s.num_samples, "size": s.size,
+                 "sha256": s.sha256, "offsets": list(s.offsets)}
+                for s in self.shards
+            ],
+        }
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = MANIFEST_NAME) -> "Manifest":
+        """Parse and validate a manifest; any defect raises ``ShardFormatError`` naming ``source``."""
+        try:
+            doc = json.loads(text)
+            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+                raise ValueError(f"not a {FORMAT} v{VERSION} file (format={doc.get('format')!r}, version={doc.get('version')!r})")
+            shards = tuple(
+                ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
+                           sha256=str(s["sha256"]), offsets=tuple(int(o) for o in s["offsets"]))
+                for s in doc["shards"]
+            )
+            classes = tuple(str(c) for c in doc.get("classes", []))
+        except ShardFormatError as exc:
+            raise ShardFormatError(f"bad manifest entry: {exc}", shard=source) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ShardFormatError(f"not a valid manifest: {exc}", shard=source) from None
+        for s in shards:
+            if "/" in s.name and ".." in s.name.split("/") or s.name.startswith("/"):
+                raise ShardFormatError(f"shard name {s.name!r} escapes the manifest's folder", shard=source)
+        return cls(shards=shards, classes=classes)
+
+
+def index_shard(name: str, chunks: Iterable[bytes]) -> ShardEntry:
+    """Scan a whole shard (given as byte chunks) and describe it for the manifest."""
+    digest = hashlib.sha256()
+    size = 0
+    source = iter(chunks)
+
+    def hashed() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in source:
+            digest.update(chunk)
+            size += len(chunk)
+            yield chunk
+
+    last_end = 0
+
+    def tracked(members: Iterable[TarMember]) -> Iterator[TarMember]:
+        nonlocal last_end
+        for m in members:
+            last_end = m.end
+            yield m
+
+    offsets = [s.offset for s in group_by_key(tracked(iter_members(hashed(), shard=name)), shard=name)]
+    for _ in hashed():  # bytes after the end-of-archive marker still count in size and checksum
+        pass
+    return ShardEntry(name=name, num_samples=len(offsets), size=size, sha256=digest.hexdigest(),
+                      offsets=tuple(offsets) + (last_end if offsets else 0,))

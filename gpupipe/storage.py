@@ -1,0 +1,232 @@
+"""Byte-range reads from any fsspec filesystem: concurrent, bounded, retried.
+
+A :class:`Fetcher` is built inside the process that uses it (a DataLoader
+worker) from plain data — a URL, ``storage_options`` and a
+:class:`FetchConfig` — never pickled with an open filesystem.
+
+Every read is a byte range (``cat_file(path, start, end)``): with the
+manifest's offsets that is one GET per block, and no HEAD before it. Transient
+failures (5xx including S3 SlowDown, 429, connection reset, timeouts, a body
+shorter than asked) are retried with capped exponential backoff and full
+jitter; a block is only ever returned whole, so bytes are never joined wrongly.
+A 403, a 404 or a missing bucket fails at once with the URL in the message.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+from gpupipe.cache import BlockCache
+from gpupipe.errors import ConfigError, StorageError
+from gpupipe.types import ByteRange
+
+__all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient"]
+
+log = logging.getLogger(__name__)
+MiB = 1 << 20
+_REFUSED_PROTOCOLS = ("pipe",)  # webdataset-style shell commands are never run
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """How bytes are fetched. Plain data: safe to pickle into workers."""
+
+    concurrency: int = 8  # requests in flight per worker
+    readahead_bytes: int = 64 * MiB  # bytes requested but not yet consumed, per worker
+    block_bytes: int = 8 * MiB  # largest single request
+    retries: int = 8  # attempts after the first, for transient errors
+    backoff_s: float = 0.05
+    backoff_max_s: float = 5.0
+    request_timeout_s: float = 60.0
+    cache_dir: str | None = None
+    cache_bytes: int = 10 << 30
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "readahead_bytes", "block_bytes", "cache_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"stream.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.retries < 0 or self.request_timeout_s <= 0:
+            raise ConfigError("stream.retries must be >= 0 and stream.request_timeout_s > 0")
+
+
+@dataclass
+class FetchStats:
+    requests: int = 0
+    retries: int = 0
+    bytes: int = 0
+    cache_hits: int = 0
+    wait_s: float = 0.0  # time the consumer waited for bytes
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
+    """``(filesystem, path)`` for ``url``; bad protocols and missing packages raise clearly.
+
+    The storage options are passed to fsspec and never logged or put in messages.
+    """
+    import fsspec.core
+
+    protocol = url.split("://", 1)[0] if "://" in url else ("pipe" if url.startswith("pipe:") else "file")
+    if protocol in _REFUSED_PROTOCOLS:
+        raise ConfigError(f"source: {protocol}: URLs (shell commands) are refused; give a storage URL")
+    try:
+        return fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except ImportError as exc:
+        extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}.get(protocol, protocol)
+        raise ConfigError(f"{protocol}:// URLs need an extra package ({exc.name or exc}): pip install 'gpupipe[{extra}]'") from None
+    except ValueError as exc:
+        if "Protocol not known" in str(exc):
+            raise ConfigError(f"source: unknown storage protocol {protocol!r} in {url!r}") from None
+        raise
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed request is worth retrying."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status == 429 or status >= 500
+    text = str(exc)
+    if any(code in text for code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "NoSuchKey")):
+        return False
+    module = type(exc).__module__ or ""
+    return isinstance(exc, (OSError, TimeoutError, ConnectionError, _ShortRead)) or module.split(".")[0] in (
+        "aiohttp", "botocore", "aiobotocore", "asyncio", "fsspec", "requests", "urllib3")
+
+
+class _ShortRead(OSError):
+    """The server sent fewer bytes than the range asked for."""
+
+
+class Fetcher:
+    """Ranged reads of one filesystem with retries, concurrency and an optional cache."""
+
+    def __init__(self, fs, config: FetchConfig = FetchConfig()):
+        self.fs = fs
+        self.config = config
+        self.stats = FetchStats()
+        self._cache = BlockCache(config.cache_dir, config.cache_bytes) if config.cache_dir else None
+        self._jitter = random.Random()  # timing only; never touches data order
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig()) -> "Fetcher":
+        fs, _ = open_filesystem(url, storage_options)
+        return cls(fs, config)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- single requests ---------------------------------------------------------------
+    def size(self, url: str) -> int:
+        return int(self._retrying(url, lambda: self.fs.size(self.fs._strip_protocol(url))))
+
+    def read(self, r: ByteRange, *, version: str = "") -> bytes:
+        """The bytes of ``r`` (``stop=None``: to the end), retried; never short."""
+        stop = self.size(r.url) if r.stop is None else r.stop
+        if stop <= r.start:
+            return b""
+        key = BlockCache.key(r.url, r.start, stop, version) if self._cache else ""
+        if self._cache and (hit := self._cache.get(key)) is not None and len(hit) == stop - r.start:
+            with self._lock:
+                self.stats.cache_hits += 1
+            return hit
+        data = self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop))
+        if self._cache:
+            self._cache.put(key, data)
+        return data
+
+    def _read_once(self, url: str, start: int, stop: int) -> bytes:
+        path = self.fs._strip_protocol(url)
+        if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None) is not None:
+            from fsspec.asyn import sync
+
+            data = sync(self.fs.loop, self.fs._cat_file, path, start=start, end=stop, timeout=self.config.request_timeout_s)
+        else:
+            data = self.fs.cat_file(path, start=start, end=stop)
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.bytes += len(data)
+        if len(data) != stop - start:
+            raise _ShortRead(f"got {len(data)} of {stop - start} bytes for range [{start}, {stop})")
+        return bytes(data)
+
+    def _retrying(self, url: str, attempt):
+        cfg = self.config
+        for n in range(cfg.retries + 1):
+            try:
+                return attempt()
+            except Exception as exc:  # classified below; unexpected kinds re-raise at once
+                if not is_transient(exc):
+                    raise StorageError(f"{type(exc).__name__}: {exc}", url=url) from exc
+                with self._lock:
+                    self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
+                if n == cfg.retries:
+                    raise StorageError(f"gave up after {n + 1} attempts; last error {type(exc).__name__}: {exc}", url=url) from exc
+                with self._lock:
+                    self.stats.retries += 1
+                delay = self._jitter.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
+                log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
+                time.sleep(delay)
+
+    # -- pipelined reads ---------------------------------------------------------------
+    def read_many(self, ranges: Iterable[tuple[ByteRange, str]]) -> Iterator[list[bytes] | StorageError]:
+        """For each ``(range, version)`` in order, its bytes as a list of blocks — or the
+        ``StorageError`` that ended it (so the caller decides; later ranges still come).
+
+        Up to ``concurrency`` block requests run at once and at most about
+        ``readahead_bytes`` are requested ahead of the consumer, so memory does
+        not grow with the size of the dataset.
+        """
+        cfg = self.config
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
+        pending: deque[tuple[int, int, Future]] = deque()  # (range index, block bytes, future)
+        blocks = self._blocks(ranges)
+        done: dict[int, list[bytes]] = {}
+        counts: dict[int, int] = {}
+        next_out, in_flight = 0, 0
+        exhausted = False
+        while True:
+            while not exhausted and (not pending or in_flight < cfg.readahead_bytes) and len(pending) < 4 * cfg.concurrency:
+                item = next(blocks, None)
+                if item is None:
+                    exhausted = True
+                    break
+                index, total, block, version = item
+                counts[index] = total
+                pending.append((index, block.length or 0, self._pool.submit(self.read, block, version=version)))
+                in_flight += block.length or 0
+            if not pending:
+                return
+            index, nbytes, fut = pending.popleft()
+            t0 = time.perf_counter()
+            try:
+                data: bytes | StorageError = fut.result()
+            except StorageError as exc:
+                data = exc
+            self.stats.wait_s += time.perf_counter() - t0
+            in_flight -= nbytes
+            done.setdefault(index, []).append(data)
+            while next_out in counts and len(done.get(next_out, ())) == counts[next_out]:
+                parts = done.pop(next_out)
+                yield next((p for p in parts if isinstance(p, StorageError)), parts)
+                next_out += 1
+
+    def _blocks(self, ranges: Iterable[tuple[ByteRange, str]]) -> Iterator[tuple[int, int, ByteRange, str]]:
+        step = self.config.block_bytes
+        for index, (r, version) in enumerate(ranges):
+            stop = self.size(r.url) if r.stop is None else r.stop
+            starts = list(range(r.start, stop, step)) or [r.start]
+            for s in starts:
+                yield index, len(starts), ByteRange(r.url, s, min(s + step, stop)), version

@@ -1,0 +1,121 @@
+"""Frozen value types that cross stage boundaries.
+
+Everything here is plain data: cheap to copy, safe to pickle into a DataLoader
+worker, and free of torch/CUDA state (``EncodedBatch`` lives in
+:mod:`gpupipe.batch` because it holds tensors).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+__all__ = ["World", "ByteRange", "TarMember", "Sample"]
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process sits: rank among ranks, worker among DataLoader workers.
+
+    Only :meth:`detect` and :meth:`for_current_worker` read the environment;
+    everything else receives a ``World``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    worker_id: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        if self.num_workers < 1 or not 0 <= self.worker_id < self.num_workers:
+            raise ValueError(
+                f"worker_id {self.worker_id} is not in [0, num_workers={self.num_workers})"
+            )
+
+    @classmethod
+    def detect(cls, rank: int | None = None, world_size: int | None = None) -> "World":
+        """Read rank and world size once: explicit arguments, else torch.distributed,
+        else ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else a single process."""
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if rank is not None and world_size is not None:
+            return cls(rank=rank, world_size=world_size, local_rank=local_rank)
+        dist = _initialised_torch_distributed()
+        if dist is not None:
+            return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            return cls(
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+                local_rank=local_rank,
+            )
+        return cls()
+
+    def for_current_worker(self) -> "World":
+        """This world, with the worker id and count of the DataLoader worker we run in
+        (unchanged in the main process)."""
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return self
+        return replace(self, worker_id=info.id, num_workers=info.num_workers)
+
+
+def _initialised_torch_distributed():
+    import sys
+
+    if "torch" not in sys.modules:  # never import torch just to ask
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes ``[start, stop)`` of ``url``; ``stop=None`` means to the end of the object."""
+
+    url: str
+    start: int = 0
+    stop: int | None = None
+
+    @property
+    def length(self) -> int | None:
+        return None if self.stop is None else self.stop - self.start
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """One regular-file member of a tar stream.
+
+    ``offset`` is the byte offset (in the shard) of the member's first header
+    block, counting any pax / GNU long-name headers that precede it; ``end`` is
+    the offset just past its padded data.
+    """
+
+    name: str
+    data: bytes
+    offset: int
+    end: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample: the members that share a key, by lower-case extension.
+
+    ``sample_id`` is the sample's global id in the manifest order (shard
+    offset + index in shard), or -1 when streaming without a manifest.
+    """
+
+    key: str
+    fields: Mapping[str, bytes] = field(repr=False)
+    shard: str = ""
+    offset: int = 0
+    sample_id: int = -1
