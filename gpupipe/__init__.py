@@ -1,0 +1,39 @@
+"""gpupipe: encoded images from any storage → GPU decode (DALI/nvJPEG) → GPU batch augmentation.
+
+``import gpupipe`` is light: torch, DALI, Lightning and Kornia are imported only
+when the object that needs them is first used.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "EncodedLoader": "gpupipe.dataset:EncodedLoader",
+    "StreamConfig": "gpupipe.dataset:StreamConfig",
+    "EncodedBatch": "gpupipe.batch:EncodedBatch",
+    "FetchConfig": "gpupipe.storage:FetchConfig",
+    "Source": "gpupipe.sources:Source",
+    "World": "gpupipe.types:World",
+    "Manifest": "gpupipe.manifest:Manifest",
+    "ingest": "gpupipe.ingest:ingest",
+    "index": "gpupipe.ingest:index",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'gpupipe' has no attribute {name!r}")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,155 @@
+"""EncodedLoader end to end on local files and memory://: exactly-once, equal steps, resume."""
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from datagen import ids_of, write_dataset
+from gpupipe.dataset import EncodedLoader, StreamConfig
+from gpupipe.errors import ConfigError, PlanError, StorageError
+
+COUNTS = [23, 0, 41, 7, 30, 1]  # uneven, with an empty shard
+N = sum(COUNTS)
+
+
+@pytest.fixture(params=["file", "memory"])
+def dataset_url(request, tmp_path):
+    if request.param == "file":
+        url = str(tmp_path / "ds")
+    else:
+        url = f"memory://gpupipe-test-{uuid.uuid4().hex}"
+    write_dataset(url, COUNTS)
+    yield url
+    if request.param == "memory":
+        import fsspec
+        fsspec.filesystem("memory").rm(url.split("://")[1], recursive=True)
+
+
+def epoch_ids(loader) -> list[int]:
+    return [i for b in loader for i in ids_of(b)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_one_epoch_delivers_every_sample_once(dataset_url, workers):
+    loader = EncodedLoader(dataset_url, batch_size=8, num_workers=workers, drop_last=False, rank=0, world_size=1,
+                           stream=StreamConfig(shuffle_buffer=16))
+    ids = epoch_ids(loader)
+    assert sorted(ids) == list(range(N))
+    assert len(loader) == loader.stats.batches == -(-N // 8)
+    assert ids != sorted(ids)  # shuffled
+
+
+def test_ranks_take_equal_steps_and_split_exactly(dataset_url):
+    seen, steps = [], set()
+    for rank in range(3):
+        loader = EncodedLoader(dataset_url, batch_size=5, num_workers=0, rank=rank, world_size=3, drop_last=True)
+        batches = list(loader)
+        steps.add(len(batches))
+        assert len(batches) == len(loader)
+        seen += [i for b in batches for i in ids_of(b)]
+    assert steps == {N // 15}
+    assert len(seen) == len(set(seen)) == (N // 15) * 15
+
+
+def test_epochs_reshuffle_and_are_reproducible(dataset_url):
+    a = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=3, rank=0, world_size=1)
+    e0, e1 = epoch_ids(a), epoch_ids(a)  # the second pass is the next epoch
+    assert e0 != e1
+    b = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=3, rank=0, world_size=1)
+    b.set_epoch(1)
+    assert epoch_ids(b) == e1
+
+
+@pytest.mark.parametrize("stop_after,workers_after", [(1, 0), (5, 2), (11, 1)])
+def test_resume_mid_epoch_delivers_exactly_the_rest(dataset_url, stop_after, workers_after):
+    full = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=1, rank=0, world_size=1)
+    full.set_epoch(2)
+    expected = sorted(epoch_ids(full))
+    first = EncodedLoader(dataset_url, batch_size=4, num_workers=2, seed=1, rank=0, world_size=1)
+    first.set_epoch(2)
+    seen = []
+    for n, b in enumerate(first):
+        seen += ids_of(b)
+        if n + 1 == stop_after:
+            break
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    resumed = EncodedLoader(dataset_url, batch_size=4, num_workers=workers_after, seed=1, rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    rest = epoch_ids(resumed)
+    assert sorted(seen + rest) == expected
+    assert len(seen) + len(rest) == len(expected)
+
+
+def test_resume_with_other_world_size_mid_epoch_fails_clearly(dataset_url):
+    a = EncodedLoader(dataset_url, batch_size=4, num_workers=0, rank=0, world_size=2)
+    next(iter(a))
+    b = EncodedLoader(dataset_url, batch_size=4, num_workers=0, rank=0, world_size=3)
+    with pytest.raises(PlanError, match="world_size: saved 2, now 3"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_padding_keeps_shapes_and_marks_invalid(dataset_url):
+    padded, valid = 0, []
+    for rank in range(4):
+        loader = EncodedLoader(dataset_url, batch_size=16, num_workers=0, rank=rank, world_size=4, drop_last=False)
+        batches = list(loader)
+        assert all(len(b) == 16 for b in batches)
+        assert len(batches) == -(-N // 64)
+        padded += sum(int((~b.valid).sum()) for b in batches)
+        valid += [i for b in batches for i in ids_of(b)]
+    assert padded == 4 * 16 * len(batches) - N
+    assert sorted(valid) == list(range(N))
+
+
+def test_dataset_pickles_as_plain_data(dataset_url):
+    loader = EncodedLoader(dataset_url, batch_size=4, num_workers=0, storage_options={}, rank=0, world_size=1)
+    ds = pickle.loads(pickle.dumps(loader._dataset()))
+    assert sum(len(b) for b in ds) == (N // 4) * 4
+
+
+def test_spawned_workers_build_their_own_filesystem(tmp_path):
+    url = str(tmp_path / "ds")
+    write_dataset(url, [10, 10])
+    code = (
+        "import torch.multiprocessing as mp, sys\n"
+        "from gpupipe.dataset import EncodedLoader\n"
+        "from torch.utils.data import DataLoader\n"
+        f"L = EncodedLoader({url!r}, batch_size=5, num_workers=2, rank=0, world_size=1)\n"
+        "dl = DataLoader(L._dataset(), batch_size=None, num_workers=2, multiprocessing_context='spawn')\n"
+        "print(sum(len(b) for b in dl))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "20"
+
+
+def test_too_small_for_one_step_per_rank(tmp_path):
+    url = str(tmp_path / "ds")
+    write_dataset(url, [3])
+    with pytest.raises(ConfigError, match="drop_last=False or a smaller batch_size"):
+        EncodedLoader(url, batch_size=4, rank=0, world_size=1)
+
+
+def test_missing_folder_names_the_url(tmp_path):
+    with pytest.raises(StorageError, match="nowhere"):
+        EncodedLoader(str(tmp_path / "nowhere") + "/", batch_size=4, rank=0, world_size=1)
+
+
+def test_without_manifest_streams_whole_shards_with_a_warning(tmp_path, caplog):
+    url = str(tmp_path / "ds")
+    write_dataset(url, [6, 9, 5], manifest=False)
+    loader = EncodedLoader(url + "/part-{0000..0002}.tar", batch_size=4, num_workers=0, drop_last=False, rank=0, world_size=1)
+    assert "no index.json" in caplog.text
+    assert sorted(i for b in loader for i in ids_of(b, with_manifest=False)) == list(range(20))
+    with pytest.raises(TypeError, match="gpupipe index"):
+        len(loader)
+
+
+def test_import_gpupipe_stays_light():
+    code = "import sys, gpupipe; print(sorted(m for m in ('torch','nvidia.dali','lightning','kornia','s3fs') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
