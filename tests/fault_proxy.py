@@ -82,6 +82,7 @@ class FaultProxy:
 
     def start(self) -> FaultProxy:
         """Listen on a free port of 127.0.0.1 and serve in a daemon thread."""
+        self._stopping.clear()
         server = _Server(("127.0.0.1", 0), _Handler)
         server.proxy = self
         self._server = server
@@ -133,9 +134,14 @@ class FaultProxy:
         return seconds <= 0 or not self._stopping.wait(seconds)
 
     def track(self, conn: socket.socket, alive: bool) -> None:
-        """Remember (``alive``) or forget an accepted client socket."""
+        """Remember (``alive``) or forget an accepted client socket.
+
+        A socket accepted while :meth:`stop` runs is shut down at once.
+        """
         with self._lock:
             (self._connections.add if alive else self._connections.discard)(conn)
+        if alive and self._stopping.is_set():
+            conn.shutdown(socket.SHUT_RDWR)
 
     def forward(self, method: str, path: str, headers: list[tuple[str, str]],
                 body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
@@ -239,6 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
             if length is not None:
                 self.send_header("Content-Length", length)
             self.end_headers()
+            self.close_connection = truncate  # no body to cut short
             return
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()

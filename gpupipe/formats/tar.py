@@ -31,6 +31,7 @@ BLOCK = 512
 MAX_MEMBER_BYTES = 1 << 30  # a member larger than this is a corrupt size field, not an image
 _MAX_EXT_HEADER = 1 << 20  # pax / GNU long-name payloads are names, not data
 _REGULAR = (b"0", b"\0", b"7")
+_EXTENDED = (b"x", b"g", b"L", b"K")  # headers whose data is metadata, not a member
 _SKIPPED = (b"5", b"g", b"K")  # directories, global pax headers, GNU long link names
 _REJECTED = {b"1": "hard link", b"2": "symbolic link", b"3": "character device",
              b"4": "block device", b"6": "FIFO"}
@@ -46,15 +47,28 @@ class _ChunkReader:
         self.consumed = 0
 
     def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes; fewer only at the end of the stream."""
-        while len(self._buf) - self._pos < n:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                break
-            self._buf = self._buf[self._pos:] + bytes(nxt)
-            self._pos = 0
-        out = self._buf[self._pos:self._pos + n]
-        self._pos += len(out)
+        """Up to ``n`` bytes; fewer only at the end of the stream.
+
+        Only the bytes returned are copied (a read inside the current chunk is one
+        slice); a read across chunk boundaries joins just the pieces it needs.
+        """
+        end = self._pos + n
+        if end <= len(self._buf):
+            out = self._buf[self._pos:end]
+            self._pos = end
+        else:
+            parts = [self._buf[self._pos:]]
+            need = n - len(parts[0])
+            while need > 0:
+                nxt = next(self._chunks, None)
+                if nxt is None:
+                    self._buf, self._pos = b"", 0
+                    break
+                self._buf = nxt if isinstance(nxt, bytes) else bytes(nxt)
+                parts.append(self._buf[:need])
+                self._pos = len(parts[-1])
+                need -= self._pos
+            out = b"".join(parts)
         self.consumed += len(out)
         return out
 
@@ -87,12 +101,14 @@ def iter_members(
         if len(block) < BLOCK:
             raise ShardFormatError(f"truncated header ({len(block)} of 512 bytes)", shard=shard, offset=here)
         if block == bytes(BLOCK):
+            if first_header is not None:
+                raise ShardFormatError("end-of-archive marker after an extended header", shard=shard, offset=here)
             return  # end-of-archive marker
         header = _parse_header(block, shard=shard, offset=here)
         typeflag, size = header["type"], header["size"]
-        if pending_size is not None:
+        if pending_size is not None and typeflag not in _EXTENDED:
             size, pending_size = pending_size, None
-        limit = _MAX_EXT_HEADER if typeflag in (b"x", b"g", b"L", b"K") else max_member_bytes
+        limit = _MAX_EXT_HEADER if typeflag in _EXTENDED else max_member_bytes
         if size > limit:
             raise ShardFormatError(f"member size {size} exceeds the limit of {limit} bytes", shard=shard, offset=here)
         if first_header is None:
@@ -104,7 +120,8 @@ def iter_members(
         if padding and len(reader.read(padding)) < padding:
             raise ShardFormatError("truncated padding after member data", shard=shard, offset=here)
         if typeflag == b"x":
-            pending_name, pending_size = _parse_pax(data, shard=shard, offset=here, name=pending_name)
+            pending_name, pax_size = _parse_pax(data, shard=shard, offset=here, name=pending_name)
+            pending_size = pending_size if pax_size is None else pax_size
             continue
         if typeflag == b"L":
             pending_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -122,9 +139,8 @@ def iter_members(
 
 def _parse_header(block: bytes, *, shard: str, offset: int) -> dict:
     stored = _octal(block[148:156], what="checksum", shard=shard, offset=offset)
-    unsigned = sum(block[:148]) + 8 * 0x20 + sum(block[156:])
-    signed = unsigned - 2 * sum(b for b in block[:148] + block[156:] if b > 127)
-    if stored not in (unsigned, signed):
+    unsigned = sum(block) - sum(block[148:156]) + 8 * 0x20  # the checksum field counts as spaces
+    if stored != unsigned and stored != unsigned - 256 * sum(b > 127 for b in block[:148] + block[156:]):  # signed-char tars
         raise ShardFormatError(f"header checksum {stored} does not match {unsigned} (corrupt header)", shard=shard, offset=offset)
     raw_size = block[124:136]
     if raw_size[0] & 0x80:  # GNU base-256 for large sizes
@@ -167,10 +183,12 @@ def _parse_pax(data: bytes, *, shard: str, offset: int, name: str | None) -> tup
         if key == b"path":
             name = value.decode("utf-8", "replace")
         elif key == b"size":
+            if not value.isdigit():
+                raise ShardFormatError(f"pax size {value!r} is not a decimal number", shard=shard, offset=offset)
             try:
                 size = int(value)
-            except ValueError:
-                raise ShardFormatError(f"pax size {value!r} is not a number", shard=shard, offset=offset) from None
+            except ValueError:  # more digits than int() converts
+                raise ShardFormatError(f"pax size {value[:20]!r}... is too long", shard=shard, offset=offset) from None
         pos += length
     return name, size
 
@@ -217,6 +235,19 @@ def group_by_key(members: Iterable[TarMember], *, shard: str = "") -> Iterator[S
         yield Sample(key=key, fields=fields, shard=shard, offset=start)
 
 
+def _check_member_name(key: str, ext: str) -> None:
+    name = f"{key}.{ext}"
+    try:
+        ok = split_name(name) == (key, ext) and _safe_name(name, shard="", offset=0) == name
+        name.encode("utf-8")
+    except (ShardFormatError, UnicodeEncodeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"member name {name!r} is not usable: the key needs no dot in its last component, "
+                         "no '..', no leading '/' or './', no backslash or NUL; the extension needs no '/' "
+                         "and no upper case")
+
+
 class TarShardWriter:
     """Writes samples as a WebDataset-layout tar and records where each one starts.
 
@@ -230,11 +261,20 @@ class TarShardWriter:
         self.size = 0
         self.offsets: list[int] = []
         self._closed = False
+        self._last_key: str | None = None
 
     def write(self, key: str, fields: dict[str, bytes]) -> int:
-        """Append one sample; returns its byte offset."""
-        if not key or split_name(key + ".x") != (key, "x") or ".." in key.split("/"):
-            raise ValueError(f"sample key {key!r} is not usable: no dots in its last component, no '..'")
+        """Append one sample; returns its byte offset.
+
+        Raises ``ValueError`` for a sample the reader would not give back as written:
+        no fields, the previous sample's key (the two would merge into one), or a
+        member name that :func:`split_name` / the reader's name check would change.
+        """
+        if not fields or key == self._last_key:
+            raise ValueError(f"sample {key!r} has no fields or repeats the previous key (the reader would merge them)")
+        for ext in fields:
+            _check_member_name(key, ext)
+        self._last_key = key
         offset = self.size
         for ext, data in fields.items():
             info = tarfile.TarInfo(f"{key}.{ext}")

@@ -1,0 +1,87 @@
+"""Shared pytest fixtures.
+
+Object storage: one loopback moto S3 server per session (``s3_server``), a fresh
+bucket per test (``s3_bucket``), fault-injecting proxies in front of the server
+(``s3_proxy``) and a bucket behind IAM checks (``s3_auth_bucket``). The helpers
+behind them live in ``s3util.py`` and ``fault_proxy.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import s3util
+from fault_proxy import FaultProxy
+
+# ---------------------------------------------------------------- object storage
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake AWS credentials in the environment for this test only; no profile, no IMDS."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3util.FAKE_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3util.FAKE_SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3util.REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE",
+                 "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """Endpoint URL (``http://127.0.0.1:<port>``) of a moto S3 server shared by the session.
+
+    It needs no credentials itself; tests whose code reads them from the
+    environment request ``aws_credentials`` (``s3_bucket`` does).
+    """
+    server, endpoint = s3util.start_moto_server()
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, aws_credentials: None) -> Iterator[s3util.S3Bucket]:
+    """A fresh, empty bucket (``.name``, ``.endpoint``, ``.storage_options``,
+    ``.url(path)``, ``.fs()``); its objects and the bucket are deleted afterwards."""
+    bucket = s3util.create_bucket(s3_server)
+    yield bucket
+    s3util.delete_bucket(bucket)
+
+
+@pytest.fixture
+def s3_proxy(s3_server: str, monkeypatch: pytest.MonkeyPatch
+             ) -> Iterator[Callable[..., FaultProxy]]:
+    """A factory ``make(**FaultProxy kwargs) -> FaultProxy``, started in front of
+    ``s3_server`` and stopped at teardown. Use ``s3util.storage_options_via(proxy,
+    bucket)`` to reach a bucket through it. While it is in use s3fs makes one
+    attempt per call (``S3FileSystem.retries = 1``), so faults reach the code under test.
+    """
+    s3util.single_attempt_s3fs(monkeypatch)
+    proxies: list[FaultProxy] = []
+
+    def make(**kwargs) -> FaultProxy:
+        proxies.append(FaultProxy(s3_server, **kwargs).start())
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.stop()
+
+
+@pytest.fixture
+def s3_auth_bucket(s3_bucket: s3util.S3Bucket) -> Iterator[s3util.S3Bucket]:
+    """``s3_bucket`` with the server checking signatures and IAM policies for this test.
+
+    Its ``key``/``secret`` are those of an IAM user allowed ``s3:*``; with
+    ``dataclasses.replace(bucket, secret="wrong")`` (SignatureDoesNotMatch) or
+    ``key="testing"`` (InvalidAccessKeyId) s3fs raises ``PermissionError``.
+    """
+    user, key, secret = s3util.create_iam_user(s3_bucket.endpoint)
+    try:
+        with s3util.iam_enforced(s3_bucket.endpoint):
+            yield dataclasses.replace(s3_bucket, key=key, secret=secret)
+    finally:
+        s3util.delete_iam_user(s3_bucket.endpoint, user)
