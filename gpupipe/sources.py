@@ -20,7 +20,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpupipe.errors import ConfigError, ShardFormatError, StorageError
+from gpupipe.errors import ConfigError, StorageError
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
 from gpupipe.types import ByteRange
@@ -76,33 +76,34 @@ def _has_glob(s: str) -> bool:
 
 
 def resolve(source: Source, fetch: FetchConfig = FetchConfig()) -> ResolvedSource:
-    """Expand the source and load the manifest beside the shards, if there is one."""
+    """Expand the source and load the manifest beside the shards, if there is one.
+
+    Storage errors (missing bucket, 403) surface here, in the main process, as
+    ``StorageError`` naming the URL — not later inside a DataLoader worker.
+    """
     urls = expand_pattern(source.url)
     fs, _ = open_filesystem(urls[0], source.storage_options)
     protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
     fetcher = Fetcher(fs, fetch)
-    if len(urls) == 1 and (urls[0].endswith("/") or urls[0].endswith(MANIFEST_NAME) or _is_dir(fs, urls[0])):
-        folder = urls[0][: -len(MANIFEST_NAME)] if urls[0].endswith(MANIFEST_NAME) else urls[0].rstrip("/") + "/"
-        manifest = _load_manifest(fetcher, folder + MANIFEST_NAME, required=not _has_tars(fs, folder))
-        if manifest is None:
-            return _without_manifest(fs, protocol, [folder + "*.tar"], source)
-        shard_urls = tuple(folder + s.name for s in manifest.shards)
-        return ResolvedSource(shard_urls, manifest, source.storage_options)
-    return _without_manifest(fs, protocol, urls, source, fetcher)
-
-
-def _without_manifest(fs, protocol: str, urls: list[str], source: Source, fetcher: Fetcher | None = None) -> ResolvedSource:
+    if len(urls) == 1 and _is_folder(fetcher, urls[0]):
+        u = urls[0]
+        folder = u[: -len(MANIFEST_NAME)] if u.endswith(MANIFEST_NAME) else u.rstrip("/") + "/"
+        manifest = _load_manifest(fetcher, folder + MANIFEST_NAME)
+        if manifest is not None:
+            return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options)
+        urls = [folder + "*.tar"]
     shard_urls: list[str] = []
     for u in urls:
         if _has_glob(u):
-            found = sorted(fs.glob(u))
+            found = sorted(fetcher.call(u, "glob"))
             if not found:
-                raise StorageError("no shards match this pattern", url=u)
+                raise StorageError("no shards match this pattern (and no index.json here)", url=u)
             shard_urls.extend(_with_protocol(protocol, p) for p in found)
         else:
             shard_urls.append(u)
-    manifest = _manifest_for(fetcher or Fetcher(fs), shard_urls)
+    manifest = _manifest_for(fetcher, shard_urls)
     if manifest is None:
+        fetcher.size(shard_urls[0])  # fail here, clearly, if the storage is not reachable
         log.warning(
             "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and workers are "
             "by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
@@ -116,7 +117,7 @@ def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> Manifest | None:
     if len(folders) != 1:
         return None
     folder = folders.pop() + "/"
-    manifest = _load_manifest(fetcher, folder + MANIFEST_NAME, required=False)
+    manifest = _load_manifest(fetcher, folder + MANIFEST_NAME)
     if manifest is None:
         return None
     by_name = {s.name: s for s in manifest.shards}
@@ -129,35 +130,23 @@ def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> Manifest | None:
     return Manifest(shards=tuple(entries), classes=manifest.classes)
 
 
-def _load_manifest(fetcher: Fetcher, url: str, *, required: bool) -> Manifest | None:
+def _load_manifest(fetcher: Fetcher, url: str) -> Manifest | None:
+    """The manifest at ``url``; ``None`` when there is none (other storage errors raise)."""
     try:
         text = fetcher.read(ByteRange(url))
     except StorageError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError) and not required:
+        if isinstance(exc.__cause__, FileNotFoundError) and "bucket" not in str(exc.__cause__).lower():
             return None
-        if isinstance(exc.__cause__, FileNotFoundError):
-            raise StorageError(f"no {MANIFEST_NAME} and no *.tar shards here", url=url) from None
         raise
-    try:
-        return Manifest.from_json(text, source=url)
-    except ShardFormatError:
-        raise
+    return Manifest.from_json(text, source=url)
 
 
-def _is_dir(fs, url: str) -> bool:
-    if _has_glob(url) or url.endswith(".tar"):
+def _is_folder(fetcher: Fetcher, url: str) -> bool:
+    if url.endswith("/") or url.endswith(MANIFEST_NAME):
+        return True
+    if _has_glob(url) or url.endswith((".tar", ".tgz", ".tar.gz")):
         return False
-    try:
-        return fs.isdir(fs._strip_protocol(url))
-    except (OSError, ValueError):
-        return False
-
-
-def _has_tars(fs, folder: str) -> bool:
-    try:
-        return bool(fs.glob(fs._strip_protocol(folder) + "/*.tar"))
-    except (OSError, ValueError, NotImplementedError):
-        return False
+    return bool(fetcher.call(url, "isdir"))
 
 
 def _with_protocol(protocol: str, path: str) -> str:

@@ -131,6 +131,11 @@ class Fetcher:
     def size(self, url: str) -> int:
         return int(self._retrying(url, lambda: self.fs.size(self.fs._strip_protocol(url))))
 
+    def call(self, url: str, method: str, *args):
+        """``fs.<method>(path_of(url), *args)`` with the same retries as reads
+        (for listings and metadata: ``glob``, ``isdir``, ``exists``)."""
+        return self._retrying(url, lambda: getattr(self.fs, method)(self.fs._strip_protocol(url), *args))
+
     def read(self, r: ByteRange, *, version: str = "") -> bytes:
         """The bytes of ``r`` (``stop=None``: to the end), retried; never short."""
         stop = self.size(r.url) if r.stop is None else r.stop

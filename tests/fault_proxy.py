@@ -51,7 +51,8 @@ class FaultProxy:
     """A reverse proxy in front of ``upstream`` that injects faults; see the module doc.
 
     ``counts`` holds one counter per fault name plus ``"requests"`` (every request
-    received) and ``"forwarded"`` (every request sent upstream); it is updated under
+    received), ``"method:GET"`` and the like per HTTP method, and ``"forwarded"``
+    (every request sent upstream); it is updated under
     a lock, so take ``dict(proxy.counts)`` for a consistent snapshot.
     """
 
@@ -119,7 +120,7 @@ class FaultProxy:
     def count(self, name: str) -> None:
         """Add one to ``counts[name]``."""
         with self._lock:
-            self.counts[name] += 1
+            self.counts[name] = self.counts.get(name, 0) + 1
 
     def draw_fault(self, method: str) -> str | None:
         """Return the fault for one request with ``method``, or None to forward it."""
@@ -197,6 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _proxy_one(self) -> None:
         proxy = self.server.proxy
         proxy.count("requests")
+        proxy.count(f"method:{self.command}")
         body = self._read_body()
         fault = proxy.draw_fault(self.command)
         if not proxy.sleep(proxy.latency_s):
