@@ -72,7 +72,7 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
     """
     import fsspec.core
 
-    protocol = url.split("://", 1)[0] if "://" in url else ("pipe" if url.startswith("pipe:") else "file")
+    protocol = "pipe" if url.startswith("pipe:") else url.split("://", 1)[0] if "://" in url else "file"
     if protocol in _REFUSED_PROTOCOLS:
         raise ConfigError(f"source: {protocol}: URLs (shell commands) are refused; give a storage URL")
     try:
