@@ -1,0 +1,224 @@
+"""The ``gpupipe`` command line.
+
+Usage::
+
+    gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
+                           [--max-pixels N] [--image-column NAME] [--label-column NAME]
+                           [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
+    gpupipe index URL [--workers N] [--storage-option KEY=VALUE ...]
+    gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
+    gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
+
+Each subcommand is an entry of ``_COMMANDS``: ``name -> (help, add_arguments, run)``, where
+``add_arguments(parser)`` declares its options and ``run(args) -> int`` does the work and
+prints. Errors gpupipe raises on purpose (and ``OSError``, e.g. a missing source) become one
+line ``gpupipe: error: <message>`` on stderr and exit code 2, without a traceback. Storage
+options are passed on, never printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from types import MappingProxyType
+from typing import Any, Callable, Sequence
+
+from gpupipe.errors import GpupipeError
+
+__all__ = ["COMMANDS", "main"]
+
+EXIT_ERROR = 2
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+class _UsageError(Exception):
+    """A bad command line, raised instead of argparse's print-usage-and-exit."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block; main() prints it
+        raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` → ``(KEY, value)``; the value is parsed as JSON when it is JSON
+    (``true``, ``3``, ``{"a": 1}``), else kept as a string. Never echoes the value."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError("expected KEY=VALUE (e.g. anon=true); the item given has no key or no '='")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def _storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option", dest: str = "storage_options",
+                       what: str = "the source") -> None:
+    p.add_argument(flag, dest=dest, action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help=f"fsspec storage option for {what} (repeatable; values are JSON or strings)")
+
+
+# ---------------------------------------------------------------- ingest
+
+
+def _ingest_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="image folder (SRC/<class>/<image>), a .parquet file, a folder of them or a glob")
+    p.add_argument("dst", help="folder (any fsspec URL) for the shards and index.json")
+    p.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per shard (default 1000)")
+    p.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent reads (default 4)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the shuffled order (default 0)")
+    p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
+    p.add_argument("--max-pixels", type=int, default=178_956_970, metavar="N",
+                   help="skip images declaring more pixels than this (default 178956970)")
+    p.add_argument("--image-column", metavar="NAME", help="Parquet image-bytes column (default: detected)")
+    p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/class/target)")
+    _storage_arguments(p)
+    _storage_arguments(p, "--dst-storage-option", "dst_storage_options",
+                       "the destination (default: those of the source, for the same protocol)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _ingest_run(args: argparse.Namespace) -> int:
+    from gpupipe.ingest import ingest
+
+    report = ingest(args.src, args.dst, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
+                    shuffle=not args.no_shuffle, max_pixels=args.max_pixels, progress=not args.quiet,
+                    storage_options=dict(args.storage_options),
+                    dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
+                    image_column=args.image_column, label_column=args.label_column)
+    print(report.summary())
+    print(f"wrote {args.dst.rstrip('/')}/index.json")
+    return 0
+
+
+# ---------------------------------------------------------------- index
+
+
+def _index_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="folder of *.tar shards, a brace pattern or a glob (one folder)")
+    p.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent block reads (default 4)")
+    _storage_arguments(p, what="the shards")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _index_run(args: argparse.Namespace) -> int:
+    from gpupipe.ingest import index
+
+    manifest = index(args.url, storage_options=dict(args.storage_options), workers=args.workers,
+                     progress=not args.quiet)
+    print(f"indexed {manifest.num_samples} samples in {len(manifest.shards)} shards "
+          f"({manifest.total_bytes / 2**20:.1f} MiB), {len(manifest.classes)} classes")
+    return 0
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def _inspect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="dataset folder, index.json, shard pattern or glob")
+    p.add_argument("--keys", type=int, default=5, metavar="N", help="how many first keys to show (default 5)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _storage_arguments(p, what="the shards")
+
+
+def _inspect_run(args: argparse.Namespace) -> int:
+    from gpupipe.ingest import inspect
+
+    info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    unknown = "unknown (no index.json; run `gpupipe index`)"
+    size = f"{info['bytes'] / 2**20:.1f} MiB" if info["bytes"] is not None else unknown
+    classes = info["classes"]
+    print(f"url:      {info['url']}")
+    print(f"shards:   {info['shards']}")
+    print(f"samples:  {info['samples'] if info['samples'] is not None else unknown}")
+    print(f"bytes:    {size}")
+    print(f"classes:  {len(classes)}" + (f" ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})" if classes else ""))
+    print(f"fields:   {', '.join(info['fields'])}")
+    print(f"first keys ({info['first_shard']}):")
+    for key in info["first_keys"]:
+        print(f"  {key}")
+    return 0
+
+
+# ---------------------------------------------------------------- demo
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="demo-data", help="folder for the sample images and shards (kept between runs)")
+    p.add_argument("--images", type=int, default=2000, help="number of sample JPEGs to generate")
+    p.add_argument("--size", type=int, default=250, help="side of the square sample images, in pixels")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=3, help="epochs to stream (the first one is a warm-up)")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: chosen from the machine)")
+
+
+def _demo_run(args: argparse.Namespace) -> int:
+    from gpupipe.demo import run_demo
+
+    if args.epochs < 2:
+        raise GpupipeError("--epochs must be >= 2 (the first epoch is a warm-up)")
+    r = run_demo(args.root, images=args.images, size=args.size, batch_size=args.batch_size,
+                 epochs=args.epochs, num_workers=args.workers)
+    print(f"gpupipe demo: {r.images} samples in {r.shards} shards under {args.root}/shards, "
+          f"batch {r.batch_size}, {r.num_workers} worker(s)")
+    print(f"stream (encoded bytes, no decode yet): {r.samples_per_s:,.0f} samples/s, {r.mb_per_s:,.1f} MB/s "
+          f"over {r.epochs} epoch(s), {r.samples} samples in {r.seconds:.2f} s")
+    print(f"stages: waiting for batches in the main process {r.main_wait_s:.2f} s; "
+          f"workers waiting for storage {r.io_wait_s:.2f} s; skipped samples {r.skipped}")
+    print("decode and augmentation stages are not built yet (issues 3 and 4)")
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+_COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
+    "ingest": ("turn an image folder or Parquet files into shards + index.json", _ingest_arguments, _ingest_run),
+    "index": ("write index.json for existing tar shards", _index_arguments, _index_run),
+    "inspect": ("summarise a dataset and show its first keys", _inspect_arguments, _inspect_run),
+    "demo": ("generate sample images, ingest them and stream them, printing throughput", _demo_arguments, _demo_run),
+}
+COMMANDS = MappingProxyType(_COMMANDS)
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="gpupipe", description="Stream encoded images from any storage to GPU batches.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details (INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (help_text, add_arguments, _) in _COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        return _fail(str(exc))
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="gpupipe: %(levelname)s: %(message)s")
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    try:
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            return _COMMANDS[args.command][2](args)
+    except (GpupipeError, OSError) as exc:
+        return _fail(str(exc) or type(exc).__name__)
+    except KeyboardInterrupt:
+        return _fail("interrupted", code=130)
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> int:
+    print(f"gpupipe: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""The image-folder layout (ImageNet, torchvision ``ImageFolder``): ``root/<class>/<image>``.
+
+:func:`scan_image_folder` turns a recursive listing of ``root`` (``fs.find(root,
+detail=True)``) into the image files in sorted order, the class names (sorted; a class's
+position is its label) and the files that are not input images, each with the reason. It
+reads no file: whether the bytes are an image is checked later, from the header.
+"""
+from __future__ import annotations
+
+import posixpath
+from typing import Any, Mapping, NamedTuple
+
+from gpupipe.formats.tar import MAX_MEMBER_BYTES
+
+__all__ = ["IMAGE_EXTENSIONS", "FolderImage", "extension", "scan_image_folder"]
+
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif"})
+
+
+class FolderImage(NamedTuple):
+    """An image file: its path, its class (first folder under the root) and its stem (the
+    path inside the class folder without the extension, ``/`` → ``_``)."""
+
+    path: str
+    class_name: str
+    stem: str
+
+
+def extension(path: str) -> str:
+    """The lower-case extension of the last path component ('' without one)."""
+    base = posixpath.basename(path)
+    return base.rpartition(".")[2].lower() if "." in base else ""
+
+
+def scan_image_folder(root: str, listing: Mapping[str, Mapping[str, Any]]
+                      ) -> tuple[list[FolderImage], tuple[str, ...], list[tuple[str, str]]]:
+    """``(images, classes, rejected)`` from ``{path: info}`` of the files under ``root``.
+
+    ``rejected`` lists ``(path, reason)`` for files outside a class folder, hidden files
+    and folders, names without an image extension and files over the tar member limit.
+    """
+    images: list[FolderImage] = []
+    rejected: list[tuple[str, str]] = []
+    root = root.rstrip("/")
+    for path in sorted(listing):
+        rel = path[len(root):].lstrip("/")
+        class_name, _, rest = rel.partition("/")
+        reason = _reject(rel, rest, listing[path].get("size"))
+        if reason:
+            rejected.append((path, reason))
+        else:
+            images.append(FolderImage(path, class_name, rest.rpartition(".")[0].replace("/", "_")))
+    return images, tuple(sorted({im.class_name for im in images})), rejected
+
+
+def _reject(rel: str, rest: str, size: int | None) -> str:
+    """Why a listed file is not an input image ('' when it is one)."""
+    if not rest:
+        return "not in a class sub-folder (expected <src>/<class>/<image>)"
+    if any(part.startswith(".") for part in rel.split("/")):
+        return "hidden file or folder"
+    if extension(rest) not in IMAGE_EXTENSIONS:
+        return f"not an image file name (extension not one of {sorted(IMAGE_EXTENSIONS)})"
+    if size is not None and size > MAX_MEMBER_BYTES:
+        return f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte member limit"
+    return ""

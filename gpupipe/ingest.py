@@ -1,0 +1,407 @@
+"""Make, describe and look at a shard dataset: ``ingest``, ``index`` and ``inspect``.
+
+:func:`ingest` turns an image folder (``src/<class>/<image>``, ImageNet layout) or Parquet
+files (an image-bytes column and a label column) into WebDataset-layout tar shards plus the
+``index.json`` manifest, on any fsspec filesystem. Each image's header is checked with
+:func:`~gpupipe.formats.imageheader.probe` first; what fails is skipped, logged and listed in
+the :class:`IngestReport` -- never dropped silently. The output order is a permutation drawn
+from ``seed`` (readers shuffle only within a window, so the order at rest matters) and the
+same inputs and seed give byte-identical shards.
+
+:func:`index` writes the manifest for shards made elsewhere (e.g. by ``webdataset``), and
+:func:`inspect` summarises a dataset and shows its first keys. None of these print.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import posixpath
+import re
+import sys
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
+
+from gpupipe.errors import ConfigError, DecodeError, StorageError
+from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
+from gpupipe.formats.imageheader import probe
+from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.formats.writer import ShardSink
+from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
+from gpupipe.sources import Source, expand_pattern, resolve
+from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
+from gpupipe.types import ByteRange
+
+__all__ = ["CLASSES_NAME", "IngestReport", "ingest", "index", "inspect"]
+
+log = logging.getLogger(__name__)
+
+CLASSES_NAME = "classes.txt"  # one class name per line, beside the shards
+_EXT_OF_FORMAT = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "gif": "gif"}
+_READS_AHEAD_PER_WORKER = 4  # image files requested but not yet written, per worker
+_PARQUET_SHUFFLE_BUFFER = 2048  # rows mixed across row groups (which are themselves permuted)
+_STREAM_BLOCK = 1 << 20
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+@dataclass
+class IngestReport:
+    """What :func:`ingest` wrote, and every input it skipped as ``(path, reason)``."""
+
+    num_samples: int
+    num_shards: int
+    bytes: int
+    classes: tuple[str, ...]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self, max_skipped: int = 10) -> str:
+        """A few lines for people: counts, size, speed, and the first skipped inputs."""
+        rate = self.num_samples / self.seconds if self.seconds > 0 else 0.0
+        lines = [f"{self.num_samples} samples in {self.num_shards} shards ({self.bytes / 2**20:.1f} MiB), "
+                 f"{len(self.classes)} classes, {len(self.skipped)} skipped, "
+                 f"{self.seconds:.1f} s ({rate:.0f} samples/s)"]
+        lines += [f"  skipped {path}: {reason}" for path, reason in self.skipped[:max_skipped]]
+        if len(self.skipped) > max_skipped:
+            lines.append(f"  ... and {len(self.skipped) - max_skipped} more skipped")
+        return "\n".join(lines)
+
+
+class _Item(NamedTuple):
+    """One input image: ``name`` for messages, ``stem`` and ``index`` (its rank in the sorted
+    source) for its key, and its bytes -- or ``None`` and the reason it could not be read."""
+
+    name: str
+    class_name: str
+    stem: str
+    index: int
+    label: int | None
+    data: bytes | None
+    error: str = ""
+
+
+def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
+           storage_options: Mapping[str, Any] | None = None,
+           dst_storage_options: Mapping[str, Any] | None = None, seed: int = 0, shuffle: bool = True,
+           max_pixels: int | None = 178_956_970, progress: bool = True,
+           image_column: str | None = None, label_column: str | None = None) -> IngestReport:
+    """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
+
+    ``src``: a folder ``<class>/<image>`` (classes sorted by name give the label index), or a
+    ``.parquet`` file, a folder of them or a glob. ``dst_storage_options=None`` reuses
+    ``storage_options`` when ``dst`` has the same protocol. Samples get keys
+    ``<class>/<stem>_<NNNNNNNN>`` and fields ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}``.
+    Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments.
+    """
+    start = time.perf_counter()
+    if shard_size < 1 or workers < 1:
+        raise ConfigError(f"ingest: shard_size and workers must be >= 1, got {shard_size} and {workers}")
+    fs, root = open_filesystem(src, storage_options)
+    _check_not_inside(src, dst)
+    skipped: list[tuple[str, str]] = []
+    kind, paths = _list_source(fs, src, root)
+    rng = _rng(seed)
+    if kind == "parquet":
+        classes, total, items = _parquet_items(fs, paths, rng, shuffle=shuffle, workers=workers,
+                                               image_column=image_column, label_column=label_column)
+    else:
+        classes, total, items = _folder_items(fs, root, paths, rng, skipped, shuffle=shuffle, workers=workers)
+    sink = ShardSink(dst, shard_size=shard_size, classes=classes,
+                     storage_options=_dst_options(src, dst, storage_options, dst_storage_options))
+    from tqdm import tqdm
+
+    with tqdm(total=total, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
+        _write_items(items, sink, max_pixels=max_pixels, skipped=skipped, tick=bar.update)
+    if classes:
+        sink.fs.pipe_file(f"{sink.root}/{CLASSES_NAME}", "".join(c + "\n" for c in classes).encode())
+    manifest = sink.close()
+    return IngestReport(manifest.num_samples, len(manifest.shards), manifest.total_bytes, tuple(classes),
+                        skipped, time.perf_counter() - start)
+
+
+def _rng(seed: int):
+    import numpy as np
+
+    return np.random.default_rng(seed)
+
+
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def _dst_options(src: str, dst: str, src_options, dst_options):
+    if dst_options is not None:
+        return dst_options
+    return src_options if _protocol(src) == _protocol(dst) else None
+
+
+def _check_not_inside(src: str, dst: str) -> None:
+    """Refuse a destination inside the source: a second run would ingest the shards."""
+    if _protocol(src) != _protocol(dst):
+        return
+    s, d = _bare(src), _bare(dst)
+    if d == s or d.startswith(s + "/"):
+        raise ConfigError(f"ingest: the destination {dst!r} is inside the source {src!r}; write it elsewhere")
+
+
+def _bare(url: str) -> str:
+    path = url.split("://", 1)[-1].rstrip("/")
+    return os.path.abspath(path) if _protocol(url) == "file" else path
+
+
+def _list_source(fs, src: str, root: str) -> tuple[str, list | dict]:
+    """``("parquet", sorted paths)`` or ``("folder", {path: info})`` for the source."""
+    if any(ch in root for ch in "*?["):
+        paths = sorted(fs.glob(root))
+        if not paths:
+            raise StorageError("no files match this pattern", url=src)
+        if not all(p.endswith(".parquet") for p in paths):
+            raise ConfigError(f"ingest: a glob source must match .parquet files only ({src!r}); "
+                              "for images give the folder that holds the class sub-folders")
+        return "parquet", paths
+    if root.endswith(".parquet"):
+        if not fs.isfile(root):
+            raise StorageError("no such Parquet file", url=src)
+        return "parquet", [root]
+    if not fs.isdir(root):
+        what = "not a folder or a .parquet file" if fs.exists(root) else "no such folder"
+        raise StorageError(what, url=src)
+    found = fs.find(root, detail=True)
+    parquet = sorted(p for p in found if p.endswith(".parquet"))
+    if parquet and not any(extension(p) in IMAGE_EXTENSIONS for p in found):
+        return "parquet", parquet
+    if not found:
+        raise ConfigError(f"ingest: {src!r} is empty; expected <class>/<image> files or .parquet files")
+    return "folder", found
+
+
+def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bool,
+                  workers: int) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
+    """Classes, the number of images, and the images read concurrently in (shuffled) order."""
+    files, classes, rejected = scan_image_folder(root, found)
+    for path, reason in rejected:
+        _skip(skipped, path, reason)
+    label_of = {c: i for i, c in enumerate(classes)}
+    order = rng.permutation(len(files)).tolist() if shuffle else range(len(files))
+
+    def read(i: int) -> _Item:
+        path, class_name, stem = files[i]
+        try:
+            data, error = fs.cat_file(path), ""
+        except OSError as exc:
+            data, error = None, f"read failed: {type(exc).__name__}: {exc}"
+        return _Item(path, class_name, stem, i, label_of[class_name], data, error)
+
+    return classes, len(files), _ordered_map(read, order, workers, workers * _READS_AHEAD_PER_WORKER)
+
+
+def _parquet_items(fs, paths: list[str], rng, *, shuffle: bool, workers: int, image_column: str | None,
+                   label_column: str | None) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
+    """Classes, the number of rows, and the rows: row groups in (permuted) order, read
+    ``workers`` at a time, then mixed by a bounded shuffle buffer."""
+    from gpupipe.formats.parquet import plan_parquet, read_row_group
+
+    plan = plan_parquet(fs, paths, image_column=image_column, label_column=label_column)
+    groups = list(plan.row_groups)
+    if shuffle:
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+    batches = _ordered_map(lambda g: read_row_group(fs, plan, g), groups, workers, workers)
+    classes = plan.classes
+
+    def items() -> Iterator[_Item]:
+        for row in itertools.chain.from_iterable(batches):
+            name = classes[row.label] if row.label is not None and 0 <= row.label < len(classes) else str(row.label)
+            error = "" if row.label is not None else f"null in label column {plan.label_column!r}"
+            yield _Item(row.name, name, row.stem, row.index, row.label, row.data if not error else None, error)
+
+    out = _buffer_shuffle(items(), _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items()
+    return classes, plan.num_rows, out
+
+
+def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahead: int) -> Iterator[_R]:
+    """``map(fn, items)`` on ``workers`` threads, in order, with at most ``ahead`` results pending."""
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="gpupipe-ingest")
+    try:
+        it = iter(items)
+        pending = deque(pool.submit(fn, x) for x in itertools.islice(it, max(ahead, 1)))
+        while pending:
+            done = pending.popleft()
+            nxt = next(it, _END)
+            if nxt is not _END:
+                pending.append(pool.submit(fn, nxt))
+            yield done.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_END = object()
+
+
+def _buffer_shuffle(items: Iterable[_T], size: int, rng) -> Iterator[_T]:
+    """A deterministic shuffle buffer of ``size`` items drawing from ``rng``."""
+    buf: list[_T] = []
+    for x in items:
+        if len(buf) < size:
+            buf.append(x)
+            continue
+        j = int(rng.integers(len(buf)))
+        yield buf[j]
+        buf[j] = x
+    order = rng.permutation(len(buf))
+    yield from (buf[i] for i in order)
+
+
+def _write_items(items: Iterable[_Item], sink: ShardSink, *, max_pixels: int | None,
+                 skipped: list, tick: Callable[[int], Any]) -> None:
+    """Probe each item's header and write the good ones; skip (and log) the others."""
+    for item in items:
+        tick(1)
+        if item.data is None:
+            _skip(skipped, item.name, item.error or "no image bytes (null)")
+            continue
+        try:
+            header = probe(item.data, max_pixels=max_pixels)
+        except DecodeError as exc:
+            _skip(skipped, item.name, str(exc))
+            continue
+        key = f"{_sanitise(item.class_name)}/{_sanitise(item.stem)}_{item.index:08d}"
+        sink.write(key, {_EXT_OF_FORMAT[header.format]: item.data, "cls": str(item.label).encode()})
+
+
+def _sanitise(part: str) -> str:
+    """A key component: letters, digits, '_' and '-' only (no dots, slashes or spaces)."""
+    return re.sub(r"[^\w-]", "_", part) or "_"
+
+
+def _skip(skipped: list, name: str, reason: str) -> None:
+    log.warning("skipping %s: %s", name, reason)
+    skipped.append((name, reason))
+
+
+# ---------------------------------------------------------------- index
+
+
+def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = None, workers: int = 4,
+          progress: bool = True) -> Manifest:
+    """Scan existing shards and write their ``index.json``; returns the manifest.
+
+    ``url``: a folder (its ``*.tar``), a brace pattern, a glob or a list of these; all
+    shards must sit in one folder, where the manifest goes. Shards are read in blocks
+    (``workers`` requests at once, bounded read-ahead), never whole. Class names come from a
+    ``classes.txt`` in that folder when there is one.
+    """
+    if workers < 1:
+        raise ConfigError(f"index: workers must be >= 1, got {workers}")
+    urls = expand_pattern(url)
+    fs, _ = open_filesystem(urls[0], storage_options)
+    paths = _shard_paths(fs, urls)
+    folders = {posixpath.dirname(p) for p in paths}
+    if len(folders) != 1:
+        raise ConfigError(f"index: the shards must share one folder (for its {MANIFEST_NAME}); "
+                          f"they are in {sorted(folders)[:3]}; index each folder on its own")
+    folder = folders.pop()
+    fetcher = Fetcher(fs, FetchConfig(concurrency=workers))
+    try:
+        sizes = [fetcher.size(p) for p in paths]
+        from tqdm import tqdm
+
+        with tqdm(total=sum(sizes), disable=not progress, file=sys.stderr, unit="B", unit_scale=True,
+                  desc="index") as bar:
+            entries = _index_shards(fetcher, folder, paths, sizes, bar.update)
+    finally:
+        fetcher.close()
+    manifest = Manifest(shards=tuple(entries), classes=_read_classes(fs, folder))
+    fs.pipe_file(f"{folder}/{MANIFEST_NAME}", manifest.to_json().encode())
+    log.info("indexed %d samples in %d shards under %s", manifest.num_samples, len(entries), folder)
+    return manifest
+
+
+def _shard_paths(fs, urls: list[str]) -> list[str]:
+    """Filesystem paths of the shards that ``urls`` name, globs and folders expanded."""
+    out: list[str] = []
+    for u in urls:
+        p = fs._strip_protocol(u).rstrip("/")
+        if any(ch in p for ch in "*?["):
+            found = sorted(fs.glob(p))
+        elif fs.isdir(p):
+            found = sorted(fs.glob(p + "/*.tar"))
+        else:
+            found = [p]
+        if not found:
+            raise StorageError("no shards here (no *.tar, or nothing matches)", url=u)
+        out.extend(f for f in found if f not in out)
+    return out
+
+
+def _index_shards(fetcher: Fetcher, folder: str, paths: list[str], sizes: list[int],
+                  tick: Callable[[int], Any]) -> list[ShardEntry]:
+    step = fetcher.config.block_bytes
+    spans = [[(s, min(s + step, size)) for s in range(0, size, step)] for size in sizes]
+    blocks = fetcher.read_many((ByteRange(p, s, e), "") for p, sp in zip(paths, spans) for s, e in sp)
+
+    def take(n: int) -> Iterator[bytes]:
+        for _ in range(n):
+            got = next(blocks)
+            if isinstance(got, StorageError):
+                raise got
+            for chunk in got:
+                tick(len(chunk))
+                yield chunk
+
+    return [index_shard(p[len(folder) + 1:], take(len(sp))) for p, sp in zip(paths, spans)]
+
+
+def _read_classes(fs, folder: str) -> tuple[str, ...]:
+    try:
+        text = fs.cat_file(f"{folder}/{CLASSES_NAME}").decode("utf-8")
+    except FileNotFoundError:
+        return ()
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------- inspect
+
+
+def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys: int = 5) -> dict[str, Any]:
+    """A JSON-able summary of a dataset: ``manifest`` (bool), ``shards``, ``samples`` and
+    ``bytes`` (``None`` without a manifest), ``classes``, ``first_shard``, ``first_keys``
+    (up to ``keys``) and the ``fields`` of those samples.
+
+    With a manifest the first keys come from one byte-range read; without, the first shard
+    is streamed until ``keys`` samples have been seen.
+    """
+    resolved = resolve(Source(url, dict(storage_options or {})))
+    manifest = resolved.manifest
+    out: dict[str, Any] = {
+        "url": url, "manifest": manifest is not None, "shards": len(resolved.shard_urls),
+        "samples": manifest.num_samples if manifest else None,
+        "bytes": manifest.total_bytes if manifest else None,
+        "classes": list(manifest.classes) if manifest else [],
+        "first_shard": None, "first_keys": [], "fields": [],
+    }
+    if not resolved.shard_urls or keys < 1:
+        return out
+    fs, _ = open_filesystem(resolved.shard_urls[0], storage_options)
+    samples = _first_samples(fs, resolved.shard_urls, manifest, keys)
+    out["first_shard"] = samples[0].shard if samples else resolved.shard_urls[0]
+    out["first_keys"] = [s.key for s in samples]
+    out["fields"] = sorted({ext for s in samples for ext in s.fields})
+    return out
+
+
+def _first_samples(fs, shard_urls: tuple[str, ...], manifest: Manifest | None, keys: int) -> list:
+    if manifest is None:
+        url = shard_urls[0]
+        with fs.open(fs._strip_protocol(url), "rb") as f:
+            chunks = iter(lambda: f.read(_STREAM_BLOCK), b"")
+            return list(itertools.islice(group_by_key(iter_members(chunks, shard=url), shard=url), keys))
+    for url, entry in zip(shard_urls, manifest.shards):
+        if entry.num_samples:
+            start, stop = entry.byte_range(0, min(keys, entry.num_samples))
+            data = Fetcher(fs).read(ByteRange(url, start, stop))
+            return list(group_by_key(iter_members([data], shard=url, base_offset=start), shard=url))
+    return []
