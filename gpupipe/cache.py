@@ -3,7 +3,9 @@
 Entries are files named by the SHA-256 of (url, range, version); a write goes
 to a temporary file in the same folder and is renamed into place, so a reader
 never sees half a file and several worker processes can share one folder.
-When the folder grows past ``max_bytes`` the least recently used entries go.
+When the folder grows past ``max_bytes`` the least recently used entries go
+(exactly within one process; several processes sharing a folder each enforce
+the bound when they write, so it may be passed briefly by one entry per process).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 
 __all__ = ["BlockCache"]
 
@@ -25,6 +28,7 @@ class BlockCache:
         self.root = root
         self.max_bytes = max_bytes
         os.makedirs(root, exist_ok=True)
+        self._lock = threading.Lock()  # fetch threads share one cache
         self._approx_bytes = self._scan_total()
 
     @staticmethod
@@ -53,12 +57,17 @@ class BlockCache:
         except BaseException:
             _remove(tmp)
             raise
-        self._approx_bytes += len(data)
-        if self._approx_bytes > self.max_bytes:
-            self.evict()
+        with self._lock:
+            self._approx_bytes += len(data)
+            if self._approx_bytes > self.max_bytes:
+                self._evict()
 
     def evict(self) -> None:
         """Delete least recently used entries until the folder fits ``max_bytes``."""
+        with self._lock:
+            self._evict()
+
+    def _evict(self) -> None:
         entries = []
         for name in os.listdir(self.root):
             if name.endswith(_SUFFIX):

@@ -31,6 +31,7 @@ from gpupipe.formats.imageheader import probe
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.formats.writer import ShardSink
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
+from gpupipe.plan import shuffle_buffer
 from gpupipe.sources import Source, expand_pattern, resolve
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
 from gpupipe.types import ByteRange
@@ -218,7 +219,7 @@ def _parquet_items(fs, paths: list[str], rng, *, shuffle: bool, workers: int, im
             error = "" if row.label is not None else f"null in label column {plan.label_column!r}"
             yield _Item(row.name, name, row.stem, row.index, row.label, row.data if not error else None, error)
 
-    out = _buffer_shuffle(items(), _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items()
+    out = shuffle_buffer(items(), _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items()
     return classes, plan.num_rows, out
 
 
@@ -239,20 +240,6 @@ def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahea
 
 
 _END = object()
-
-
-def _buffer_shuffle(items: Iterable[_T], size: int, rng) -> Iterator[_T]:
-    """A deterministic shuffle buffer of ``size`` items drawing from ``rng``."""
-    buf: list[_T] = []
-    for x in items:
-        if len(buf) < size:
-            buf.append(x)
-            continue
-        j = int(rng.integers(len(buf)))
-        yield buf[j]
-        buf[j] = x
-    order = rng.permutation(len(buf))
-    yield from (buf[i] for i in order)
 
 
 def _write_items(items: Iterable[_Item], sink: ShardSink, *, max_pixels: int | None,

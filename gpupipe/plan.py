@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,7 @@ __all__ = [
     "chunk_spans",
     "chunk_order",
     "chunk_sample_ids",
+    "shuffle_buffer",
 ]
 
 _TAG_SHARDS, _TAG_WINDOW = 1, 2
@@ -107,6 +108,23 @@ def permutation(n: int, key: Sequence[int]) -> np.ndarray:
     """
     raw = np.random.PCG64(np.random.SeedSequence(list(key))).random_raw(n)
     return np.argsort(raw, kind="stable")
+
+
+T = TypeVar("T")
+
+
+def shuffle_buffer(items: Iterable[T], size: int, rng: np.random.Generator) -> Iterator[T]:
+    """A shuffle buffer: hold ``size`` items, emit a random one as each new one arrives,
+    then the rest in random order. Deterministic for a given ``rng`` state."""
+    buf: list[T] = []
+    for x in items:
+        if len(buf) < size:
+            buf.append(x)
+            continue
+        j = int(rng.integers(len(buf)))
+        buf[j], x = x, buf[j]
+        yield x
+    yield from (buf[i] for i in rng.permutation(len(buf)))
 
 
 def shard_order(spec: PlanSpec, epoch: int) -> np.ndarray:

@@ -24,12 +24,12 @@ import numpy as np
 from gpupipe.batch import image_field, label_of
 from gpupipe.errors import GpupipeError, ShardFormatError
 from gpupipe.formats.tar import group_by_key, iter_members
-from gpupipe.plan import Chunk, PlanSpec, chunk_order, chunk_spans, permutation
+from gpupipe.plan import Chunk, PlanSpec, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources import ResolvedSource
 from gpupipe.storage import Fetcher
 from gpupipe.types import ByteRange, Sample
 
-__all__ = ["ErrorPolicy", "SkipLog", "iter_chunks", "iter_whole_shards", "shuffle_buffer"]
+__all__ = ["ErrorPolicy", "SkipLog", "iter_chunks", "iter_whole_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -126,24 +126,6 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
         yield chunk, [samples[i] for i in order], np.asarray(valid, dtype=bool)[order]
 
 
-def shuffle_buffer(samples: Iterable[Sample], size: int, key: tuple[int, ...]) -> Iterator[Sample]:
-    """A seeded shuffle buffer: keep ``size`` samples, emit a random one as each new one arrives."""
-    if size <= 1:
-        yield from samples
-        return
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(key))))
-    buf: list[Sample] = []
-    for s in samples:
-        if len(buf) < size:
-            buf.append(s)
-            continue
-        i = int(rng.integers(len(buf)))
-        buf[i], s = s, buf[i]
-        yield s
-    order = rng.permutation(len(buf))
-    yield from (buf[i] for i in order)
-
-
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,
                       buffer_size: int, part: int, num_parts: int,
                       on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None) -> Iterator[Sample]:
@@ -172,4 +154,8 @@ def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int,
                     raise
                 skips.add(url, f"rest of shard unreadable: {exc}")
 
-    yield from shuffle_buffer(samples(), buffer_size if shuffle else 0, (seed, epoch, 2, part))
+    if not shuffle or buffer_size <= 1:
+        yield from samples()
+        return
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 2, part])))
+    yield from shuffle_buffer(samples(), buffer_size, rng)

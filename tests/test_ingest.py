@@ -13,7 +13,8 @@ import pytest
 
 from gpupipe.errors import ConfigError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members
-from gpupipe.ingest import _buffer_shuffle, _ordered_map, index, ingest, inspect
+from gpupipe.ingest import _ordered_map, index, ingest, inspect
+from gpupipe.plan import shuffle_buffer
 from gpupipe.manifest import MANIFEST_NAME, Manifest
 
 PIL = pytest.importorskip("PIL.Image")
@@ -280,8 +281,8 @@ def test_ordered_map_keeps_order_with_bounded_lookahead():
 def test_buffer_shuffle_is_a_deterministic_permutation():
     import numpy as np
 
-    a = list(_buffer_shuffle(range(100), 16, np.random.default_rng(3)))
-    b = list(_buffer_shuffle(range(100), 16, np.random.default_rng(3)))
+    a = list(shuffle_buffer(range(100), 16, np.random.default_rng(3)))
+    b = list(shuffle_buffer(range(100), 16, np.random.default_rng(3)))
     assert a == b and sorted(a) == list(range(100)) and a != list(range(100))
 
 
