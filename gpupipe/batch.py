@@ -83,24 +83,32 @@ def label_of(sample: Sample) -> int:
     return -1
 
 
-def pack(samples: Sequence[Sample], valid: Sequence[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1) -> EncodedBatch:
-    """Concatenate the samples' encoded images into one buffer.
+def pack(samples: Sequence[Sample], valid: Sequence[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
+         shared: bool = False) -> EncodedBatch:
+    """Concatenate the samples' encoded images into one buffer; labels are the
+    samples' parsed ``label`` (the stream checks and parses them).
 
     Shape: B samples → data (sum of image sizes,) uint8, offsets (B+1,) int64.
+    ``shared=True`` (in DataLoader workers) builds the tensors in shared memory.
     """
     images = [image_field(s) for s in samples]
-    sizes = np.fromiter((len(b) for b in images), dtype=np.int64, count=len(images))
-    offsets = np.zeros(len(images) + 1, dtype=np.int64)
+    n = len(images)
+    sizes = [len(b) for b in images]
+    meta = torch.zeros(4, n + 1, dtype=torch.int64)  # one tensor, four views: one transfer between processes
+    data = torch.empty(sum(sizes), dtype=torch.uint8)
+    if shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
+        meta.share_memory_()
+        data.share_memory_()
+    offsets = meta[0].numpy()
     np.cumsum(sizes, out=offsets[1:])
-    data = np.empty(int(offsets[-1]), dtype=np.uint8)
-    for img, a, b in zip(images, offsets[:-1], offsets[1:]):
-        data[a:b] = np.frombuffer(img, dtype=np.uint8)
+    meta[1, :n] = torch.tensor([s.label for s in samples], dtype=torch.int64)
+    meta[2, :n] = torch.tensor([s.sample_id for s in samples], dtype=torch.int64)
+    meta[3, :n] = torch.tensor([bool(v) and size > 0 for v, size in zip(valid, sizes)], dtype=torch.int64)
+    view = memoryview(data.numpy())
+    for img, a, b in zip(images, offsets[:-1].tolist(), offsets[1:].tolist()):
+        view[a:b] = img
     return EncodedBatch(
-        data=torch.from_numpy(data),
-        offsets=torch.from_numpy(offsets),
-        labels=torch.tensor([label_of(s) for s in samples], dtype=torch.int64),
-        sample_ids=torch.tensor([s.sample_id for s in samples], dtype=torch.int64),
-        valid=torch.tensor([bool(v) and len(img) > 0 for v, img in zip(valid, images)], dtype=torch.bool),
+        data=data, offsets=meta[0], labels=meta[1, :n], sample_ids=meta[2, :n], valid=meta[3, :n].bool(),
         keys=tuple(s.key for s in samples),
         epoch=epoch, chunk=chunk, batch=batch,
     )

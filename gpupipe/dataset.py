@@ -100,6 +100,7 @@ class EncodedDataset(IterableDataset):
 
     def _planned(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
+        in_worker = torch.utils.data.get_worker_info() is not None
         progress = Progress.from_dict(spec, self.progress) if self.progress else None
         mine = worker_chunks(rank_chunks(spec, world.rank, progress), world.worker_id, world.num_workers)
         skips = SkipLog()
@@ -107,7 +108,7 @@ class EncodedDataset(IterableDataset):
         for chunk, samples, valid in iter_chunks(fetcher, self.source, spec, self.epoch, mine,
                                                  on_error=self.stream.on_error, skips=skips):
             for i in range(chunk.num_batches - chunk.first_batch):
-                batch = pack(samples[i * b:(i + 1) * b], valid[i * b:(i + 1) * b],
+                batch = pack(samples[i * b:(i + 1) * b], valid[i * b:(i + 1) * b], shared=in_worker,
                              epoch=self.epoch, chunk=chunk.index, batch=chunk.first_batch + i)
                 yield replace(batch, skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
                 skips.count, wait0 = 0, fetcher.stats.wait_s

@@ -57,13 +57,13 @@ def _placeholder(shard: str, key: str, sample_id: int) -> Sample:
     return Sample(key=key, fields={}, shard=shard, offset=-1, sample_id=sample_id)
 
 
-def _checked(sample: Sample) -> Sample:
-    """Raise ShardFormatError if the sample has no image or a bad label."""
-    if not image_field(sample):
-        raise ShardFormatError(f"sample {sample.key!r} has no image member (has {sorted(sample.fields)})",
-                               shard=sample.shard, offset=sample.offset)
-    label_of(sample)
-    return sample
+def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
+    """The sample with its shard, id and parsed label; ShardFormatError if it has no
+    image or a label that is not an integer."""
+    if not image_field(s):
+        raise ShardFormatError(f"sample {s.key!r} has no image member (has {sorted(s.fields)})",
+                               shard=shard, offset=s.offset)
+    return Sample(key=s.key, fields=s.fields, shard=shard, offset=s.offset, sample_id=sample_id, label=label_of(s))
 
 
 def _read_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, expected: int, first_id: int,
@@ -78,14 +78,13 @@ def _read_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, 
             if len(out) == expected:
                 raise ShardFormatError(f"byte range holds more than the {expected} samples the manifest says "
                                        "(stale index.json? rerun `gpupipe index`)", shard=url, offset=s.offset)
-            sample = Sample(key=s.key, fields=s.fields, shard=url, offset=s.offset, sample_id=first_id + len(out))
             try:
-                out.append(_checked(sample))
+                out.append(_checked(s, url, first_id + len(out)))
             except ShardFormatError as exc:
                 if on_error is ErrorPolicy.RAISE:
                     raise
                 skips.add(f"{url}#{s.key}", exc.reason)
-                out.append(_placeholder(url, s.key, sample.sample_id))
+                out.append(_placeholder(url, s.key, first_id + len(out)))
         if len(out) < expected:
             raise ShardFormatError(f"byte range holds {len(out)} samples, the manifest says {expected} "
                                    "(stale index.json? rerun `gpupipe index`)", shard=url, offset=start_byte)
@@ -144,7 +143,7 @@ def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int,
                     raise blocks
                 for s in group_by_key(iter_members(blocks, shard=url), shard=url):
                     try:
-                        yield _checked(Sample(key=s.key, fields=s.fields, shard=url, offset=s.offset))
+                        yield _checked(s, url, -1)
                     except ShardFormatError as exc:
                         if on_error is ErrorPolicy.RAISE:
                             raise

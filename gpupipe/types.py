@@ -111,7 +111,9 @@ class Sample:
     """One sample: the members that share a key, by lower-case extension.
 
     ``sample_id`` is the sample's global id in the manifest order (shard
-    offset + index in shard), or -1 when streaming without a manifest.
+    offset + index in shard), or -1 when streaming without a manifest;
+    ``label`` is the parsed class label once the stream has checked the sample
+    (-1 when it has none).
     """
 
     key: str
@@ -119,3 +121,4 @@ class Sample:
     shard: str = ""
     offset: int = 0
     sample_id: int = -1
+    label: int = -1

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 BLOCK = 512
 MAX_MEMBER_BYTES = 1 << 30  # a member larger than this is a corrupt size field, not an image
+_ZERO_BLOCK = bytes(512)
 _MAX_EXT_HEADER = 1 << 20  # pax / GNU long-name payloads are names, not data
 _REGULAR = (b"0", b"\0", b"7")
 _EXTENDED = (b"x", b"g", b"L", b"K")  # headers whose data is metadata, not a member
@@ -72,6 +73,14 @@ class _ChunkReader:
         self.consumed += len(out)
         return out
 
+    def skip(self, n: int) -> int:
+        """Advance up to ``n`` bytes without copying them; returns how many were skipped."""
+        if self._pos + n <= len(self._buf):
+            self._pos += n
+            self.consumed += n
+            return n
+        return len(self.read(n))
+
 
 def iter_members(
     chunks: Iterable[bytes],
@@ -100,7 +109,7 @@ def iter_members(
             return
         if len(block) < BLOCK:
             raise ShardFormatError(f"truncated header ({len(block)} of 512 bytes)", shard=shard, offset=here)
-        if block == bytes(BLOCK):
+        if block == _ZERO_BLOCK:
             if first_header is not None:
                 raise ShardFormatError("end-of-archive marker after an extended header", shard=shard, offset=here)
             return  # end-of-archive marker
@@ -117,7 +126,7 @@ def iter_members(
         if len(data) < size:
             raise ShardFormatError(f"truncated member data ({len(data)} of {size} bytes)", shard=shard, offset=here)
         padding = -size % BLOCK
-        if padding and len(reader.read(padding)) < padding:
+        if padding and reader.skip(padding) < padding:
             raise ShardFormatError("truncated padding after member data", shard=shard, offset=here)
         if typeflag == b"x":
             pending_name, pax_size = _parse_pax(data, shard=shard, offset=here, name=pending_name)
