@@ -98,9 +98,26 @@ def s3_runs(folder: str, args) -> dict:
                                              storage_options=opts, rank=0, world_size=1,
                                              stream=StreamConfig(fetch=FetchConfig(block_bytes=args.block_mb << 20)))
                 out[f"s3_{latency_ms}ms"] = timed(make, args.repeat)
+                out[f"s3_{latency_ms}ms_sequential_read"] = s3_sequential(fs, bucket, proxy, args.repeat)
     finally:
         server.stop()
     return out
+
+
+def s3_sequential(fs, bucket, proxy, repeat: int) -> dict:
+    """A plain loop of whole-object GETs through the same proxy: the server's ceiling for one reader."""
+    import s3fs
+
+    plain = s3fs.S3FileSystem(skip_instance_cache=True, **{**bucket.storage_options, "endpoint_url": proxy.url})
+    names = sorted(p for p in fs.ls(f"{bucket.name}/ds") if p.endswith(".tar"))
+    def once():
+        t0 = time.perf_counter()
+        total = sum(len(plain.cat_file(p)) for p in names)
+        return total, time.perf_counter() - t0
+    once()
+    runs = [once() for _ in range(repeat)]
+    secs = statistics.median(r[1] for r in runs)
+    return {"bytes": runs[0][0], "seconds": secs, "MB_per_s": runs[0][0] / secs / MB}
 
 
 def peak_rss(folder: str, args) -> float:
@@ -168,7 +185,9 @@ def main() -> None:
     result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "args": vars(args),
               "sequential_read": sequential_read(folder, args.repeat),
-              "local": timed(make, args.repeat)}
+              "local": timed(make, args.repeat),
+              "local_in_process": timed(lambda: EncodedLoader(folder, batch_size=args.batch_size, num_workers=0,
+                                                              rank=0, world_size=1), args.repeat)}
     result.update(s3_runs(folder, args))
     if args.rss_scale > 1:
         big = f"{args.data}/stream-{args.images * args.rss_scale}-{args.size}"

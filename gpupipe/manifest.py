@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+import numpy as np
+
 from gpupipe.errors import ShardFormatError
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.types import TarMember
@@ -23,29 +25,43 @@ FORMAT = "gpupipe-manifest"
 VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShardEntry:
-    """One shard: ``offsets`` has ``num_samples + 1`` entries (sample starts, then end of data)."""
+    """One shard: ``offsets`` has ``num_samples + 1`` entries (sample starts, then end of data).
+
+    Offsets are kept as a read-only int64 array: 8 bytes a sample instead of a
+    Python int each, and pages that forked DataLoader workers keep sharing.
+    """
 
     name: str
     num_samples: int
     size: int
     sha256: str
-    offsets: tuple[int, ...] = field(repr=False)
+    offsets: np.ndarray = field(repr=False)
 
     def __post_init__(self) -> None:
-        offs = self.offsets
+        offs = np.array(self.offsets, dtype=np.int64)  # a copy we own, whatever was given
+        offs.flags.writeable = False
+        object.__setattr__(self, "offsets", offs)
         if len(offs) != self.num_samples + 1:
             raise ShardFormatError(
                 f"manifest lists {len(offs)} offsets for {self.num_samples} samples (need samples + 1)",
                 shard=self.name,
             )
-        if any(b < a for a, b in zip(offs, offs[1:])) or (offs and (offs[0] < 0 or offs[-1] > self.size)):
+        if (np.diff(offs) < 0).any() or (len(offs) and (offs[0] < 0 or offs[-1] > self.size)):
             raise ShardFormatError("manifest offsets are not increasing within the shard size", shard=self.name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardEntry):
+            return NotImplemented
+        return (self.name, self.num_samples, self.size, self.sha256) == (
+            other.name, other.num_samples, other.size, other.sha256) and np.array_equal(self.offsets, other.offsets)
+
+    __hash__ = None  # mutable-looking content; entries are compared, not hashed
 
     def byte_range(self, start: int, stop: int) -> tuple[int, int]:
         """Bytes holding samples ``[start, stop)`` of this shard."""
-        return self.offsets[start], self.offsets[stop]
+        return int(self.offsets[start]), int(self.offsets[stop])
 
 
 @dataclass(frozen=True)
@@ -72,7 +88,7 @@ class Manifest:
             "classes": list(self.classes),
             "shards": [
                 {"name": s.name, "num_samples": s.num_samples, "size": s.size,
-                 "sha256": s.sha256, "offsets": list(s.offsets)}
+                 "sha256": s.sha256, "offsets": s.offsets.tolist()}
                 for s in self.shards
             ],
         }
@@ -87,7 +103,7 @@ class Manifest:
                 raise ValueError(f"not a {FORMAT} v{VERSION} file (format={doc.get('format')!r}, version={doc.get('version')!r})")
             shards = tuple(
                 ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
-                           sha256=str(s["sha256"]), offsets=tuple(int(o) for o in s["offsets"]))
+                           sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]))
                 for s in doc["shards"]
             )
             classes = tuple(str(c) for c in doc.get("classes", []))
@@ -99,6 +115,12 @@ class Manifest:
             if "/" in s.name and ".." in s.name.split("/") or s.name.startswith("/"):
                 raise ShardFormatError(f"shard name {s.name!r} escapes the manifest's folder", shard=source)
         return cls(shards=shards, classes=classes)
+
+
+def _int_array(values) -> np.ndarray:
+    if not isinstance(values, list) or not all(type(v) is int for v in values):
+        raise ValueError("offsets must be a list of integers")
+    return np.array(values, dtype=np.int64)
 
 
 def index_shard(name: str, chunks: Iterable[bytes]) -> ShardEntry:

@@ -118,7 +118,7 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
         valid: list[bool] = []
         for s in spans:
             url, first = source.shard_urls[s.shard], first_ids[s.shard] + s.start
-            got = _read_span(next(fetched), url, entries[s.shard].offsets[s.start], len(s), first, on_error, skips)
+            got = _read_span(next(fetched), url, int(entries[s.shard].offsets[s.start]), len(s), first, on_error, skips)
             samples += got
             valid += [s.valid and bool(x.fields) for x in got]
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
