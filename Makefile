@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml .ci/install-torch.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	bash .ci/install-torch.sh $(PY)
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,dali]'
 	touch $(STAMP)
 
 install: $(STAMP)

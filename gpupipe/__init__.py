@@ -11,6 +11,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "GpuLoader": "gpupipe.loader:GpuLoader",
+    "DecodeConfig": "gpupipe.decode:DecodeConfig",
     "EncodedLoader": "gpupipe.dataset:EncodedLoader",
     "StreamConfig": "gpupipe.dataset:StreamConfig",
     "EncodedBatch": "gpupipe.batch:EncodedBatch",

@@ -10,7 +10,6 @@ augmentation behind it.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -202,11 +201,24 @@ class EncodedLoader:
         return EncodedDataset(self.source, self.spec, self.stream, self.world, self.epoch, self._progress.to_dict())
 
     def __iter__(self) -> Iterator[EncodedBatch]:
+        self.begin_epoch()
+        for batch in self.batches():
+            self.mark_delivered(batch)
+            yield batch
+        self.end_epoch()
+
+    # The three steps of ``__iter__``, for consumers that run ahead of delivery (GpuLoader
+    # decodes batch i+1 while batch i trains): progress counts what was delivered, not read.
+    def begin_epoch(self) -> None:
+        """Move on to the next epoch if the current one was delivered completely."""
         if self._complete:
             self.set_epoch(self.epoch + 1)
+
+    def batches(self) -> Iterator[EncodedBatch]:
+        """The remaining batches of the current epoch, without counting them as delivered."""
         workers = self.num_workers
         if self.source.manifest is not None:
-            workers = min(workers, max(1, math.ceil(len(rank_chunks(self.spec, self.world.rank, self._progress)))))
+            workers = min(workers, max(1, len(rank_chunks(self.spec, self.world.rank, self._progress))))
         loader = DataLoader(self._dataset(), batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
                             persistent_workers=False)
@@ -216,9 +228,14 @@ class EncodedLoader:
             batch = next(it, None)
             self.stats.wait_s += time.perf_counter() - t0
             if batch is None:
-                break
-            self._count(batch)
+                return
             yield batch
+
+    def mark_delivered(self, batch: EncodedBatch) -> None:
+        """Count ``batch`` as handed to the training loop (the resume state)."""
+        self._count(batch)
+
+    def end_epoch(self) -> None:
         self._complete = True
 
     def _count(self, batch: EncodedBatch) -> None:

@@ -1,4 +1,5 @@
-"""The pre-decode header check: real images made by Pillow, crafted bad ones, and fuzzing."""
+"""The pre-decode header check and the completeness check: real images made by Pillow,
+crafted bad ones, and fuzzing."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gpupipe.errors import DecodeError
-from gpupipe.formats.imageheader import ImageHeader, probe
+from gpupipe.formats.imageheader import MAX_TRAILER, ImageHeader, check_complete, probe
 
 Image = pytest.importorskip("PIL.Image")
 features = pytest.importorskip("PIL.features")
@@ -268,6 +269,125 @@ def test_pathological_inputs_fail_fast(make):
     with pytest.raises(DecodeError):
         probe(data)
     assert time.perf_counter() - start < 0.5
+
+
+# -- completeness (check_complete) ----------------------------------------------------------
+
+def noisy(mode: str, fmt: str, size: tuple[int, int] = (120, 90), **save) -> bytes:
+    """A noisy image (large, incompressible-ish data) so that 1% of it is well over any trailer."""
+    rng = random.Random(7)
+    w, h = size
+    im = Image.frombytes("RGB", size, bytes(rng.randrange(256) for _ in range(w * h * 3))).convert(mode)
+    out = io.BytesIO()
+    im.save(out, fmt, **save)
+    return out.getvalue()
+
+
+COMPLETE = [  # (mode, format, save options) of every kind check_complete knows
+    ("RGB", "JPEG", {}), ("RGB", "JPEG", {"progressive": True}), ("L", "JPEG", {}), ("CMYK", "JPEG", {}),
+    ("RGB", "PNG", {}), ("RGBA", "PNG", {}), ("P", "PNG", {}), ("I;16", "PNG", {}), ("1", "PNG", {}),
+    ("RGB", "GIF", {}), ("P", "GIF", {"interlace": True}),
+    ("RGB", "BMP", {}), ("RGBA", "BMP", {}), ("L", "BMP", {}), ("1", "BMP", {}),
+    pytest.param("RGB", "WEBP", {}, marks=needs_webp),
+    pytest.param("RGBA", "WEBP", {"lossless": True}, marks=needs_webp),
+]
+
+
+@pytest.mark.parametrize("mode, fmt, save", COMPLETE)
+def test_complete_images_pass(mode, fmt, save):
+    for data in (encode(mode, fmt, **save), noisy(mode, fmt, **save)):
+        check_complete(data, probe(data))
+        check_complete(memoryview(data), probe(data))
+
+
+@pytest.mark.parametrize("mode, fmt, save", COMPLETE)
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9, 0.99])
+def test_truncated_images_fail(mode, fmt, save, fraction):
+    """Whether probe or check_complete notices, a cut image is refused, naming the sample."""
+    for data in (encode(mode, fmt, **save), noisy(mode, fmt, **save)):
+        cut = data[:int(len(data) * fraction)]
+        with pytest.raises(DecodeError, match="^shard/7.x: truncated") as info:
+            check_complete(cut, probe(cut, name="shard/7.x"), name="shard/7.x")
+        assert INTERNAL not in str(info.value)
+        with pytest.raises(DecodeError, match="truncated"):  # the full image's header does not help
+            check_complete(cut, probe(data))
+
+
+def test_cut_before_the_scan_is_a_header_error():
+    data = encode("RGB", "JPEG")
+    with pytest.raises(DecodeError, match="truncated JPEG: no SOS"):
+        check_complete(data[:jpeg_offsets(data)[1] - 1], probe(data))
+
+
+@pytest.mark.parametrize("fmt, end", [("JPEG", b"\xff\xd9"), ("PNG", b"IEND\xaeB`\x82"), ("GIF", b"\x00;")])
+def test_trailing_bytes_up_to_max_trailer_are_allowed(fmt, end):
+    data = encode("RGB", fmt)
+    assert data.endswith(end)
+    check_complete(data + b"\0" * MAX_TRAILER, probe(data))
+    if fmt != "GIF":  # a GIF may be followed by NUL padding only: its LZW data is not byte-stuffed
+        check_complete(data + b"\xff\xd8 second image appended" + data, probe(data))  # e.g. an MPF preview
+    with pytest.raises(DecodeError, match=f"truncated {fmt}"):
+        check_complete(data + b"\0" * (MAX_TRAILER + 1), probe(data))
+
+
+def test_eoi_of_an_exif_thumbnail_does_not_count():
+    """A thumbnail JPEG inside APP1 has its own FF D9; only one after the scan start counts."""
+    thumbnail = encode("RGB", "JPEG")
+    data = insert_app1(encode("RGB", "JPEG"), b"Exif\0\0" + tiff_ifd0("II", []) + thumbnail)
+    check_complete(data, probe(data))
+    cut = data[:-10]
+    assert b"\xff\xd9" in cut[-MAX_TRAILER:]
+    with pytest.raises(DecodeError, match="truncated JPEG: no EOI"):
+        check_complete(cut, probe(cut))
+
+
+def test_bmp_rle_and_core_header():
+    rle = encode("P", "BMP", compression=1) if Image.__version__ >= "10" else None
+    for data in filter(None, (rle, encode("RGB", "BMP"))):
+        check_complete(data, probe(data))
+        with pytest.raises(DecodeError, match="truncated BMP"):
+            check_complete(data[:-1] if data is not rle else data[:len(data) // 2], probe(data))
+    core = bytearray(b"BM" + struct.pack("<IHHI", 26 + 3 * 4 * 2, 0, 0, 26) + struct.pack("<IHHHH", 12, 3, 2, 1, 24))
+    core += b"\x10" * (12 * 2)  # two rows of 3 pixels padded to 12 bytes
+    check_complete(bytes(core), probe(bytes(core)))
+    with pytest.raises(DecodeError, match="truncated BMP"):
+        check_complete(bytes(core[:-1]), probe(bytes(core)))
+
+
+def test_check_complete_reads_only_the_tail():
+    """A 32 MB JPEG is checked in well under a millisecond, without copying more than the tail."""
+    data = encode("RGB", "JPEG")
+    sos = jpeg_offsets(data)[1]
+    big = data[:sos] + b"\x12" * (32 << 20) + data[sos:]
+    header = probe(big)
+    start = time.perf_counter()
+    for _ in range(100):
+        check_complete(big, header)
+    assert (time.perf_counter() - start) / 100 < 1e-3
+    cut = memoryview(big)[:-2]
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError):
+            check_complete(cut, header)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+
+
+@settings(max_examples=200, deadline=200)
+@given(st.data())
+def test_check_complete_on_mutated_images(draw):
+    data = bytearray(draw.draw(st.sampled_from(corpus())))
+    for _ in range(draw.draw(st.integers(0, 8))):
+        data[draw.draw(st.integers(0, len(data) - 1))] = draw.draw(st.integers(0, 255))
+    data = bytes(data[:draw.draw(st.integers(0, len(data)))])
+    header = probe_or_decode_error(data)
+    if header is not None:
+        try:
+            check_complete(data, header)
+        except DecodeError as e:
+            assert INTERNAL not in str(e), str(e)
 
 
 # -- properties -----------------------------------------------------------------------------

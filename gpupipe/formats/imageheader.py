@@ -9,6 +9,11 @@ means only what the header walk can see: a JPEG is walked marker by marker up to
 SOS and must have scan data after it, a PNG chunk by chunk up to its first IDAT; entropy
 coded data is never scanned. Whatever the input, ``probe`` returns or raises
 ``DecodeError`` -- nothing else -- and every loop is bounded.
+
+:func:`check_complete` is the second, equally cheap check: it looks at the *end* of the data
+for what a complete file ends with (a JPEG EOI, a PNG IEND chunk, the GIF trailer, all the
+BMP pixel rows, the whole WebP RIFF), so a file cut short in transfer or storage is refused
+before a decoder turns it into a half-grey image.
 """
 from __future__ import annotations
 
@@ -18,11 +23,12 @@ from dataclasses import dataclass
 
 from gpupipe.errors import DecodeError
 
-__all__ = ["ImageHeader", "probe", "MAX_SIDE"]
+__all__ = ["ImageHeader", "probe", "check_complete", "MAX_SIDE", "MAX_TRAILER"]
 
 MAX_SIDE = 1 << 20  # a side longer than this is a corrupt header, not an image
 _MAX_SEGMENTS = 4096  # JPEG markers before SOS / PNG and WebP chunks walked
 _MAX_SKIP = 4096  # fill bytes or stray bytes tolerated before one JPEG marker
+MAX_TRAILER = 4096  # bytes tolerated after a JPEG EOI / GIF trailer (camera and tool appendices)
 _INTERNAL = "malformed header (internal error"  # the safety net's message; tests look for it
 
 _JPEG_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7,
@@ -31,6 +37,7 @@ _JPEG_PROGRESSIVE = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
 _JPEG_STANDALONE = frozenset((0x01, 0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5, 0xD6, 0xD7))
 _SOI, _EOI, _SOS, _APP1 = 0xD8, 0xD9, 0xDA, 0xE1
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_IEND = b"\0\0\0\0IEND\xaeB`\x82"  # length 0, type, CRC: the whole 12-byte chunk
 # PNG colour type -> (channels as stored, allowed bit depths); palette images count as 3
 _PNG_COLOUR = {0: (1, (1, 2, 4, 8, 16)), 2: (3, (8, 16)), 3: (3, (1, 2, 4, 8)),
                4: (2, (8, 16)), 6: (4, (8, 16))}
@@ -74,6 +81,82 @@ def probe(data: bytes | memoryview, *, max_pixels: int | None = None, name: str 
         message = f"{_INTERNAL}: {type(e).__name__}: {e})"
         raise DecodeError(f"{name}: {message}" if name else message) from None
     return header
+
+
+def check_complete(data: bytes | memoryview, header: ImageHeader, *, name: str = "") -> None:
+    """Raise :class:`DecodeError` when ``data`` (whose :func:`probe` gave ``header``) is visibly cut short.
+
+    Only the end of the data is read (and a JPEG's header, to know where its scan starts):
+
+    * JPEG: an EOI marker (FF D9) after the start of the scan, in the last
+      :data:`MAX_TRAILER` + 2 bytes -- up to 4 KiB of camera or tool appendices may follow it.
+      (Entropy-coded data never contains FF D9, so a truncated scan cannot pass by chance.)
+    * PNG: the 12-byte IEND chunk within the last :data:`MAX_TRAILER` + 12 bytes.
+    * GIF: ends with a block terminator 0x00 and the trailer 0x3B, then at most
+      :data:`MAX_TRAILER` NUL bytes of padding. Stricter than JPEG because LZW data is not
+      byte-stuffed: ``00 3B`` occurs by chance in about one 4 KiB window of data in 16.
+    * BMP: the pixel rows (offset + padded stride * height) fit, for uncompressed bitmaps and
+      RLE ones that declare their data size.
+    * WebP: the RIFF size fits the data (the same check :func:`probe` makes).
+    """
+    try:
+        _COMPLETE.get(header.format, _no_check)(_as_bytes_view(data))
+    except DecodeError as e:
+        raise DecodeError(f"{name}: {e}" if name else str(e)) from None
+    except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
+        message = f"{_INTERNAL}: {type(e).__name__}: {e})"
+        raise DecodeError(f"{name}: {message}" if name else message) from None
+
+
+def _jpeg_complete(view: memoryview) -> None:
+    _, scan = _walk_jpeg(view)  # a header cut off raises here
+    start = max(scan, len(view) - MAX_TRAILER - 2)
+    if bytes(view[start:]).rfind(b"\xff\xd9") < 0:
+        raise DecodeError(f"truncated JPEG: no EOI marker (FF D9) in the last {len(view) - start} bytes "
+                          f"of {len(view)}")
+
+
+def _png_complete(view: memoryview) -> None:
+    if _PNG_IEND not in bytes(view[-(MAX_TRAILER + len(_PNG_IEND)):]):
+        raise DecodeError(f"truncated PNG: no IEND chunk at the end of its {len(view)} bytes")
+
+
+def _gif_complete(view: memoryview) -> None:
+    if not bytes(view[-(MAX_TRAILER + 2):]).rstrip(b"\0").endswith(b"\x00\x3b"):
+        raise DecodeError(f"truncated GIF: no trailer (0x3B) at the end of its {len(view)} bytes")
+
+
+def _bmp_complete(view: memoryview) -> None:
+    info_size = struct.unpack_from("<I", view, 14)[0] if len(view) >= 18 else 0
+    if len(view) < (26 if info_size == 12 else 38):
+        raise DecodeError(f"truncated BMP: header cut off at {len(view)} bytes")
+    offset = struct.unpack_from("<I", view, 10)[0]
+    if info_size == 12:
+        width, height, _planes, bits = struct.unpack_from("<HHHH", view, 18)
+        compression, data_size = 0, 0
+    else:
+        width, height, _planes, bits, compression, data_size = struct.unpack_from("<iiHHII", view, 18)
+    if compression in (0, 3, 6):  # BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS: rows of fixed size
+        data_size = (abs(width) * bits + 31) // 32 * 4 * abs(height)
+    elif compression not in (1, 2):  # embedded JPEG/PNG and others: nothing to compare
+        data_size = 0
+    if offset + data_size > len(view):
+        raise DecodeError(f"truncated BMP: pixel data needs bytes {offset}..{offset + data_size}, "
+                          f"data has {len(view)}")
+
+
+def _webp_complete(view: memoryview) -> None:
+    riff_size = struct.unpack_from("<I", view, 4)[0] if len(view) >= 8 else len(view)
+    if riff_size + 8 > len(view):
+        raise DecodeError(f"truncated WebP: RIFF declares {riff_size + 8} bytes, data has {len(view)}")
+
+
+def _no_check(view: memoryview) -> None:
+    """Formats without a cheap completeness check."""
+
+
+_COMPLETE = {"jpeg": _jpeg_complete, "png": _png_complete, "gif": _gif_complete,
+             "bmp": _bmp_complete, "webp": _webp_complete}
 
 
 def _as_bytes_view(data: object) -> memoryview:
@@ -133,6 +216,11 @@ def _check_size(header: ImageHeader, max_pixels: int | None) -> ImageHeader:
 
 def _jpeg(view: memoryview) -> ImageHeader:
     """Walk JPEG markers from SOI to the first SOS; read the SOF and the first APP1 Exif."""
+    return _walk_jpeg(view)[0]
+
+
+def _walk_jpeg(view: memoryview) -> tuple[ImageHeader, int]:
+    """:func:`_jpeg`'s header and the byte offset where the first scan's entropy data starts."""
     pos, sof, orientation = 2, None, None
     for _ in range(_MAX_SEGMENTS):
         wanted = "SOF" if sof is None else "SOS"
@@ -160,7 +248,7 @@ def _jpeg(view: memoryview) -> ImageHeader:
             if end >= len(view):
                 raise DecodeError("truncated JPEG: data ends right after the header (no scan data)")
             width, height, channels, progressive, depth = sof
-            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth)
+            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth), end
         if marker in _JPEG_SOF:
             if sof is not None:
                 raise DecodeError(f"JPEG: second SOF marker at byte {pos - 2}")

@@ -1,0 +1,173 @@
+"""What every decode backend shares: the pre-decode check, crop boxes, replacement
+of bad images, and assembling the output batch.
+
+Each backend only turns (encoded bytes, crop box, output size) into pixels;
+everything that must be identical across backends lives here.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gpupipe.errors import DecodeError
+from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
+from gpupipe.stream import ErrorPolicy
+
+__all__ = ["Checked", "check_batch", "crop_boxes", "random_resized_crop_box", "replacements", "record_bad",
+           "upright_size"]
+
+log = logging.getLogger(__name__)
+_TAG_CROP = 3
+
+
+@dataclass
+class Checked:
+    """The pre-decode verdict on a batch: headers of good images, reasons for bad ones.
+
+    ``placeholder[i]`` marks samples the stream already replaced (no bytes): they
+    are filled like bad images but not counted again.
+    """
+
+    headers: list[ImageHeader | None]
+    reasons: list[str | None]
+    placeholder: list[bool]
+
+    def good(self) -> list[int]:
+        return [i for i, r in enumerate(self.reasons) if r is None]
+
+
+def check_batch(batch, max_pixels: int | None) -> Checked:
+    """Magic bytes, header dimensions, ``max_pixels`` and completeness of every image."""
+    headers: list[ImageHeader | None] = []
+    reasons: list[str | None] = []
+    placeholder: list[bool] = []
+    for i, key in enumerate(batch.keys):
+        data = batch.image(i)
+        placeholder.append(len(data) == 0 and not bool(batch.valid[i]))
+        try:
+            header = probe(data, max_pixels=max_pixels)
+            check_complete(data, header)
+        except DecodeError as exc:
+            headers.append(None)
+            reasons.append(str(exc))
+            continue
+        headers.append(header)
+        reasons.append(None)
+    return Checked(headers, reasons, placeholder)
+
+
+def record_bad(checked: Checked, i: int, reason: str, policy: ErrorPolicy, stats, key: str) -> None:
+    """Mark image ``i`` bad: raise under ``raise``, else count and log it."""
+    checked.reasons[i] = reason
+    if checked.placeholder[i]:
+        return
+    if policy is ErrorPolicy.RAISE:
+        raise DecodeError(f"cannot decode sample {key!r}: {reason}")
+    stats.skipped += 1
+    if len(stats.skipped_keys) < 100:
+        stats.skipped_keys.append(key)
+    log.warning("skipping undecodable sample %s: %s", key, reason)
+
+
+def enforce(checked: Checked, batch, policy: ErrorPolicy, stats) -> None:
+    """Apply ``policy`` to every image the pre-decode check rejected."""
+    for i, reason in enumerate(checked.reasons):
+        if reason is not None:
+            record_bad(checked, i, reason, policy, stats, batch.keys[i])
+
+
+def replacements(reasons: Sequence[str | None]) -> dict[int, int | None]:
+    """For each bad index, the next good index in the batch (cyclically), or None if
+    none is good: deterministic, and the batch keeps its shape."""
+    n = len(reasons)
+    good = [i for i, r in enumerate(reasons) if r is None]
+    out: dict[int, int | None] = {}
+    for i, r in enumerate(reasons):
+        if r is not None:
+            out[i] = next((j for j in good if j > i), good[0] if good else None)
+    return out
+
+
+def upright_size(header: ImageHeader) -> tuple[int, int]:
+    """(height, width) as displayed, after the EXIF orientation is applied."""
+    if header.orientation in (5, 6, 7, 8):
+        return header.width, header.height
+    return header.height, header.width
+
+
+def random_resized_crop_box(h: int, w: int, scale, ratio, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params``: (top, left, height, width)."""
+    area = h * w
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
+    in_ratio = w / h
+    if in_ratio < ratio[0]:
+        cw, ch = w, int(round(w / ratio[0]))
+    elif in_ratio > ratio[1]:
+        ch, cw = h, int(round(h * ratio[1]))
+    else:
+        ch, cw = h, w
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, config) -> np.ndarray:
+    """(B, 4) int boxes (top, left, height, width) in upright image coordinates.
+
+    ``fixed``: the whole image; ``shorter``: the largest centred box with the
+    output's aspect ratio; ``random_resized_crop``: torchvision's rule, drawn from
+    a generator keyed by (seed, epoch, sample id) — the same sample gets the same
+    crop whatever the batch, worker count or resume point.
+    """
+    from gpupipe.decode import ResizeMode
+
+    boxes = np.zeros((len(headers), 4), dtype=np.int64)
+    out_h, out_w = config.image_size or (1, 1)
+    for i, header in enumerate(headers):
+        if header is None:
+            continue
+        h, w = upright_size(header)
+        if config.resize is ResizeMode.RANDOM_CROP:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+                [config.seed, epoch, int(sample_ids[i]) & 0xFFFFFFFFFFFF, _TAG_CROP])))
+            boxes[i] = random_resized_crop_box(h, w, config.scale, config.ratio, rng)
+        elif config.resize is ResizeMode.SHORTER:
+            s = min(h / out_h, w / out_w)
+            ch, cw = max(1, int(round(out_h * s))), max(1, int(round(out_w * s)))
+            boxes[i] = ((h - ch) // 2, (w - cw) // 2, ch, cw)
+        else:
+            boxes[i] = (0, 0, h, w)
+    return boxes
+
+
+def assemble(pixels: dict[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
+             epoch: int):
+    """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch,
+    filling bad positions from their replacements."""
+    from gpupipe.decode import DecodedBatch
+
+    repl = replacements(checked.reasons)
+    shapes = {tuple(p.shape) for p in pixels.values()}
+    if len(shapes) > 1:
+        raise DecodeError(f"decoded images have different sizes {sorted(shapes)[:3]}; set decode image_size")
+    h, w, _ = shapes.pop() if shapes else (1, 1, 3)
+    out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=device)
+    for i in range(len(batch)):
+        src = i if i in pixels else repl.get(i)
+        if src is not None:
+            p = pixels[src]
+            out[i] = p if isinstance(p, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(p))
+    valid = batch.valid.clone()
+    for i in repl:
+        valid[i] = False
+    return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=batch.labels, valid=valid,
+                        sample_ids=batch.sample_ids, keys=batch.keys, epoch=epoch)

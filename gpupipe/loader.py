@@ -1,0 +1,227 @@
+"""``GpuLoader``: encoded batches from the workers → decode → augment, one batch ahead.
+
+The DataLoader workers stream encoded bytes (CPU I/O only). In the training
+process a single producer thread decodes batch i+1 (and augments it) while the
+training step runs on batch i; on a GPU it works on a side CUDA stream and the
+consumer's stream waits for it (``wait_stream`` + ``record_stream``), so the copy,
+decode and augment overlap the step. Progress for ``state_dict`` counts batches
+handed to the training loop, not the ones decoded ahead.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+from gpupipe.batch import EncodedBatch
+from gpupipe.dataset import EncodedLoader, StreamConfig
+from gpupipe.decode import DecodeConfig, DecodedBatch, ResizeMode, make_decoder
+from gpupipe.errors import ConfigError
+
+__all__ = ["GpuLoader", "StageStats"]
+
+log = logging.getLogger(__name__)
+Augment = Callable[[torch.Tensor, DecodedBatch], torch.Tensor]
+_END = object()
+
+
+@dataclass
+class StageStats:
+    """Seconds spent per stage (in the producer thread) and waiting (in the training loop)."""
+
+    batches: int = 0
+    images: int = 0
+    wait_bytes_s: float = 0.0  # producer waiting for encoded batches from the workers
+    decode_s: float = 0.0
+    augment_s: float = 0.0
+    handoff_wait_s: float = 0.0  # training loop waiting for a ready batch
+    skipped: int = 0  # samples replaced (stream + decode)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class GpuLoader:
+    """``for images, labels in loader``: decoded (and augmented) batches on ``device``.
+
+    ``len(loader)`` is exact and the same on every rank; ``set_epoch``,
+    ``state_dict`` and ``load_state_dict`` work as on :class:`EncodedLoader`.
+    ``augment`` is any callable ``(images uint8 NCHW, batch) -> tensor`` (the
+    ``gpupipe.transforms`` pipeline, or your own); ``None`` gives uint8 images.
+    """
+
+    def __init__(self, source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
+                 decode: str | DecodeConfig = "auto", augment: Augment | None = None,
+                 device: str | torch.device | None = None, shuffle: bool = True, seed: int = 0,
+                 num_workers: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                 drop_last: bool = True, rank: int | None = None, world_size: int | None = None,
+                 resize: str | ResizeMode = ResizeMode.FIXED, on_error: str = "raise",
+                 stream: StreamConfig | None = None, prefetch: int = 1):
+        if isinstance(image_size, int):
+            image_size = (image_size, image_size)
+        self.decode_config = decode if isinstance(decode, DecodeConfig) else DecodeConfig(
+            backend=decode, image_size=image_size, resize=resize, on_error=on_error, seed=seed)
+        stream = replace(stream or StreamConfig(), on_error=self.decode_config.on_error)
+        self.encoded = EncodedLoader(source, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                     num_workers=num_workers, storage_options=storage_options,
+                                     drop_last=drop_last, rank=rank, world_size=world_size, stream=stream)
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", self.encoded.world.local_rank)
+        if prefetch < 1:
+            raise ConfigError(f"loader.prefetch: must be >= 1, got {prefetch}")
+        self.augment, self.prefetch = augment, prefetch
+        self.stats = StageStats()
+        self._decoder = None  # built on first use, in this (the training) process
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "GpuLoader":
+        """Build from a mapping of this constructor's arguments; ``stream`` may be a mapping
+        of :class:`StreamConfig` fields. Unknown keys raise ``ConfigError`` naming them."""
+        import inspect
+
+        allowed = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(config) - allowed)
+        if unknown:
+            raise ConfigError(f"loader: unknown key(s) {unknown}; known: {sorted(allowed)}")
+        kwargs = dict(config)
+        if isinstance(kwargs.get("stream"), Mapping):
+            kwargs["stream"] = _stream_config(kwargs["stream"])
+        return cls(**kwargs)
+
+    # -- delegated -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.encoded.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.encoded.state_dict()
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.encoded.load_state_dict(state)
+
+    @property
+    def decoder(self):
+        if self._decoder is None:
+            self._decoder = make_decoder(self.decode_config, self.device)
+            log.info("gpupipe: decoding with %s on %s", self._decoder.name, self.device)
+        return self._decoder
+
+    # -- iteration --------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[DecodedBatch]:
+        self.encoded.begin_epoch()
+        decoder = self.decoder
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        producer = threading.Thread(target=self._produce, args=(decoder, side, ready, stop), daemon=True,
+                                    name="gpupipe-decode")
+        producer.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = ready.get()
+                self.stats.handoff_wait_s += time.perf_counter() - t0
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                out, encoded = item
+                if side is not None:
+                    torch.cuda.current_stream(self.device).wait_stream(side)
+                    out.images.record_stream(torch.cuda.current_stream(self.device))
+                self.encoded.mark_delivered(encoded)
+                self.stats.batches += 1
+                self.stats.images += len(out)
+                self.stats.skipped += encoded.skipped
+                yield out
+            self.encoded.end_epoch()
+        finally:
+            stop.set()
+            while producer.is_alive():  # unblock a producer waiting to put
+                try:
+                    ready.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
+
+    def _produce(self, decoder, side, ready: queue.Queue, stop: threading.Event) -> None:
+        batches = self.encoded.batches()
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                encoded: EncodedBatch | None = next(batches, None)
+                self.stats.wait_bytes_s += time.perf_counter() - t0
+                if encoded is None:
+                    break
+                out = self._process(decoder, side, encoded)
+                if not _put(ready, (out, _metadata(encoded)), stop):
+                    return
+            _put(ready, _END, stop)
+        except BaseException as exc:  # hand it to the training loop, which raises it
+            _put(ready, exc, stop)
+        finally:
+            batches.close()
+
+    def _process(self, decoder, side, encoded: EncodedBatch) -> DecodedBatch:
+        with torch.cuda.stream(side) if side is not None else _nullcontext():
+            t0 = time.perf_counter()
+            out = decoder.decode(encoded)
+            if side is not None:
+                out.images = out.images.clone(memory_format=torch.channels_last)  # DALI reuses its buffers
+            t1 = time.perf_counter()
+            self.stats.decode_s += t1 - t0
+            if self.augment is not None:
+                out.images = self.augment(out.images, out)
+                self.stats.augment_s += time.perf_counter() - t1
+            out.labels = out.labels.to(self.device, non_blocking=True)
+            out.valid = out.valid.to(self.device, non_blocking=True)
+        return out
+
+
+def _metadata(b: EncodedBatch) -> EncodedBatch:
+    """The batch without its bytes: all ``mark_delivered`` needs, kept while decoding ahead."""
+    return replace(b, data=b.data[:0])
+
+
+def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _stream_config(mapping: Mapping[str, Any]) -> StreamConfig:
+    from gpupipe.storage import FetchConfig
+
+    known = {f.name for f in fields(StreamConfig)}
+    unknown = sorted(set(mapping) - known)
+    if unknown:
+        raise ConfigError(f"loader.stream: unknown key(s) {unknown}; known: {sorted(known)}")
+    kwargs = dict(mapping)
+    if isinstance(kwargs.get("fetch"), Mapping):
+        fetch_known = {f.name for f in fields(FetchConfig)}
+        bad = sorted(set(kwargs["fetch"]) - fetch_known)
+        if bad:
+            raise ConfigError(f"loader.stream.fetch: unknown key(s) {bad}; known: {sorted(fetch_known)}")
+        kwargs["fetch"] = FetchConfig(**kwargs["fetch"])
+    return StreamConfig(**kwargs)

@@ -1,0 +1,140 @@
+"""GpuLoader on the CPU path (real DALI CPU decoders and Pillow): batches, resume, bad data."""
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from gpupipe import GpuLoader
+from gpupipe.errors import ConfigError, DecodeError, StorageError
+from gpupipe.formats.writer import ShardSink
+from gpupipe.synth import synthetic_jpeg
+
+HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+BACKENDS = [pytest.param("dali", marks=[pytest.mark.dali, pytest.mark.skipif(not HAS_DALI, reason="no DALI")]), "pil"]
+N = 60
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """60 small real JPEGs (label = id % 7) in 4 shards; sample 13 is corrupt (cut in half)."""
+    root = tmp_path_factory.mktemp("gpu") / "ds"
+    rng = np.random.default_rng(0)
+    with ShardSink(str(root), shard_size=16) as sink:
+        for i in range(N):
+            data = synthetic_jpeg(rng, (40 + i % 3, 30))
+            if i == 13:
+                data = data[: len(data) // 2]
+            sink.write(f"s{i:04d}", {"jpg": data, "cls": str(i % 7).encode()})
+    return str(root)
+
+
+def make(shards, backend, **kw):
+    kw.setdefault("on_error", "skip")
+    return GpuLoader(shards, batch_size=8, image_size=(24, 32), decode=backend, device="cpu", num_workers=1,
+                     rank=0, world_size=1, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_are_uint8_nchw_channels_last_with_labels(shards, backend):
+    loader = make(shards, backend, drop_last=False)
+    seen = []
+    for images, labels in loader:
+        assert images.shape[1:] == (3, 24, 32) and images.dtype == torch.uint8
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        seen.append(labels)
+    assert len(seen) == len(loader) == -(-N // 8)
+    assert loader.stats.batches == len(loader) and loader.stats.decode_s > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_corrupt_image_is_skipped_counted_and_masked(shards, backend):
+    loader = make(shards, backend, drop_last=False, shuffle=False)
+    masks = {}
+    for batch in loader:
+        for sid, ok, label in zip(batch.sample_ids.tolist(), batch.valid.tolist(), batch.labels.tolist()):
+            masks[sid] = masks.get(sid, False) or ok  # padding repeats samples as invalid
+            assert label == sid % 7
+    assert [s for s, ok in masks.items() if not ok] == [13]
+    assert loader.decoder.stats.skipped == 1 and "s0013" in loader.decoder.stats.skipped_keys
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_on_error_raise_names_the_sample(shards, backend):
+    loader = make(shards, backend, on_error="raise", shuffle=False)
+    with pytest.raises(DecodeError, match="s0013"):
+        list(loader)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_counts_delivered_batches_not_decoded_ahead(shards, backend):
+    full = make(shards, backend, seed=4, prefetch=3)
+    expected = sorted(i for b in full for i in b.sample_ids.tolist())
+    first = make(shards, backend, seed=4, prefetch=3)
+    got = []
+    for n, b in enumerate(first):
+        got += b.sample_ids.tolist()
+        if n == 2:
+            break  # the producer has decoded further ahead by now
+    resumed = make(shards, backend, seed=4)
+    resumed.load_state_dict(first.state_dict())
+    got += [i for b in resumed for i in b.sample_ids.tolist()]
+    assert sorted(got) == expected
+
+
+def test_same_seed_same_pixels_and_epochs_differ(shards):
+    a = [b.images.clone() for b in make(shards, "pil", seed=1, resize="random_resized_crop")]
+    b = [b.images.clone() for b in make(shards, "pil", seed=1, resize="random_resized_crop")]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    loader = make(shards, "pil", seed=1, resize="random_resized_crop")
+    list(loader)
+    second = [b.images.clone() for b in loader]  # the next epoch
+    assert not all(torch.equal(x, y) for x, y in zip(a, second))
+
+
+def test_augment_callable_runs_in_the_producer(shards):
+    def to_float(images, batch):
+        assert threading.current_thread().name == "gpupipe-decode"
+        return images.float() / 255
+
+    for images, _ in make(shards, "pil", augment=to_float):
+        assert images.dtype == torch.float32 and float(images.max()) <= 1.0
+
+
+def test_storage_error_in_workers_reaches_the_training_loop(shards, tmp_path):
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(shards, copy)
+    loader = make(str(copy), "pil", on_error="raise")
+    (copy / "shard-000002.tar").unlink()
+    with pytest.raises(StorageError, match="shard-000002"):
+        list(loader)
+
+
+def test_breaking_early_leaves_no_decode_thread(shards):
+    loader = make(shards, "pil")
+    for _ in loader:
+        break
+    assert not [t for t in threading.enumerate() if t.name == "gpupipe-decode" and t.is_alive()]
+
+
+def test_from_config_rejects_unknown_keys(shards):
+    loader = GpuLoader.from_config({"source": shards, "batch_size": 8, "image_size": 16, "decode": "pil",
+                                    "device": "cpu", "num_workers": 0, "stream": {"shuffle_buffer": 16}})
+    assert len(loader) == N // 8
+    with pytest.raises(ConfigError, match="batchsize"):
+        GpuLoader.from_config({"source": shards, "batchsize": 8})
+    with pytest.raises(ConfigError, match="shuffle_bufer"):
+        GpuLoader.from_config({"source": shards, "batch_size": 8, "stream": {"shuffle_bufer": 3}})
+
+
+def test_bad_decode_settings_raise_config_errors(shards):
+    with pytest.raises(ConfigError, match="backend"):
+        make(shards, "turbojpeg")
+    with pytest.raises(ConfigError, match="on_error"):
+        make(shards, "pil", on_error="ignore")
+    with pytest.raises(ConfigError, match="nvjpeg"):
+        make(shards, "nvjpeg").decoder
