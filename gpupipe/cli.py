@@ -8,6 +8,9 @@ Usage::
     gpupipe index URL [--workers N] [--storage-option KEY=VALUE ...]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
+                 [--image-size PX] [--decode BACKEND]
+    gpupipe bench SOURCE [--batch-size N] [--image-size PX] [--decode BACKEND] [--device DEV]
+                         [--workers N] [--epochs N] [--json] [--storage-option KEY=VALUE ...]
 
 Each subcommand is an entry of ``_COMMANDS``: ``name -> (help, add_arguments, run)``, where
 ``add_arguments(parser)`` declares its options and ``run(args) -> int`` does the work and
@@ -154,6 +157,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--epochs", type=int, default=3, help="epochs to stream (the first one is a warm-up)")
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: chosen from the machine)")
+    p.add_argument("--image-size", type=int, default=128, help="side of the decoded square images")
+    p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="decode backend")
 
 
 def _demo_run(args: argparse.Namespace) -> int:
@@ -162,14 +167,61 @@ def _demo_run(args: argparse.Namespace) -> int:
     if args.epochs < 2:
         raise GpupipeError("--epochs must be >= 2 (the first epoch is a warm-up)")
     r = run_demo(args.root, images=args.images, size=args.size, batch_size=args.batch_size,
-                 epochs=args.epochs, num_workers=args.workers)
-    print(f"gpupipe demo: {r.images} samples in {r.shards} shards under {args.root}/shards, "
-          f"batch {r.batch_size}, {r.num_workers} worker(s)")
-    print(f"stream (encoded bytes, no decode yet): {r.samples_per_s:,.0f} samples/s, {r.mb_per_s:,.1f} MB/s "
-          f"over {r.epochs} epoch(s), {r.samples} samples in {r.seconds:.2f} s")
-    print(f"stages: waiting for batches in the main process {r.main_wait_s:.2f} s; "
-          f"workers waiting for storage {r.io_wait_s:.2f} s; skipped samples {r.skipped}")
-    print("decode and augmentation stages are not built yet (issues 3 and 4)")
+                 image_size=args.image_size, epochs=args.epochs, num_workers=args.workers, decode=args.decode)
+    print(f"gpupipe demo: {r.images} JPEGs ({args.size}x{args.size}) in {r.shards} shards under {args.root}/shards")
+    print(f"pipeline: stream ({r.num_workers} worker(s)) -> decode ({r.backend} on {r.device}) "
+          f"-> {args.image_size}x{args.image_size} uint8 batches of {r.batch_size}")
+    _print_stages(r.stages, r.seconds)
+    print("augmentation is not built yet (issue 4)")
+    return 0
+
+
+def _print_stages(stages: dict, seconds: float) -> None:
+    print(f"throughput: {stages['images'] / seconds:,.0f} images/s ({stages['images']} images in {seconds:.2f} s)")
+    print(f"stages (s): waiting for bytes {stages['wait_bytes_s']:.2f} | decode {stages['decode_s']:.2f} | "
+          f"augment {stages['augment_s']:.2f} | training loop waiting {stages['handoff_wait_s']:.2f} | "
+          f"skipped images {stages['skipped']}")
+
+
+# ---------------------------------------------------------------- bench
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="shard folder, pattern or list (any fsspec URL)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"])
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when present)")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: chosen from the machine)")
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs, after one warm-up epoch")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _storage_arguments(p)
+
+
+def _bench_run(args: argparse.Namespace) -> int:
+    import time
+
+    from gpupipe.loader import GpuLoader, StageStats
+
+    loader = GpuLoader(args.source, batch_size=args.batch_size, image_size=args.image_size, decode=args.decode,
+                       device=args.device, num_workers=args.workers, storage_options=dict(args.storage_options),
+                       rank=0, world_size=1, on_error="skip")
+    for _ in loader:  # warm-up
+        pass
+    loader.stats = StageStats()
+    t0 = time.perf_counter()
+    for _ in range(args.epochs):
+        for _ in loader:
+            pass
+    seconds = time.perf_counter() - t0
+    stages = loader.stats.as_dict()
+    if args.json:
+        print(json.dumps({"images_per_s": stages["images"] / seconds, "seconds": seconds, "stages": stages,
+                          "backend": loader.decoder.name, "device": str(loader.device),
+                          "num_workers": loader.encoded.num_workers}, indent=2))
+        return 0
+    print(f"gpupipe bench: decode {loader.decoder.name} on {loader.device}, {loader.encoded.num_workers} worker(s), "
+          f"batch {args.batch_size}, {args.image_size}x{args.image_size}, {args.epochs} epoch(s)")
+    _print_stages(stages, seconds)
     return 0
 
 
@@ -179,7 +231,8 @@ _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "ingest": ("turn an image folder or Parquet files into shards + index.json", _ingest_arguments, _ingest_run),
     "index": ("write index.json for existing tar shards", _index_arguments, _index_run),
     "inspect": ("summarise a dataset and show its first keys", _inspect_arguments, _inspect_run),
-    "demo": ("generate sample images, ingest them and stream them, printing throughput", _demo_arguments, _demo_run),
+    "demo": ("generate sample images, ingest, stream and decode them, printing throughput", _demo_arguments, _demo_run),
+    "bench": ("time the loader on a dataset: images/s and seconds per stage", _bench_arguments, _bench_run),
 }
 COMMANDS = MappingProxyType(_COMMANDS)
 

@@ -1,9 +1,10 @@
-"""The ``make demo`` pipeline: sample images → shards → one streamed epoch, measured.
+"""The ``make demo`` pipeline: sample images → shards → stream → decode, measured.
 
 Builds (once) a folder of synthetic JPEGs in ImageNet layout, ingests it into
-tar shards with a manifest, then streams epochs of encoded batches through
-:class:`~gpupipe.dataset.EncodedLoader` and reports throughput. Decode and
-augmentation stages join this pipeline as they land.
+tar shards with a manifest, then runs epochs of :class:`~gpupipe.loader.GpuLoader`
+(stream in DataLoader workers, decode one batch ahead in the training process)
+and reports images/s with the time spent in each stage. Augmentation joins the
+pipeline when ``gpupipe.transforms`` lands.
 """
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from gpupipe.dataset import EncodedLoader
 from gpupipe.manifest import MANIFEST_NAME
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "prepare", "run_demo"]
 
 
 @dataclass(frozen=True)
@@ -23,21 +23,16 @@ class DemoResult:
     shards: int
     batch_size: int
     num_workers: int
+    backend: str
+    device: str
     epochs: int
-    samples: int
-    bytes: int
     seconds: float
-    io_wait_s: float
-    main_wait_s: float
-    skipped: int
+    stages: dict
+    stream_wait_s: float
 
     @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / self.seconds / 1e6
+    def images_per_s(self) -> float:
+        return self.stages["images"] / self.seconds
 
 
 def prepare(root: str, *, images: int, size: int, shard_size: int, seed: int = 0) -> str:
@@ -54,19 +49,24 @@ def prepare(root: str, *, images: int, size: int, shard_size: int, seed: int = 0
 
 
 def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, shard_size: int = 250,
-             batch_size: int = 128, epochs: int = 3, num_workers: int | None = None) -> DemoResult:
-    """Stream ``epochs`` epochs (the first one warms up and is not timed)."""
+             batch_size: int = 128, image_size: int = 128, epochs: int = 3, num_workers: int | None = None,
+             decode: str = "auto") -> DemoResult:
+    """Run ``epochs`` epochs; the first warms up (worker start, DALI pipeline build) and is not timed."""
+    from gpupipe.loader import GpuLoader, StageStats
+
     shards = prepare(root, images=images, size=size, shard_size=shard_size)
-    loader = EncodedLoader(shards + "/", batch_size=batch_size, num_workers=num_workers, rank=0, world_size=1)
-    for _ in loader:  # warm-up epoch: page cache, worker start-up
+    loader = GpuLoader(shards + "/", batch_size=batch_size, image_size=image_size, decode=decode,
+                       num_workers=num_workers, rank=0, world_size=1, on_error="skip")
+    for _ in loader:
         pass
-    loader.stats.__init__()
+    loader.stats = StageStats()
+    wait0 = loader.encoded.stats.wait_s
     t0 = time.perf_counter()
     for _ in range(epochs - 1):
         for _ in loader:
             pass
     seconds = time.perf_counter() - t0
-    s = loader.stats
-    return DemoResult(images=loader.spec.num_samples, shards=len(loader.source.shard_urls), batch_size=batch_size,
-                      num_workers=loader.num_workers, epochs=epochs - 1, samples=s.samples, bytes=s.bytes,
-                      seconds=seconds, io_wait_s=s.io_wait_s, main_wait_s=s.wait_s, skipped=s.skipped)
+    return DemoResult(images=loader.encoded.spec.num_samples, shards=len(loader.encoded.source.shard_urls),
+                      batch_size=batch_size, num_workers=loader.encoded.num_workers, backend=loader.decoder.name,
+                      device=str(loader.device), epochs=epochs - 1, seconds=seconds, stages=loader.stats.as_dict(),
+                      stream_wait_s=loader.encoded.stats.wait_s - wait0)

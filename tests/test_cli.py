@@ -104,3 +104,26 @@ def test_storage_option_values_parse_as_json_or_text():
     assert _key_value("client_kwargs={\"region_name\": \"x\"}") == ("client_kwargs", {"region_name": "x"})
     assert _key_value("profile=dev") == ("profile", "dev")
     assert _key_value("key=a=b") == ("key", "a=b")
+
+
+def test_demo_runs_stream_and_decode_and_prints_throughput(tmp_path: Path):
+    proc = run_cli("demo", "--root", str(tmp_path / "demo"), "--images", "64", "--size", "48",
+                   "--batch-size", "16", "--image-size", "32", "--decode", "pil", "--workers", "0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "images/s" in proc.stdout and "decode (pil on cpu)" in proc.stdout
+    assert (tmp_path / "demo" / "shards" / "index.json").exists()
+
+
+def test_bench_prints_stages_as_json(tmp_path: Path):
+    run_cli("demo", "--root", str(tmp_path / "demo"), "--images", "40", "--size", "40", "--batch-size", "8",
+            "--image-size", "16", "--decode", "pil", "--workers", "0", cwd=tmp_path)
+    proc = run_cli("bench", str(tmp_path / "demo" / "shards") + "/", "--batch-size", "8", "--image-size", "16",
+                   "--decode", "pil", "--workers", "0", "--epochs", "1", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stages"]["images"] == 40 and out["images_per_s"] > 0 and out["backend"] == "pil"
+
+
+def test_bench_on_a_missing_dataset_is_one_line(tmp_path: Path):
+    proc = run_cli("bench", str(tmp_path / "nothing") + "/", cwd=tmp_path)
+    assert_one_line_error(proc, "nothing")
