@@ -28,6 +28,7 @@ __all__ = ["GpuLoader", "StageStats"]
 log = logging.getLogger(__name__)
 Augment = Callable[[torch.Tensor, DecodedBatch], torch.Tensor]
 _END = object()
+_JOIN_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -128,7 +129,7 @@ class GpuLoader:
         try:
             while True:
                 t0 = time.perf_counter()
-                item = ready.get()
+                item = _get(ready, producer)
                 self.stats.handoff_wait_s += time.perf_counter() - t0
                 if item is _END:
                     break
@@ -146,11 +147,15 @@ class GpuLoader:
             self.encoded.end_epoch()
         finally:
             stop.set()
-            while producer.is_alive():  # unblock a producer waiting to put
+            deadline = time.monotonic() + _JOIN_TIMEOUT_S
+            while producer.is_alive() and time.monotonic() < deadline:  # unblock a producer waiting to put
                 try:
                     ready.get(timeout=0.05)
                 except queue.Empty:
                     pass
+            if producer.is_alive():
+                log.warning("gpupipe: the decode thread did not stop within %.0f s; leaving it (daemon)",
+                            _JOIN_TIMEOUT_S)
             self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
 
     def _produce(self, decoder, side, ready: queue.Queue, stop: threading.Event) -> None:
@@ -190,6 +195,16 @@ class GpuLoader:
 def _metadata(b: EncodedBatch) -> EncodedBatch:
     """The batch without its bytes: all ``mark_delivered`` needs, kept while decoding ahead."""
     return replace(b, data=b.data[:0])
+
+
+def _get(q: queue.Queue, producer: threading.Thread):
+    """The next item; raises instead of waiting forever if the producer died without a word."""
+    while True:
+        try:
+            return q.get(timeout=1.0)
+        except queue.Empty:
+            if not producer.is_alive() and q.empty():
+                raise RuntimeError("gpupipe: the decode thread ended without finishing the epoch (see the log)")
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:

@@ -150,7 +150,7 @@ def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, co
 
 
 def assemble(pixels: dict[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
-             epoch: int):
+             epoch: int, image_size: tuple[int, int] | None = None):
     """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch,
     filling bad positions from their replacements."""
     from gpupipe.decode import DecodedBatch
@@ -159,7 +159,7 @@ def assemble(pixels: dict[int, np.ndarray | torch.Tensor], checked: Checked, bat
     shapes = {tuple(p.shape) for p in pixels.values()}
     if len(shapes) > 1:
         raise DecodeError(f"decoded images have different sizes {sorted(shapes)[:3]}; set decode image_size")
-    h, w, _ = shapes.pop() if shapes else (1, 1, 3)
+    h, w, _ = shapes.pop() if shapes else (*(image_size or (1, 1)), 3)  # nothing decoded: keep the shape
     out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=device)
     for i in range(len(batch)):
         src = i if i in pixels else repl.get(i)

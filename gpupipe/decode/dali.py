@@ -22,9 +22,13 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
+from gpupipe.errors import DecodeError
 from gpupipe.decode.common import check_batch, crop_boxes, enforce, record_bad, replacements
+from gpupipe.errors import DecodeError
 
 __all__ = ["DaliDecoder"]
+
+_PILLOW_FORMATS = ("gif",)  # DALI's decoders refuse these; they take the Pillow path
 
 
 class DaliDecoder:
@@ -79,7 +83,16 @@ class DaliDecoder:
         checked = check_batch(batch, cfg.max_pixels)
         enforce(checked, batch, cfg.on_error, self.stats)
         boxes = crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, cfg)
-        out = self._decode_checked(batch, checked, boxes)
+        side = self._decode_with_pillow(batch, checked, boxes)
+        out = self._decode_checked(batch, checked, boxes, set(side))
+        if out is None:  # nothing for DALI in this batch
+            h, w = next(iter(side.values())).shape[:2] if side else (self.config.image_size or (1, 1))
+            out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=self.device)
+        for i, pixels in side.items():
+            if tuple(pixels.shape) != tuple(out.shape[1:]):
+                raise DecodeError(f"decoded images have different sizes {tuple(pixels.shape)} and "
+                                  f"{tuple(out.shape[1:])}; set decode image_size")
+            out[i] = torch.from_numpy(pixels).to(out.device)
         valid = batch.valid.clone()
         for i in replacements(checked.reasons):
             valid[i] = False
@@ -89,26 +102,44 @@ class DaliDecoder:
         return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=batch.labels, valid=valid,
                             sample_ids=batch.sample_ids, keys=batch.keys, epoch=batch.epoch)
 
-    def _decode_checked(self, batch, checked, boxes) -> torch.Tensor:
+    def _decode_with_pillow(self, batch, checked, boxes) -> dict[int, np.ndarray]:
+        """Formats DALI does not decode (GIF) go through the Pillow path, image by image."""
+        from gpupipe.decode.pil import decode_one
+
+        size = None if self.config.resize is ResizeMode.NONE else self.config.image_size
+        side = {}
+        for i in checked.good():
+            if checked.headers[i].format in _PILLOW_FORMATS:
+                try:
+                    side[i] = decode_one(batch.image(i), boxes[i], size)
+                except Exception as exc:  # noqa: BLE001 — untrusted bytes
+                    record_bad(checked, i, f"{type(exc).__name__}: {exc}", self.config.on_error, self.stats,
+                               batch.keys[i])
+        return side
+
+    def _decode_checked(self, batch, checked, boxes, elsewhere: set[int]) -> torch.Tensor | None:
         try:
-            return self._dense(batch, checked, boxes)
+            return self._dense(batch, checked, boxes, elsewhere)
         except RuntimeError:
             self._pipe = None  # DALI invalidates a pipeline after an error
         for i in checked.good():  # find the culprits one by one
+            if i in elsewhere:
+                continue
             try:
                 self._run([np.frombuffer(batch.image(i), np.uint8)], boxes[i:i + 1])
             except RuntimeError as exc:
                 self._pipe = None
                 record_bad(checked, i, f"DALI: {str(exc).splitlines()[0][:200]}", self.config.on_error,
                            self.stats, batch.keys[i])
-        return self._dense(batch, checked, boxes)
+        return self._dense(batch, checked, boxes, elsewhere)
 
-    def _dense(self, batch, checked, boxes) -> torch.Tensor:
-        """Decode with bad images replaced at the input; (B, H, W, 3) uint8 on the device."""
-        repl = replacements(checked.reasons)
-        if repl and all(v is None for v in repl.values()):  # nothing decodable in this batch
-            h, w = self.config.image_size or (1, 1)
-            return torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=self.device)
+    def _dense(self, batch, checked, boxes, elsewhere: set[int]) -> torch.Tensor | None:
+        """Decode with bad images (and those decoded elsewhere) replaced at the input by
+        a good one; (B, H, W, 3) uint8 on the device, or None if none is left for DALI."""
+        reasons = [r if i not in elsewhere else "decoded elsewhere" for i, r in enumerate(checked.reasons)]
+        repl = replacements(reasons)
+        if repl and all(v is None for v in repl.values()):
+            return None
         src = [repl.get(i, i) for i in range(len(batch))]
         inputs = [np.frombuffer(batch.image(j), np.uint8) for j in src]
         out = self._run(inputs, boxes[src])
@@ -119,8 +150,6 @@ class DaliDecoder:
 
 
 def _to_torch(out, device: torch.device, config) -> torch.Tensor:
-    from gpupipe.errors import DecodeError
-
     if not out.is_dense_tensor():
         shapes = sorted({tuple(out[i].shape()) for i in range(len(out))})
         raise DecodeError(f"decoded images have different sizes {shapes[:3]}; set decode image_size")

@@ -69,7 +69,7 @@ class NvjpegDecoder:
             hwc[i] = img.permute(1, 2, 0)
         from gpupipe.decode.common import assemble
 
-        out = assemble(hwc, checked, batch, self.device, batch.epoch)
+        out = assemble(hwc, checked, batch, self.device, batch.epoch, cfg.image_size)
         self.stats.batches += 1
         self.stats.images += len(batch)
         self.stats.seconds += time.perf_counter() - t0

@@ -67,9 +67,9 @@ class PilDecoder:
         for i, fut in futures.items():
             try:
                 pixels[i] = fut.result()
-            except (OSError, ValueError, SyntaxError) as exc:  # what Pillow raises on broken data
+            except Exception as exc:  # noqa: BLE001 — untrusted bytes: Pillow raises many kinds (incl. DecompressionBombError)
                 record_bad(checked, i, f"{type(exc).__name__}: {exc}", cfg.on_error, self.stats, batch.keys[i])
-        out = assemble(pixels, checked, batch, self.device, batch.epoch)
+        out = assemble(pixels, checked, batch, self.device, batch.epoch, cfg.image_size)
         self.stats.batches += 1
         self.stats.images += len(batch)
         self.stats.seconds += time.perf_counter() - t0
