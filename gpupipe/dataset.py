@@ -56,15 +56,25 @@ def _policy(value) -> ErrorPolicy:
         raise ConfigError(f"stream.on_error: {value!r} is not one of 'raise', 'skip'") from None
 
 
-def default_num_workers(world: World) -> int:
-    """Workers per rank: the cores this process may use, shared among the ranks of
-    the node, less one for the training process; at least 1, at most 8 (workers
-    only fetch and parse, so more rarely helps; raise it for high-latency storage)."""
+def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
+    """Workers per rank, chosen from the machine (the rule the docs describe).
+
+    The cores this process may use are shared among the ranks of the node
+    (``LOCAL_WORLD_SIZE``). One stays with the training process; the rest stream,
+    up to 8 (workers only fetch and parse; raise it for high-latency storage).
+    When images are also decoded on the CPU and a rank has 4 cores or fewer, the
+    answer is 0: the stream then runs in the decode thread, because worker
+    processes would only take cores from the decoder and every fork makes the
+    training process copy the pages it writes (measured on 2 cores: 2,008 images/s
+    with 0 workers against 1,098 with 1; docs/benchmarks.md).
+    """
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     per_rank = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if decode_on_cpu and per_rank <= 4:
+        return 0
     return max(1, min(8, per_rank - 1))
 
 
@@ -161,7 +171,8 @@ class EncodedLoader:
     def __init__(self, source: str | list[str] | Source, *, batch_size: int, shuffle: bool = True, seed: int = 0,
                  num_workers: int | None = None, storage_options: Mapping[str, Any] | None = None,
                  drop_last: bool = True, rank: int | None = None, world_size: int | None = None,
-                 stream: StreamConfig | None = None, pin_memory: bool = False, prefetch_factor: int = 2):
+                 stream: StreamConfig | None = None, pin_memory: bool = False, prefetch_factor: int = 2,
+                 decode_on_cpu: bool = False):
         src = source if isinstance(source, Source) else Source(url=source, storage_options=dict(storage_options or {}))
         self.stream = replace(stream or StreamConfig(), shuffle=shuffle, drop_last=drop_last)
         self.world = World.detect(rank, world_size)
@@ -170,7 +181,8 @@ class EncodedLoader:
         self.spec = PlanSpec(counts=counts, batch_size=batch_size, world_size=self.world.world_size, seed=seed,
                              shuffle=shuffle, drop_last=drop_last,
                              chunk_batches=max(1, self.stream.shuffle_buffer // batch_size))
-        self.num_workers = default_num_workers(self.world) if num_workers is None else num_workers
+        self.num_workers = (default_num_workers(self.world, decode_on_cpu=decode_on_cpu)
+                            if num_workers is None else num_workers)
         if self.num_workers < 0:
             raise ConfigError(f"loader.num_workers: must be >= 0, got {self.num_workers}")
         self.pin_memory, self.prefetch_factor = pin_memory, prefetch_factor

@@ -68,11 +68,13 @@ class GpuLoader:
         self.decode_config = decode if isinstance(decode, DecodeConfig) else DecodeConfig(
             backend=decode, image_size=image_size, resize=resize, on_error=on_error, seed=seed)
         stream = replace(stream or StreamConfig(), on_error=self.decode_config.on_error)
-        self.encoded = EncodedLoader(source, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                                     num_workers=num_workers, storage_options=storage_options,
-                                     drop_last=drop_last, rank=rank, world_size=world_size, stream=stream)
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
+        decode_on_cpu = self.device.type == "cpu" or self.decode_config.backend == "pil"
+        self.encoded = EncodedLoader(source, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                     num_workers=num_workers, storage_options=storage_options,
+                                     drop_last=drop_last, rank=rank, world_size=world_size, stream=stream,
+                                     decode_on_cpu=decode_on_cpu)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", self.encoded.world.local_rank)
         if prefetch < 1:
