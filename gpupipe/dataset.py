@@ -9,6 +9,7 @@ augmentation behind it.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -159,6 +160,26 @@ class EncodedDataset(IterableDataset):
             yield pack(batch, [True] * len(batch), epoch=self.epoch)
 
 
+def _start_workers(loader: DataLoader):
+    """``iter(loader)``, with the garbage collector kept out of the forked workers.
+
+    A worker is a fork of the training process, which holds objects such as DALI
+    pipelines whose destructors deadlock outside the process that made them. If
+    the child's garbage collector finds one of them in a reference cycle it runs
+    that destructor and hangs (seen: ``Pipeline.__del__`` blocking in
+    ``pthread_cond_destroy`` inside a DataLoader worker). So: collect here first,
+    freeze what is left for the fork, and let the parent collect normally again.
+    """
+    if loader.num_workers == 0:
+        return iter(loader)
+    gc.collect()
+    gc.freeze()
+    try:
+        return iter(loader)
+    finally:
+        gc.unfreeze()
+
+
 class EncodedLoader:
     """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
 
@@ -234,7 +255,7 @@ class EncodedLoader:
         loader = DataLoader(self._dataset(), batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
                             persistent_workers=False)
-        it = iter(loader)
+        it = _start_workers(loader)
         while True:
             t0 = time.perf_counter()
             batch = next(it, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -18,7 +19,7 @@ from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
 from gpupipe.stream import ErrorPolicy
 
-__all__ = ["Checked", "check_batch", "crop_boxes", "random_resized_crop_box", "replacements", "record_bad",
+__all__ = ["Checked", "prepare", "account", "assemble", "check_batch", "crop_boxes", "random_resized_crop_box", "replacements", "record_bad",
            "upright_size"]
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,21 @@ def enforce(checked: Checked, batch, policy: ErrorPolicy, stats) -> None:
     for i, reason in enumerate(checked.reasons):
         if reason is not None:
             record_bad(checked, i, reason, policy, stats, batch.keys[i])
+
+
+def prepare(batch, config, stats) -> tuple[Checked, np.ndarray]:
+    """The first steps every backend takes: check each image, apply ``on_error`` to the
+    rejected ones, and place each crop box."""
+    checked = check_batch(batch, config.max_pixels)
+    enforce(checked, batch, config.on_error, stats)
+    return checked, crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, config)
+
+
+def account(stats, batch, started: float) -> None:
+    """Count one decoded batch that began at ``started`` (``time.perf_counter``)."""
+    stats.batches += 1
+    stats.images += len(batch)
+    stats.seconds += time.perf_counter() - started
 
 
 def replacements(reasons: Sequence[str | None]) -> dict[int, int | None]:

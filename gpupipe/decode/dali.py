@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.errors import DecodeError
-from gpupipe.decode.common import check_batch, crop_boxes, enforce, record_bad, replacements
+from gpupipe.decode.common import account, prepare, record_bad, replacements
 from gpupipe.errors import DecodeError
 
 __all__ = ["DaliDecoder"]
@@ -80,9 +79,7 @@ class DaliDecoder:
     def decode(self, batch) -> DecodedBatch:
         t0 = time.perf_counter()
         cfg = self.config
-        checked = check_batch(batch, cfg.max_pixels)
-        enforce(checked, batch, cfg.on_error, self.stats)
-        boxes = crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, cfg)
+        checked, boxes = prepare(batch, cfg, self.stats)
         side = self._decode_with_pillow(batch, checked, boxes)
         out = self._decode_checked(batch, checked, boxes, set(side))
         if out is None:  # nothing for DALI in this batch
@@ -96,9 +93,7 @@ class DaliDecoder:
         valid = batch.valid.clone()
         for i in replacements(checked.reasons):
             valid[i] = False
-        self.stats.batches += 1
-        self.stats.images += len(batch)
-        self.stats.seconds += time.perf_counter() - t0
+        account(self.stats, batch, t0)
         return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=batch.labels, valid=valid,
                             sample_ids=batch.sample_ids, keys=batch.keys, epoch=batch.epoch)
 

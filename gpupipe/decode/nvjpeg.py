@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import check_batch, crop_boxes, enforce, record_bad, replacements
+from gpupipe.decode.common import account, assemble, prepare, record_bad
 
 __all__ = ["NvjpegDecoder"]
 
@@ -55,9 +55,7 @@ class NvjpegDecoder:
     def decode(self, batch) -> DecodedBatch:
         t0 = time.perf_counter()
         cfg = self.config
-        checked = check_batch(batch, cfg.max_pixels)
-        enforce(checked, batch, cfg.on_error, self.stats)
-        boxes = crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, cfg)
+        checked, boxes = prepare(batch, cfg, self.stats)
         chw = self._decode_all(batch, checked)
         hwc = {}
         for i, img in chw.items():
@@ -67,12 +65,8 @@ class NvjpegDecoder:
                 img = F.interpolate(crop, size=cfg.image_size, mode="bilinear", antialias=True,
                                     align_corners=False)[0].round_().clamp_(0, 255).to(torch.uint8)
             hwc[i] = img.permute(1, 2, 0)
-        from gpupipe.decode.common import assemble
-
         out = assemble(hwc, checked, batch, self.device, batch.epoch, cfg.image_size)
-        self.stats.batches += 1
-        self.stats.images += len(batch)
-        self.stats.seconds += time.perf_counter() - t0
+        account(self.stats, batch, t0)
         return out
 
     def close(self) -> None:

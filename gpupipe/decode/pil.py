@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import assemble, check_batch, crop_boxes, enforce, record_bad
+from gpupipe.decode.common import account, assemble, prepare, record_bad
 
 __all__ = ["PilDecoder", "decode_one"]
 
@@ -57,9 +57,7 @@ class PilDecoder:
     def decode(self, batch) -> DecodedBatch:
         t0 = time.perf_counter()
         cfg = self.config
-        checked = check_batch(batch, cfg.max_pixels)
-        enforce(checked, batch, cfg.on_error, self.stats)
-        boxes = crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, cfg)
+        checked, boxes = prepare(batch, cfg, self.stats)
         size = None if cfg.resize is ResizeMode.NONE else cfg.image_size
         good = checked.good()
         futures = {i: self._pool.submit(decode_one, batch.image(i), boxes[i], size) for i in good}
@@ -70,9 +68,7 @@ class PilDecoder:
             except Exception as exc:  # noqa: BLE001 — untrusted bytes: Pillow raises many kinds (incl. DecompressionBombError)
                 record_bad(checked, i, f"{type(exc).__name__}: {exc}", cfg.on_error, self.stats, batch.keys[i])
         out = assemble(pixels, checked, batch, self.device, batch.epoch, cfg.image_size)
-        self.stats.batches += 1
-        self.stats.images += len(batch)
-        self.stats.seconds += time.perf_counter() - t0
+        account(self.stats, batch, t0)
         return out
 
     def close(self) -> None:
