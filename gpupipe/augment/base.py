@@ -1,0 +1,56 @@
+"""What every batch transform shares: the key its randomness comes from, and the
+``make_params`` / ``apply`` split (parameters are sampled, returned, then applied;
+nothing is stored on ``self`` during ``forward``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["AugKey", "Transform", "check_probability"]
+
+
+@dataclass(frozen=True)
+class AugKey:
+    """Where a batch's randomness comes from: (seed, epoch, sample ids), plus the tag
+    of the transform in its pipeline. ``sample_ids`` (B,) int64 lives on the
+    images' device; the same sample gets the same parameters in any batch."""
+
+    seed: int
+    epoch: int
+    sample_ids: torch.Tensor
+    tag: int = 0
+
+    def child(self, tag: int) -> "AugKey":
+        """The key for the transform at position ``tag`` of a pipeline."""
+        return AugKey(self.seed, self.epoch, self.sample_ids, self.tag * 1_000_003 + tag + 1)
+
+    @classmethod
+    def for_batch(cls, batch, seed: int = 0) -> "AugKey":
+        """The key of a :class:`~gpupipe.decode.DecodedBatch`."""
+        return cls(seed=seed, epoch=batch.epoch, sample_ids=batch.sample_ids.to(batch.images.device))
+
+
+class Transform(nn.Module):
+    """A batch transform. Subclasses implement ``make_params`` and ``apply``.
+
+    Shape: (B, C, H, W) in, (B, C, h, w) out; dtypes as each subclass documents.
+    """
+
+    def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
+        return {}
+
+    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, images: torch.Tensor, key: AugKey) -> torch.Tensor:
+        return self.apply(images, self.make_params(images, key))
+
+
+def check_probability(p: float, name: str = "p") -> float:
+    """torchvision's message for a probability outside [0, 1]."""
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"{name} should be a float in [0, 1] (got {p})")
+    return float(p)
