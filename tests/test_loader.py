@@ -153,3 +153,43 @@ def test_import_gpupipe_stays_light():
     code = "import sys, gpupipe; print(sorted(m for m in ('torch','nvidia.dali','lightning','kornia','s3fs') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+class _ForeignFinalizer:
+    """Records (in a file) a finalizer run by a process other than its creator."""
+
+    def __init__(self, marker):
+        self.pid, self.marker, self.me = __import__("os").getpid(), marker, self  # a reference cycle
+
+    def __del__(self):
+        import os
+        if os.getpid() != self.pid:
+            open(self.marker, "a").write(f"{os.getpid()}\n")
+
+
+def test_forked_workers_never_finalize_the_parents_garbage(tmp_path, monkeypatch):
+    """A worker's garbage collector must not run destructors of objects the training
+    process left in reference cycles (a DALI pipeline's destructor deadlocks there)."""
+    import gc
+
+    from gpupipe.dataset import EncodedDataset
+
+    class Collecting(EncodedDataset):
+        def __iter__(self):
+            gc.collect()  # what an allocation-triggered collection in the worker would do
+            yield from super().__iter__()
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, [12])
+    loader = EncodedLoader(url, batch_size=4, num_workers=1, rank=0, world_size=1)
+    monkeypatch.setattr(loader, "_dataset", lambda: Collecting(loader.source, loader.spec, loader.stream,
+                                                               loader.world, loader.epoch, None))
+    marker = tmp_path / "finalized-in-child"
+    gc.disable()
+    try:
+        _ForeignFinalizer(str(marker))  # cyclic garbage, not yet collected
+        assert sum(len(b) for b in loader) == 12
+    finally:
+        gc.enable()
+        gc.collect()
+    assert not marker.exists(), marker.read_text()
