@@ -14,7 +14,6 @@ the median of --repeat epochs after a warm-up epoch. Not a test.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -90,7 +89,7 @@ def main() -> None:
         loader = GpuLoader(shards + "/", batch_size=args.batch_size, image_size=size, device="cpu",
                            decode=DecodeConfig(backend="dali", image_size=size, num_threads=args.threads),
                            num_workers=w, rank=0, world_size=1)
-        result[f"gpuloader_workers{w}"] = median_rate(lambda: sum(len(b) for b in loader), args.repeat)
+        result[f"gpuloader_workers{w}"] = median_rate(lambda loader=loader: sum(len(b) for b in loader), args.repeat)
         result[f"gpuloader_workers{w}"]["stages"] = loader.stats.as_dict()
 
     baseline = torch.utils.data.DataLoader(FolderDataset(os.path.join(root, "images"), args.out_size),

@@ -18,7 +18,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -94,7 +93,7 @@ def s3_runs(folder: str, args) -> dict:
         for latency_ms in args.latency_ms:
             with FaultProxy(endpoint, latency_s=latency_ms / 1000, methods=()) as proxy:
                 opts = {**bucket.storage_options, "endpoint_url": proxy.url}
-                make = lambda: EncodedLoader(bucket.url("ds/"), batch_size=args.batch_size, num_workers=args.workers,
+                make = lambda opts=opts: EncodedLoader(bucket.url("ds/"), batch_size=args.batch_size, num_workers=args.workers,
                                              storage_options=opts, rank=0, world_size=1,
                                              stream=StreamConfig(fetch=FetchConfig(block_bytes=args.block_mb << 20)))
                 out[f"s3_{latency_ms}ms"] = timed(make, args.repeat)

@@ -206,7 +206,7 @@ def _get(q: queue.Queue, producer: threading.Thread):
             return q.get(timeout=1.0)
         except queue.Empty:
             if not producer.is_alive() and q.empty():
-                raise RuntimeError("gpupipe: the decode thread ended without finishing the epoch (see the log)")
+                raise RuntimeError("gpupipe: the decode thread ended without finishing the epoch (see the log)") from None
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:

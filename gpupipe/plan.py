@@ -250,10 +250,6 @@ class Progress:
         return progress
 
 
-def total_positions(spec: PlanSpec) -> int:
-    return steps_per_rank(spec) * spec.batch_size * spec.world_size
-
-
 def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
     """Raise ``PlanError`` naming what differs when a mid-epoch state cannot continue under ``spec``."""
     if not mid_epoch:
@@ -273,8 +269,3 @@ def plan_identity(spec: PlanSpec) -> dict:
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
             "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches}
-
-
-def iter_ids(spec: PlanSpec, epoch: int, chunks: Iterable[Chunk]) -> Iterable[tuple[np.ndarray, np.ndarray]]:
-    for c in chunks:
-        yield chunk_sample_ids(spec, epoch, c)

@@ -75,7 +75,7 @@ def _has_glob(s: str) -> bool:
     return any(ch in s for ch in "*?[")
 
 
-def resolve(source: Source, fetch: FetchConfig = FetchConfig()) -> ResolvedSource:
+def resolve(source: Source, fetch: FetchConfig | None = None) -> ResolvedSource:
     """Expand the source and load the manifest beside the shards, if there is one.
 
     Storage errors (missing bucket, 403) surface here, in the main process, as
@@ -84,7 +84,7 @@ def resolve(source: Source, fetch: FetchConfig = FetchConfig()) -> ResolvedSourc
     urls = expand_pattern(source.url)
     fs, _ = open_filesystem(urls[0], source.storage_options)
     protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
-    fetcher = Fetcher(fs, fetch)
+    fetcher = Fetcher(fs, fetch or FetchConfig())
     if len(urls) == 1 and _is_folder(fetcher, urls[0]):
         u = urls[0]
         folder = u[: -len(MANIFEST_NAME)] if u.endswith(MANIFEST_NAME) else u.rstrip("/") + "/"

@@ -137,4 +137,4 @@ def test_bad_decode_settings_raise_config_errors(shards):
     with pytest.raises(ConfigError, match="on_error"):
         make(shards, "pil", on_error="ignore")
     with pytest.raises(ConfigError, match="nvjpeg"):
-        make(shards, "nvjpeg").decoder
+        _ = make(shards, "nvjpeg").decoder

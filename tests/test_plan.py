@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 

@@ -47,7 +47,7 @@ def check_batch(batch, max_pixels: int | None) -> Checked:
     headers: list[ImageHeader | None] = []
     reasons: list[str | None] = []
     placeholder: list[bool] = []
-    for i, key in enumerate(batch.keys):
+    for i in range(len(batch.keys)):
         data = batch.image(i)
         placeholder.append(len(data) == 0 and not bool(batch.valid[i]))
         try:
@@ -100,7 +100,6 @@ def account(stats, batch, started: float) -> None:
 def replacements(reasons: Sequence[str | None]) -> dict[int, int | None]:
     """For each bad index, the next good index in the batch (cyclically), or None if
     none is good: deterministic, and the batch keeps its shape."""
-    n = len(reasons)
     good = [i for i, r in enumerate(reasons) if r is None]
     out: dict[int, int | None] = {}
     for i, r in enumerate(reasons):
