@@ -52,8 +52,10 @@ class GpuLoader:
 
     ``len(loader)`` is exact and the same on every rank; ``set_epoch``,
     ``state_dict`` and ``load_state_dict`` work as on :class:`EncodedLoader`.
-    ``augment`` is any callable ``(images uint8 NCHW, batch) -> tensor`` (the
-    ``gpupipe.transforms`` pipeline, or your own); ``None`` gives uint8 images.
+    ``augment`` is a ``gpupipe.transforms`` pipeline (called with the batch's key:
+    seed, epoch and sample ids, so a sample's augmentation is the same whatever the
+    batch or resume point) or any callable ``(images uint8 NCHW, batch) -> tensor``;
+    ``None`` gives uint8 images.
     """
 
     def __init__(self, source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
@@ -79,7 +81,9 @@ class GpuLoader:
             self.device = torch.device("cuda", self.encoded.world.local_rank)
         if prefetch < 1:
             raise ConfigError(f"loader.prefetch: must be >= 1, got {prefetch}")
-        self.augment, self.prefetch = augment, prefetch
+        if augment is not None and hasattr(augment, "to") and self.device.type == "cuda":
+            augment = augment.to(self.device)  # module constants (Normalize's mean/std) on the device
+        self.augment, self.prefetch, self.seed = augment, prefetch, seed
         self.stats = StageStats()
         self._decoder = None  # built on first use, in this (the training) process
 
@@ -178,6 +182,15 @@ class GpuLoader:
         finally:
             batches.close()
 
+    def _augment(self, out: DecodedBatch) -> torch.Tensor:
+        """A ``gpupipe.transforms`` pipeline gets the batch's key (seed, epoch, sample ids);
+        any other callable gets ``(images, batch)``."""
+        from gpupipe.augment.base import AugKey, Transform
+
+        if isinstance(self.augment, Transform):
+            return self.augment(out.images, AugKey.for_batch(out, self.seed))
+        return self.augment(out.images, out)
+
     def _process(self, decoder, side, encoded: EncodedBatch) -> DecodedBatch:
         with torch.cuda.stream(side) if side is not None else _nullcontext():
             t0 = time.perf_counter()
@@ -187,7 +200,7 @@ class GpuLoader:
             t1 = time.perf_counter()
             self.stats.decode_s += t1 - t0
             if self.augment is not None:
-                out.images = self.augment(out.images, out)
+                out.images = self._augment(out)
                 self.stats.augment_s += time.perf_counter() - t1
             out.labels = out.labels.to(self.device, non_blocking=True)
             out.valid = out.valid.to(self.device, non_blocking=True)

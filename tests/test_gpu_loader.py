@@ -138,3 +138,24 @@ def test_bad_decode_settings_raise_config_errors(shards):
         make(shards, "pil", on_error="ignore")
     with pytest.raises(ConfigError, match="nvjpeg"):
         _ = make(shards, "nvjpeg").decoder
+
+
+def test_transforms_pipeline_gets_the_batch_key_and_resumes_identically(shards):
+    import gpupipe.transforms as T
+
+    def pipeline():
+        return T.Compose([T.RandomAffine(20), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, input_range=255.0),
+                          T.ColorJitter(0.2, 0.2, 0.2, 0.1), T.Normalize([0.5] * 3, [0.25] * 3)])
+
+    full = {int(i): img for b in make(shards, "pil", seed=2, augment=pipeline())
+            for i, img in zip(b.sample_ids, b.images)}
+    first = make(shards, "pil", seed=2, augment=pipeline())
+    for n, b in enumerate(first):
+        assert b.images.dtype == torch.float32
+        if n == 1:
+            break
+    resumed = make(shards, "pil", seed=2, augment=pipeline())
+    resumed.load_state_dict(first.state_dict())
+    for b in resumed:  # the same samples get the very same augmentation after a resume
+        for i, img in zip(b.sample_ids.tolist(), b.images):
+            assert torch.equal(img, full[i])
