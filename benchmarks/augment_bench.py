@@ -1,0 +1,83 @@
+"""Augmentation cost per batch: gpupipe fused vs gpupipe sequential vs Kornia's
+AugmentationSequential, for the two transform sets of the docs (issue 4's measure).
+
+    .venv/bin/python benchmarks/augment_bench.py --out .bench/augment.json
+
+Input is a decoded uint8 batch (B, 3, S, S) — what the decoder hands over (resize
+already done there). Median of --repeat timed calls after one warm-up. Not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+import gpupipe.transforms as T  # noqa: E402
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def ours(kind: str, fuse: bool) -> T.Compose:
+    geo = [T.RandomAffine(20), T.RandomHorizontalFlip(0.5)]
+    if kind == "complex":
+        geo += [T.RandomVerticalFlip(0.5), T.RandomPerspective(0.5, p=0.5)]
+    colour = [T.ColorJitter(0.2, 0.2, 0.2, 0.2)] if kind == "complex" else []
+    return T.Compose([*geo, T.ToDtype(torch.float32, input_range=255.0), *colour, T.Normalize(MEAN, STD)], fuse=fuse)
+
+
+def kornia_seq(kind: str):
+    import kornia.augmentation as K
+
+    ops = [K.RandomAffine(20.0), K.RandomHorizontalFlip(p=0.5)]
+    if kind == "complex":
+        ops += [K.RandomVerticalFlip(p=0.5), K.RandomPerspective(0.5, p=0.5), K.ColorJitter(0.2, 0.2, 0.2, 0.2)]
+    ops.append(K.Normalize(torch.tensor(MEAN), torch.tensor(STD)))
+    return K.AugmentationSequential(*ops)
+
+
+def timed(fn, repeat: int) -> float:
+    fn()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", nargs="*", default=["simple:64:128", "complex:256:256"], help="kind:batch:size")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=".bench/augment.json")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    result = {"device": str(dev), "threads": torch.get_num_threads(), "sets": {}}
+    for spec in args.sets:
+        kind, b, s = spec.split(":")
+        b, s = int(b), int(s)
+        x = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=dev).contiguous(memory_format=torch.channels_last)
+        key = T.AugKey(seed=0, epoch=0, sample_ids=torch.arange(b, device=dev))
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        row = {}
+        for name, pipe in (("gpupipe_fused", ours(kind, True)), ("gpupipe_sequential", ours(kind, False))):
+            pipe = pipe.to(dev)
+            row[name + "_ms"] = timed(lambda: (pipe(x, key), sync()), args.repeat)
+        k = kornia_seq(kind).to(dev)
+        row["kornia_sequential_ms"] = timed(lambda: (k(x.float() / 255), sync()), args.repeat)
+        result["sets"][spec] = row
+        print(spec, {n: round(v, 1) for n, v in row.items()}, flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
