@@ -336,3 +336,22 @@ def test_bad_inputs():
         MixUp(num_classes=3)(x, torch.zeros(3, dtype=torch.int64), key)
     with pytest.raises(ValueError, match="at most one ToDtype, as the first op"):
         fused_color(x, [ColorJitter(0.4), ToDtype()], key)
+
+
+def test_random_order_jitter_equals_applying_each_samples_order_one_by_one():
+    """The vectorised per-sample order (hue run once, blends split around it) gives what
+    applying each sample's own order, op by op, gives."""
+    from gpupipe.augment.base import AugKey
+    from gpupipe.augment.color import _JITTER_OPS, ColorJitter
+
+    jitter = ColorJitter(0.4, 0.4, 0.4, 0.2)
+    x = torch.rand(24, 3, 9, 11, generator=torch.Generator().manual_seed(0))
+    key = AugKey(seed=5, epoch=1, sample_ids=torch.arange(24))
+    params = jitter.make_params(x, key)
+    out = jitter.apply(x, params)
+    for i in range(24):
+        ref = x[i:i + 1]
+        for j in params["order"][i].tolist():
+            name = jitter.enabled[j]
+            ref = _JITTER_OPS[name](ref, params[name][i:i + 1])
+        torch.testing.assert_close(out[i:i + 1], ref, atol=2e-5, rtol=0)

@@ -274,15 +274,21 @@ class ColorJitter(Transform):
             return images
         order = params["order"].to(images.device)
         factors = torch.stack([params[name] for name in self.enabled], dim=1).to(images.device)
-        for slot in range(order.shape[1]):
-            chosen = order[:, slot]
-            kind = torch.zeros_like(chosen)  # 0 brightness, 1 contrast, 2 saturation, 3 hue
-            for j, name in enumerate(self.enabled):
-                kind = torch.where(chosen == j, _KIND[name], kind)
-            factor = factors.gather(1, chosen[:, None])[:, 0]
-            images = _blend_step(images, torch.where(kind == 3, 1.0, factor), kind)
-            if "hue" in self.enabled:
-                images = torch.where((kind == 3).view(-1, 1, 1, 1), adjust_hue(images, factor), images)
+        kinds = torch.tensor([_KIND[name] for name in self.enabled], device=images.device)[order]  # (B, n)
+        slot_factor = factors.gather(1, order)  # (B, n): the factor applied at each slot
+        if "hue" not in self.enabled:
+            for slot in range(order.shape[1]):
+                images = _blend_step(images, slot_factor[:, slot], kinds[:, slot])
+            return images
+        # Hue is the costly op: run it once, with each sample's blends split around it.
+        hue_slot = (kinds == _KIND["hue"]).int().argmax(dim=1)  # (B,)
+        for before in (True, False):
+            if not before:
+                images = adjust_hue(images, params["hue"].to(images.device))
+            for slot in range(order.shape[1]):
+                active = (slot < hue_slot) if before else (slot > hue_slot)
+                kind = torch.where(kinds[:, slot] == _KIND["hue"], 0, kinds[:, slot])
+                images = _blend_step(images, torch.where(active, slot_factor[:, slot], 1.0), kind)
         return images
 
 
