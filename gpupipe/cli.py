@@ -8,7 +8,7 @@ Usage::
     gpupipe index URL [--workers N] [--storage-option KEY=VALUE ...]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
-                 [--image-size PX] [--decode BACKEND]
+                 [--image-size PX] [--decode BACKEND] [--augment simple|complex|none]
     gpupipe bench SOURCE [--batch-size N] [--image-size PX] [--decode BACKEND] [--device DEV]
                          [--workers N] [--epochs N] [--json] [--storage-option KEY=VALUE ...]
 
@@ -159,6 +159,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: chosen from the machine)")
     p.add_argument("--image-size", type=int, default=128, help="side of the decoded square images")
     p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="decode backend")
+    p.add_argument("--augment", default="simple", choices=["simple", "complex", "none"],
+                   help="transform set applied after decode (the docs' simple or complex set)")
 
 
 def _demo_run(args: argparse.Namespace) -> int:
@@ -167,12 +169,13 @@ def _demo_run(args: argparse.Namespace) -> int:
     if args.epochs < 2:
         raise GpupipeError("--epochs must be >= 2 (the first epoch is a warm-up)")
     r = run_demo(args.root, images=args.images, size=args.size, batch_size=args.batch_size,
-                 image_size=args.image_size, epochs=args.epochs, num_workers=args.workers, decode=args.decode)
+                 image_size=args.image_size, epochs=args.epochs, num_workers=args.workers, decode=args.decode,
+                 augment=None if args.augment == "none" else args.augment)
     print(f"gpupipe demo: {r.images} JPEGs ({args.size}x{args.size}) in {r.shards} shards under {args.root}/shards")
-    print(f"pipeline: stream ({r.num_workers} worker(s)) -> decode ({r.backend} on {r.device}) "
-          f"-> {args.image_size}x{args.image_size} uint8 batches of {r.batch_size}")
+    augment = "" if args.augment == "none" else f" -> augment ({args.augment} set, float32)"
+    print(f"pipeline: stream ({r.num_workers} worker(s)) -> decode ({r.backend} on {r.device}, "
+          f"{args.image_size}x{args.image_size}){augment}, batches of {r.batch_size}")
     _print_stages(r.stages, r.seconds)
-    print("augmentation is not built yet (issue 4)")
     return 0
 
 

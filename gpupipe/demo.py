@@ -2,9 +2,8 @@
 
 Builds (once) a folder of synthetic JPEGs in ImageNet layout, ingests it into
 tar shards with a manifest, then runs epochs of :class:`~gpupipe.loader.GpuLoader`
-(stream in DataLoader workers, decode one batch ahead in the training process)
-and reports images/s with the time spent in each stage. Augmentation joins the
-pipeline when ``gpupipe.transforms`` lands.
+(stream, decode one batch ahead in the training process, augment with the docs'
+simple or complex transform set) and reports images/s with the time spent in each stage.
 """
 from __future__ import annotations
 
@@ -50,13 +49,18 @@ def prepare(root: str, *, images: int, size: int, shard_size: int, seed: int = 0
 
 def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, shard_size: int = 250,
              batch_size: int = 128, image_size: int = 128, epochs: int = 3, num_workers: int | None = None,
-             decode: str = "auto") -> DemoResult:
+             decode: str = "auto", augment: str | None = "simple") -> DemoResult:
     """Run ``epochs`` epochs; the first warms up (worker start, DALI pipeline build) and is not timed."""
     from gpupipe.loader import GpuLoader, StageStats
 
     shards = prepare(root, images=images, size=size, shard_size=shard_size)
+    pipeline = None
+    if augment is not None:
+        import gpupipe.transforms as T
+
+        pipeline = {"simple": T.simple_set, "complex": T.complex_set}[augment]()
     loader = GpuLoader(shards + "/", batch_size=batch_size, image_size=image_size, decode=decode,
-                       num_workers=num_workers, rank=0, world_size=1, on_error="skip")
+                       num_workers=num_workers, rank=0, world_size=1, on_error="skip", augment=pipeline)
     for _ in loader:
         pass
     loader.stats = StageStats()

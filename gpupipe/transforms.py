@@ -22,7 +22,31 @@ from gpupipe.augment.mix import CutMix, MixUp
 __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",
            "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective",
            "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomErasing", "Normalize", "ToDtype",
-           "RepeatChannels", "MixUp", "CutMix", "from_torchvision", "SUPPORTED"]
+           "RepeatChannels", "MixUp", "CutMix", "from_torchvision", "SUPPORTED", "simple_set", "complex_set",
+           "IMAGENET_MEAN", "IMAGENET_STD"]
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def simple_set(dtype=None) -> Compose:
+    """The docs' simple set after a decode to the output size: RandomAffine(20),
+    RandomHorizontalFlip(0.5), to float, repeat to 3 channels, Normalize(ImageNet)."""
+    import torch
+
+    return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), ToDtype(dtype or torch.float32, input_range=255.0),
+                    RepeatChannels(3), Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))])
+
+
+def complex_set(dtype=None) -> Compose:
+    """The docs' complex set after a decode to the output size: RandomAffine(20), both
+    flips, RandomPerspective(0.5, p=0.5), ColorJitter(0.2, 0.2, 0.2, 0.2), to float,
+    repeat to 3 channels, Normalize(ImageNet). Geometry fuses into one warp."""
+    import torch
+
+    return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), RandomVerticalFlip(0.5),
+                    RandomPerspective(0.5, p=0.5), ToDtype(dtype or torch.float32, input_range=255.0),
+                    ColorJitter(0.2, 0.2, 0.2, 0.2), RepeatChannels(3),
+                    Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))])
 
 
 def _unsupported_if(t, **defaults: Any) -> None:

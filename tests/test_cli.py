@@ -110,7 +110,7 @@ def test_demo_runs_stream_and_decode_and_prints_throughput(tmp_path: Path):
     proc = run_cli("demo", "--root", str(tmp_path / "demo"), "--images", "64", "--size", "48",
                    "--batch-size", "16", "--image-size", "32", "--decode", "pil", "--workers", "0", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "images/s" in proc.stdout and "decode (pil on cpu)" in proc.stdout
+    assert "images/s" in proc.stdout and "decode (pil on cpu, 32x32) -> augment (simple set" in proc.stdout
     assert (tmp_path / "demo" / "shards" / "index.json").exists()
 
 
