@@ -65,16 +65,21 @@ def timed(make_loader, repeat: int) -> dict:
             "runs_s": [round(r[2], 4) for r in runs]}
 
 
-def sequential_read(folder: str, repeat: int) -> dict:
-    files = sorted(Path(folder).glob("*.tar"))
+def plain_reads(read_all, repeat: int) -> dict:
+    """MB/s of ``read_all()`` (which returns the bytes it read): median after a warm-up."""
     def once():
         t0 = time.perf_counter()
-        total = sum(len(f.read_bytes()) for f in files)
+        total = read_all()
         return total, time.perf_counter() - t0
     once()
     runs = [once() for _ in range(repeat)]
     secs = statistics.median(r[1] for r in runs)
     return {"bytes": runs[0][0], "seconds": secs, "MB_per_s": runs[0][0] / secs / MB}
+
+
+def sequential_read(folder: str, repeat: int) -> dict:
+    files = sorted(Path(folder).glob("*.tar"))
+    return plain_reads(lambda: sum(len(f.read_bytes()) for f in files), repeat)
 
 
 def s3_runs(folder: str, args) -> dict:
@@ -109,14 +114,7 @@ def s3_sequential(fs, bucket, proxy, repeat: int) -> dict:
 
     plain = s3fs.S3FileSystem(skip_instance_cache=True, **{**bucket.storage_options, "endpoint_url": proxy.url})
     names = sorted(p for p in fs.ls(f"{bucket.name}/ds") if p.endswith(".tar"))
-    def once():
-        t0 = time.perf_counter()
-        total = sum(len(plain.cat_file(p)) for p in names)
-        return total, time.perf_counter() - t0
-    once()
-    runs = [once() for _ in range(repeat)]
-    secs = statistics.median(r[1] for r in runs)
-    return {"bytes": runs[0][0], "seconds": secs, "MB_per_s": runs[0][0] / secs / MB}
+    return plain_reads(lambda: sum(len(plain.cat_file(p)) for p in names), repeat)
 
 
 def peak_rss(folder: str, args) -> float:

@@ -184,9 +184,8 @@ class Resize(GeometricTransform):
         return box_matrix(0 * ones, 0 * ones, in_hw[0] * ones, in_hw[1] * ones, self.output_size(in_hw))
 
 
-class CenterCrop(GeometricTransform):
-    """torchvision ``CenterCrop(size)``: top = round((H - h) / 2); a crop larger than
-    the image pads with zeros, as torchvision does."""
+class _Crop(GeometricTransform):
+    """A crop to a fixed ``size`` (h, w)."""
 
     def __init__(self, size):
         super().__init__()
@@ -194,6 +193,11 @@ class CenterCrop(GeometricTransform):
 
     def output_size(self, in_hw):
         return self.size
+
+
+class CenterCrop(_Crop):
+    """torchvision ``CenterCrop(size)``: top = round((H - h) / 2); a crop larger than
+    the image pads with zeros, as torchvision does."""
 
     def make_params(self, images, key):
         return {"ones": _ones(key)}
@@ -204,18 +208,11 @@ class CenterCrop(GeometricTransform):
         return box_matrix(top * ones, left * ones, self.size[0] * ones, self.size[1] * ones, self.size)
 
 
-class RandomCrop(GeometricTransform):
+class RandomCrop(_Crop):
     """torchvision ``RandomCrop(size)`` without padding: the top-left corner is
     uniform over the valid positions, per sample. Params: ``top``, ``left`` (B,) float32."""
 
     padding_mode = "border"
-
-    def __init__(self, size):
-        super().__init__()
-        self.size = _setup_size(size)
-
-    def output_size(self, in_hw):
-        return self.size
 
     def make_params(self, images, key):
         H, W = images.shape[-2:]
