@@ -20,7 +20,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from gpupipe.errors import ConfigError, MissingDependencyError, StorageError
+from gpupipe.errors import ConfigError, StorageError
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
 from gpupipe.types import ByteRange
@@ -59,10 +59,7 @@ class ResolvedSource:
 
 def expand_pattern(pattern: str | Sequence[str]) -> list[str]:
     """Brace expansion (``{000..127}`` ranges, ``{a,b}`` lists) of one pattern or each of a list."""
-    try:
-        from braceexpand import braceexpand
-    except ImportError:
-        raise MissingDependencyError("braceexpand", extra="s3", feature="shard URL patterns") from None
+    from braceexpand import braceexpand  # a core dependency
 
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     out: list[str] = []
