@@ -24,8 +24,8 @@ from gpupipe.errors import ConfigError, PlanError
 from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity, rank_chunks, steps_per_rank, worker_chunks
 from gpupipe.sources import ResolvedSource, Source, resolve
 from gpupipe.storage import FetchConfig, Fetcher
-from gpupipe.stream import ErrorPolicy, SkipLog, iter_chunks, iter_whole_shards
-from gpupipe.types import World
+from gpupipe.stream import SkipLog, iter_chunks, iter_whole_shards
+from gpupipe.types import ErrorPolicy, World
 
 __all__ = ["StreamConfig", "LoaderStats", "EncodedDataset", "EncodedLoader", "default_num_workers"]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -27,16 +26,11 @@ from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.plan import Chunk, PlanSpec, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources import ResolvedSource
 from gpupipe.storage import Fetcher
-from gpupipe.types import ByteRange, Sample
+from gpupipe.types import ByteRange, ErrorPolicy, Sample
 
 __all__ = ["ErrorPolicy", "SkipLog", "iter_chunks", "iter_whole_shards"]
 
 log = logging.getLogger(__name__)
-
-
-class ErrorPolicy(str, Enum):
-    RAISE = "raise"
-    SKIP = "skip"
 
 
 @dataclass

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Mapping
 
-__all__ = ["World", "ByteRange", "TarMember", "Sample"]
+__all__ = ["World", "ByteRange", "TarMember", "Sample", "ErrorPolicy"]
+
+
+class ErrorPolicy(str, Enum):
+    """What a stage does with bad input: ``raise`` a clear error, or ``skip`` it —
+    replace, count and log it, keeping batch shapes and step counts unchanged."""
+
+    RAISE = "raise"
+    SKIP = "skip"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Iterator, Protocol
 import torch
 
 from gpupipe.errors import ConfigError, MissingDependencyError
-from gpupipe.stream import ErrorPolicy
+from gpupipe.types import ErrorPolicy
 
 __all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS",
            "make_decoder", "available_backends"]

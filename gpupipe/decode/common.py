@@ -17,7 +17,7 @@ import torch
 
 from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
-from gpupipe.stream import ErrorPolicy
+from gpupipe.types import ErrorPolicy
 
 __all__ = ["Checked", "prepare", "account", "assemble", "check_batch", "crop_boxes", "random_resized_crop_box", "replacements", "record_bad",
            "upright_size"]
