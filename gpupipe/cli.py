@@ -201,21 +201,12 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_run(args: argparse.Namespace) -> int:
-    import time
-
-    from gpupipe.loader import GpuLoader, StageStats
+    from gpupipe.loader import GpuLoader
 
     loader = GpuLoader(args.source, batch_size=args.batch_size, image_size=args.image_size, decode=args.decode,
                        device=args.device, num_workers=args.workers, storage_options=dict(args.storage_options),
                        rank=0, world_size=1, on_error="skip")
-    for _ in loader:  # warm-up
-        pass
-    loader.stats = StageStats()
-    t0 = time.perf_counter()
-    for _ in range(args.epochs):
-        for _ in loader:
-            pass
-    seconds = time.perf_counter() - t0
+    seconds = loader.time_epochs(args.epochs)
     stages = loader.stats.as_dict()
     if args.json:
         print(json.dumps({"images_per_s": stages["images"] / seconds, "seconds": seconds, "stages": stages,

@@ -98,11 +98,9 @@ def _fix_malloc_mmap_threshold(threshold: int = 1 << 20) -> None:
     glibc is not the allocator.
     """
     import ctypes
-    import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+        ctypes.CDLL(None).mallopt(-3, threshold)  # M_MMAP_THRESHOLD; the process's own libc, no lookup
     except (OSError, AttributeError):
         pass
 
@@ -117,20 +115,20 @@ class EncodedDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[EncodedBatch]:
         world = self.world.for_current_worker()
-        if world.num_workers > 1 or torch.utils.data.get_worker_info() is not None:
+        in_worker = torch.utils.data.get_worker_info() is not None
+        if in_worker:
             _fix_malloc_mmap_threshold()
         fetcher = Fetcher.for_url(self.source.shard_urls[0], self.source.storage_options, self.stream.fetch)
         try:
             if self.source.manifest is not None:
-                yield from self._planned(fetcher, world)
+                yield from self._planned(fetcher, world, in_worker)
             else:
                 yield from self._whole_shards(fetcher, world)
         finally:
             fetcher.close()
 
-    def _planned(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
+    def _planned(self, fetcher: Fetcher, world: World, in_worker: bool) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
-        in_worker = torch.utils.data.get_worker_info() is not None
         progress = Progress.from_dict(spec, self.progress) if self.progress else None
         mine = worker_chunks(rank_chunks(spec, world.rank, progress), world.worker_id, world.num_workers)
         skips = SkipLog()

@@ -8,7 +8,6 @@ simple or complex transform set) and reports images/s with the time spent in eac
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 from gpupipe.manifest import MANIFEST_NAME
@@ -27,7 +26,6 @@ class DemoResult:
     epochs: int
     seconds: float
     stages: dict
-    stream_wait_s: float
 
     @property
     def images_per_s(self) -> float:
@@ -51,7 +49,7 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
              batch_size: int = 128, image_size: int = 128, epochs: int = 3, num_workers: int | None = None,
              decode: str = "auto", augment: str | None = "simple") -> DemoResult:
     """Run ``epochs`` epochs; the first warms up (worker start, DALI pipeline build) and is not timed."""
-    from gpupipe.loader import GpuLoader, StageStats
+    from gpupipe.loader import GpuLoader
 
     shards = prepare(root, images=images, size=size, shard_size=shard_size)
     pipeline = None
@@ -61,16 +59,7 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
         pipeline = {"simple": T.simple_set, "complex": T.complex_set}[augment]()
     loader = GpuLoader(shards + "/", batch_size=batch_size, image_size=image_size, decode=decode,
                        num_workers=num_workers, rank=0, world_size=1, on_error="skip", augment=pipeline)
-    for _ in loader:
-        pass
-    loader.stats = StageStats()
-    wait0 = loader.encoded.stats.wait_s
-    t0 = time.perf_counter()
-    for _ in range(epochs - 1):
-        for _ in loader:
-            pass
-    seconds = time.perf_counter() - t0
+    seconds = loader.time_epochs(epochs - 1)
     return DemoResult(images=loader.encoded.spec.num_samples, shards=len(loader.encoded.source.shard_urls),
                       batch_size=batch_size, num_workers=loader.encoded.num_workers, backend=loader.decoder.name,
-                      device=str(loader.device), epochs=epochs - 1, seconds=seconds, stages=loader.stats.as_dict(),
-                      stream_wait_s=loader.encoded.stats.wait_s - wait0)
+                      device=str(loader.device), epochs=epochs - 1, seconds=seconds, stages=loader.stats.as_dict())

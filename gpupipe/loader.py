@@ -9,6 +9,7 @@ handed to the training loop, not the ones decoded ahead.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -122,6 +123,18 @@ class GpuLoader:
             log.info("gpupipe: decoding with %s on %s", self._decoder.name, self.device)
         return self._decoder
 
+    def time_epochs(self, epochs: int) -> float:
+        """Run one warm-up epoch (worker start, decoder build), reset ``stats``, then time
+        ``epochs`` epochs; returns their wall seconds (``stats`` holds their stages)."""
+        for _ in self:
+            pass
+        self.stats = StageStats()
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            for _ in self:
+                pass
+        return time.perf_counter() - t0
+
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[DecodedBatch]:
         self.encoded.begin_epoch()
@@ -192,7 +205,7 @@ class GpuLoader:
         return self.augment(out.images, out)
 
     def _process(self, decoder, side, encoded: EncodedBatch) -> DecodedBatch:
-        with torch.cuda.stream(side) if side is not None else _nullcontext():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             t0 = time.perf_counter()
             out = decoder.decode(encoded)
             if side is not None:
@@ -230,14 +243,6 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _stream_config(mapping: Mapping[str, Any]) -> StreamConfig:

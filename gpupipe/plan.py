@@ -193,9 +193,9 @@ def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
 def chunk_sample_ids(spec: PlanSpec, epoch: int, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
     """Global sample ids and valid flags of the chunk's *remaining* samples, in delivery
     order. The readers produce exactly this; tests check the plan with it."""
-    first = spec.first_ids
-    ids = np.concatenate([np.arange(s.start, s.stop) + first[s.shard] for s in chunk_spans(spec, epoch, chunk)] or [np.zeros(0, np.int64)])
-    valid = np.concatenate([np.full(len(s), s.valid) for s in chunk_spans(spec, epoch, chunk)] or [np.zeros(0, bool)])
+    first, spans = spec.first_ids, chunk_spans(spec, epoch, chunk)
+    ids = np.concatenate([np.arange(s.start, s.stop) + first[s.shard] for s in spans] or [np.zeros(0, np.int64)])
+    valid = np.concatenate([np.full(len(s), s.valid) for s in spans] or [np.zeros(0, bool)])
     order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
     return ids[order], valid[order]
 

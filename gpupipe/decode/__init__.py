@@ -139,8 +139,10 @@ _PACKAGES = {"dali": ("nvidia.dali", "nvidia-dali", "dali"), "nvjpeg": ("torchvi
 
 
 def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module.split(".")[0]) is not None and (
-        module != "nvidia.dali" or importlib.util.find_spec("nvidia.dali") is not None)
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package (``nvidia``) is missing
+        return False
 
 
 def available_backends(device: torch.device) -> list[str]:
