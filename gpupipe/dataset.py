@@ -64,10 +64,10 @@ def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
     (``LOCAL_WORLD_SIZE``). One stays with the training process; the rest stream,
     up to 8 (workers only fetch and parse; raise it for high-latency storage).
     When images are also decoded on the CPU and a rank has 4 cores or fewer, the
-    answer is 0: the stream then runs in the decode thread, because worker
-    processes would only take cores from the decoder and every fork makes the
-    training process copy the pages it writes (measured on 2 cores: 2,008 images/s
-    with 0 workers against 1,098 with 1; docs/benchmarks.md).
+    answer is 0: the stream then runs in the decode thread. Worker processes there
+    take cores from the decoder, and even an idle one slowed DALI CPU decode in the
+    training process (2 cores: 2,050 images/s with 0 workers against 1,376 with 1;
+    docs/benchmarks.md, benchmarks/probes.py fork).
     """
     try:
         cores = len(os.sched_getaffinity(0))

@@ -89,9 +89,9 @@ def test_a_bug_is_not_retried(tmp_path):
 
 
 # -- cache ------------------------------------------------------------------------------------
-def test_cache_serves_hits_and_stays_under_its_bound(tmp_path):
+def test_cache_files_are_hash_named_complete_and_bounded(tmp_path):
     src = tmp_path / "src"
-    urls = write_dataset(str(src), [30, 30, 30])
+    write_dataset(str(src), [30, 30, 30])
     cache_dir = tmp_path / "cache"
     fetch = FetchConfig(cache_dir=str(cache_dir), cache_bytes=10_000, block_bytes=1024)
     loader = EncodedLoader(str(src), batch_size=5, num_workers=0, rank=0, world_size=1,
@@ -101,7 +101,9 @@ def test_cache_serves_hits_and_stays_under_its_bound(tmp_path):
     assert 0 < size <= 10_000
     assert not [f for f in cache_dir.iterdir() if f.name.startswith(".tmp-")]  # no half-written files
     assert all(len(f.name) == 64 + 4 for f in cache_dir.iterdir())  # named by hash
-    assert sorted(first) == list(range(90)) and len(urls) == 3
+    assert sorted(first) == list(range(90))
+    second = [i for b in loader for i in ids_of(b)]  # next epoch, partly from the cache
+    assert sorted(second) == list(range(90))
 
 
 def test_cache_hit_returns_the_cached_bytes(tmp_path):
