@@ -4,6 +4,12 @@ It lists each shard's name (relative to the manifest), sample count, byte size,
 SHA-256 and the byte offset where each sample starts (plus the end of the last
 sample). With it, a reader knows the whole epoch without listing or scanning:
 exact equal splits, and byte-range reads of part of a shard.
+
+Optionally (written by ``gpupipe ingest``, ``gpupipe index`` and the shard writer;
+older manifests load without it) ``crc32`` lists each sample's
+:func:`~gpupipe.formats.tar.sample_crc32`. A byte-range read cannot check the
+whole-shard SHA-256, so the stream checks these instead: a flipped byte or an
+object replaced under the manifest is caught per sample, never delivered.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from gpupipe.errors import ShardFormatError
-from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.types import TarMember
 
 __all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard"]
@@ -27,7 +33,8 @@ VERSION = 1
 
 @dataclass(frozen=True, eq=False)
 class ShardEntry:
-    """One shard: ``offsets`` has ``num_samples + 1`` entries (sample starts, then end of data).
+    """One shard: ``offsets`` has ``num_samples + 1`` entries (sample starts, then end of data);
+    ``crc32``, when known, one checksum per sample (``None`` for manifests written without).
 
     Offsets are kept as a read-only int64 array: 8 bytes a sample instead of a
     Python int each, and pages that forked DataLoader workers keep sharing.
@@ -38,11 +45,20 @@ class ShardEntry:
     size: int
     sha256: str
     offsets: np.ndarray = field(repr=False)
+    crc32: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         offs = np.array(self.offsets, dtype=np.int64)  # a copy we own, whatever was given
         offs.flags.writeable = False
         object.__setattr__(self, "offsets", offs)
+        if self.crc32 is not None:
+            crcs = np.array(self.crc32, dtype=np.int64)
+            if len(crcs) != self.num_samples or ((crcs < 0) | (crcs >= 1 << 32)).any():
+                raise ShardFormatError(f"manifest lists {len(crcs)} crc32 values for {self.num_samples} samples "
+                                       "(need one 32-bit value per sample)", shard=self.name)
+            crcs = crcs.astype(np.uint32)
+            crcs.flags.writeable = False
+            object.__setattr__(self, "crc32", crcs)
         if len(offs) != self.num_samples + 1:
             raise ShardFormatError(
                 f"manifest lists {len(offs)} offsets for {self.num_samples} samples (need samples + 1)",
@@ -54,8 +70,11 @@ class ShardEntry:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardEntry):
             return NotImplemented
+        same_crc = (self.crc32 is None) == (other.crc32 is None) and (
+            self.crc32 is None or np.array_equal(self.crc32, other.crc32))
         return (self.name, self.num_samples, self.size, self.sha256) == (
-            other.name, other.num_samples, other.size, other.sha256) and np.array_equal(self.offsets, other.offsets)
+            other.name, other.num_samples, other.size, other.sha256) and np.array_equal(
+            self.offsets, other.offsets) and same_crc
 
     __hash__ = None  # mutable-looking content; entries are compared, not hashed
 
@@ -86,11 +105,7 @@ class Manifest:
             "version": VERSION,
             "num_samples": self.num_samples,
             "classes": list(self.classes),
-            "shards": [
-                {"name": s.name, "num_samples": s.num_samples, "size": s.size,
-                 "sha256": s.sha256, "offsets": s.offsets.tolist()}
-                for s in self.shards
-            ],
+            "shards": [_shard_json(s) for s in self.shards],
         }
         return json.dumps(doc, separators=(",", ":"))
 
@@ -103,7 +118,8 @@ class Manifest:
                 raise ValueError(f"not a {FORMAT} v{VERSION} file (format={doc.get('format')!r}, version={doc.get('version')!r})")
             shards = tuple(
                 ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
-                           sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]))
+                           sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]),
+                           crc32=_int_array(s["crc32"], "crc32") if "crc32" in s else None)
                 for s in doc["shards"]
             )
             classes = tuple(str(c) for c in doc.get("classes", []))
@@ -117,9 +133,17 @@ class Manifest:
         return cls(shards=shards, classes=classes)
 
 
-def _int_array(values) -> np.ndarray:
+def _shard_json(s: ShardEntry) -> dict:
+    doc = {"name": s.name, "num_samples": s.num_samples, "size": s.size, "sha256": s.sha256,
+           "offsets": s.offsets.tolist()}
+    if s.crc32 is not None:
+        doc["crc32"] = s.crc32.tolist()
+    return doc
+
+
+def _int_array(values, what: str = "offsets") -> np.ndarray:
     if not isinstance(values, list) or not all(type(v) is int for v in values):
-        raise ValueError("offsets must be a list of integers")
+        raise ValueError(f"{what} must be a list of integers")
     return np.array(values, dtype=np.int64)
 
 
@@ -144,8 +168,11 @@ def index_shard(name: str, chunks: Iterable[bytes]) -> ShardEntry:
             last_end = m.end
             yield m
 
-    offsets = [s.offset for s in group_by_key(tracked(iter_members(hashed(), shard=name)), shard=name)]
+    offsets, crcs = [], []
+    for s in group_by_key(tracked(iter_members(hashed(), shard=name)), shard=name):
+        offsets.append(s.offset)
+        crcs.append(sample_crc32(s.key, s.fields))
     for _ in hashed():  # bytes after the end-of-archive marker still count in size and checksum
         pass
     return ShardEntry(name=name, num_samples=len(offsets), size=size, sha256=digest.hexdigest(),
-                      offsets=tuple(offsets) + (last_end if offsets else 0,))
+                      offsets=tuple(offsets) + (last_end if offsets else 0,), crc32=crcs)

@@ -10,6 +10,10 @@ failures (5xx including S3 SlowDown, 429, connection reset, timeouts, a body
 shorter than asked) are retried with capped exponential backoff and full
 jitter; a block is only ever returned whole, so bytes are never joined wrongly.
 A 403, a 404 or a missing bucket fails at once with the URL in the message.
+Bytes that arrive whole but wrong (a flipped byte, an object replaced between
+two reads) are caught by the stream's per-sample checksums, which then ask for
+the range again with :meth:`Fetcher.read_fresh` (past the cache), at most
+``FetchConfig.refetch`` times.
 """
 from __future__ import annotations
 
@@ -46,19 +50,21 @@ class FetchConfig:
     request_timeout_s: float = 60.0
     cache_dir: str | None = None
     cache_bytes: int = 10 << 30
+    refetch: int = 3  # new reads of a byte range whose bytes failed their checksums
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "readahead_bytes", "block_bytes", "cache_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"stream.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.retries < 0 or self.request_timeout_s <= 0:
-            raise ConfigError("stream.retries must be >= 0 and stream.request_timeout_s > 0")
+        if self.retries < 0 or self.refetch < 0 or self.request_timeout_s <= 0:
+            raise ConfigError("stream.retries and stream.refetch must be >= 0 and stream.request_timeout_s > 0")
 
 
 @dataclass
 class FetchStats:
     requests: int = 0
     retries: int = 0
+    refetches: int = 0  # byte ranges read again because their bytes failed a checksum
     bytes: int = 0
     cache_hits: int = 0
     wait_s: float = 0.0  # time the consumer waited for bytes
@@ -136,13 +142,14 @@ class Fetcher:
         (for listings and metadata: ``glob``, ``isdir``, ``exists``)."""
         return self._retrying(url, lambda: getattr(self.fs, method)(self.fs._strip_protocol(url), *args))
 
-    def read(self, r: ByteRange, *, version: str = "") -> bytes:
-        """The bytes of ``r`` (``stop=None``: to the end), retried; never short."""
+    def read(self, r: ByteRange, *, version: str = "", fresh: bool = False) -> bytes:
+        """The bytes of ``r`` (``stop=None``: to the end), retried; never short.
+        ``fresh``: from storage even when cached (and the cache entry replaced)."""
         stop = self.size(r.url) if r.stop is None else r.stop
         if stop <= r.start:
             return b""
         key = BlockCache.key(r.url, r.start, stop, version) if self._cache else ""
-        if self._cache and (hit := self._cache.get(key)) is not None and len(hit) == stop - r.start:
+        if self._cache and not fresh and (hit := self._cache.get(key)) is not None and len(hit) == stop - r.start:
             with self._lock:
                 self.stats.cache_hits += 1
             return hit
@@ -183,6 +190,16 @@ class Fetcher:
                 delay = self._jitter.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
                 log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
                 time.sleep(delay)
+
+    def read_fresh(self, r: ByteRange, version: str = "") -> list[bytes] | StorageError:
+        """``r`` again, block by block as :meth:`read_many` cut it, bypassing (and
+        overwriting) the cache: for bytes that arrived whole but failed a checksum."""
+        with self._lock:
+            self.stats.refetches += 1
+        try:
+            return [self.read(b, version=v, fresh=True) for _, _, b, v in self._blocks([(r, version)])]
+        except StorageError as exc:
+            return exc
 
     # -- pipelined reads ---------------------------------------------------------------
     def read_many(self, ranges: Iterable[tuple[ByteRange, str]]) -> Iterator[list[bytes] | StorageError]:

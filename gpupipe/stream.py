@@ -8,7 +8,9 @@ Runs inside DataLoader workers (CPU I/O only). Two paths:
 * without one, :func:`iter_whole_shards` streams whole shards (split by shard
   across ranks and workers) through a seeded shuffle buffer.
 
-Bad data follows ``on_error``: ``"raise"`` stops with an error naming the shard
+With a manifest that has per-sample checksums, every sample is checked before it
+is delivered; a byte range whose bytes fail (a checksum, or a tar header) is read
+again, and only if it keeps failing is it bad data. Bad data follows ``on_error``: ``"raise"`` stops with an error naming the shard
 and offset; ``"skip"`` replaces each unreadable sample by a placeholder marked
 invalid (so batch shapes and step counts never change), counts it and logs its key.
 """
@@ -21,8 +23,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from gpupipe.batch import image_field, label_of
-from gpupipe.errors import GpupipeError, ShardFormatError
-from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources import ResolvedSource
 from gpupipe.storage import Fetcher
@@ -60,33 +62,81 @@ def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
     return Sample(key=s.key, fields=s.fields, shard=shard, offset=s.offset, sample_id=sample_id, label=label_of(s))
 
 
-def _read_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, expected: int, first_id: int,
-               on_error: ErrorPolicy, skips: SkipLog) -> list[Sample]:
-    """The ``expected`` samples of one byte range, each checked; with ``skip``, bad ones
-    (and all after a broken header, whose boundaries are lost) become placeholders."""
-    out: list[Sample] = []
+@dataclass
+class _Span:
+    """One byte range, parsed: its samples up to the first break, the indices whose
+    checksum failed (with the reason), and what ended the parse early (or ``None``)."""
+
+    samples: list[Sample]
+    bad: dict[int, str]
+    error: GpupipeError | None
+
+    @property
+    def intact(self) -> bool:
+        return not self.bad and self.error is None
+
+
+def _parse_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, expected: int,
+                crcs: np.ndarray | None) -> _Span:
+    """Parse a byte range that should hold ``expected`` samples, checking each against
+    its manifest checksum when there is one."""
+    samples: list[Sample] = []
+    bad: dict[int, str] = {}
     try:
         if isinstance(blocks, GpupipeError):
             raise blocks
         for s in group_by_key(iter_members(blocks, shard=url, base_offset=start_byte), shard=url):
-            if len(out) == expected:
+            if len(samples) == expected:
                 raise ShardFormatError(f"byte range holds more than the {expected} samples the manifest says "
                                        "(stale index.json? rerun `gpupipe index`)", shard=url, offset=s.offset)
-            try:
-                out.append(_checked(s, url, first_id + len(out)))
-            except ShardFormatError as exc:
-                if on_error is ErrorPolicy.RAISE:
-                    raise
-                skips.add(f"{url}#{s.key}", exc.reason)
-                out.append(_placeholder(url, s.key, first_id + len(out)))
-        if len(out) < expected:
-            raise ShardFormatError(f"byte range holds {len(out)} samples, the manifest says {expected} "
+            if crcs is not None and sample_crc32(s.key, s.fields) != int(crcs[len(samples)]):
+                bad[len(samples)] = (f"sample {s.key!r} fails its checksum (damaged in transit and again on "
+                                     "every new read, or the shard changed after index.json was written: "
+                                     "rerun `gpupipe index`)")
+            samples.append(s)
+        if len(samples) < expected:
+            raise ShardFormatError(f"byte range holds {len(samples)} samples, the manifest says {expected} "
                                    "(stale index.json? rerun `gpupipe index`)", shard=url, offset=start_byte)
     except GpupipeError as exc:
+        return _Span(samples, bad, exc)
+    return _Span(samples, bad, None)
+
+
+def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRange, version: str, expected: int,
+               crcs: np.ndarray | None) -> _Span:
+    """Parse and check a fetched byte range; when its bytes are damaged (a checksum or
+    tar header fails), read it again, up to ``refetch`` times."""
+    span = _parse_span(blocks, r.url, r.start, expected, crcs)
+    for attempt in range(fetcher.config.refetch):
+        if span.intact or isinstance(span.error, StorageError):
+            break
+        reason = span.error or next(iter(span.bad.values()))
+        log.warning("%s bytes [%d, %d) damaged (%s); reading them again (%d of %d)",
+                    r.url, r.start, r.stop, reason, attempt + 1, fetcher.config.refetch)
+        span = _parse_span(fetcher.read_fresh(r, version), r.url, r.start, expected, crcs)
+    return span
+
+
+def _deliver(span: _Span, url: str, expected: int, first_id: int, on_error: ErrorPolicy,
+             skips: SkipLog) -> list[Sample]:
+    """The ``expected`` samples of a span, each checked; with ``skip``, bad ones (and all
+    after a broken header, whose boundaries are lost) become placeholders."""
+    out: list[Sample] = []
+    for i, s in enumerate(span.samples):
+        try:
+            if i in span.bad:
+                raise ShardFormatError(span.bad[i], shard=url, offset=s.offset)
+            out.append(_checked(s, url, first_id + i))
+        except ShardFormatError as exc:
+            if on_error is ErrorPolicy.RAISE:
+                raise
+            skips.add(f"{url}#{s.key}", exc.reason)
+            out.append(_placeholder(url, s.key, first_id + i))
+    if span.error is not None:
         if on_error is ErrorPolicy.RAISE:
-            raise
+            raise span.error
         for i in range(len(out), expected):
-            skips.add(f"{url}#{i}", str(exc))
+            skips.add(f"{url}#{i}", str(span.error))
             out.append(_placeholder(url, f"{url}#{i}", first_id + i))
     return out[:expected]
 
@@ -111,8 +161,11 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
         samples: list[Sample] = []
         valid: list[bool] = []
         for s in spans:
-            url, first = source.shard_urls[s.shard], first_ids[s.shard] + s.start
-            got = _read_span(next(fetched), url, int(entries[s.shard].offsets[s.start]), len(s), first, on_error, skips)
+            entry, url = entries[s.shard], source.shard_urls[s.shard]
+            crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
+            span = _read_span(fetcher, next(fetched), ByteRange(url, *entry.byte_range(s.start, s.stop)),
+                              entry.sha256, len(s), crcs)
+            got = _deliver(span, url, len(s), first_ids[s.shard] + s.start, on_error, skips)
             samples += got
             valid += [s.valid and bool(x.fields) for x in got]
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]

@@ -5,13 +5,20 @@ unpickled): :func:`iter_members` yields regular-file members, and
 :func:`group_by_key` joins consecutive members with one key into a
 :class:`~gpupipe.types.Sample`. Links, devices, FIFOs, absolute names and ``..``
 components are rejected with :class:`~gpupipe.errors.ShardFormatError`, which
-names the shard and the byte offset of the bad header.
+names the shard and the byte offset of the bad header. A compressed shard
+(gzip, bzip2, xz, zstd) is refused from its first bytes, before anything is
+decompressed: byte-range reads need an uncompressed tar, and encoded images do
+not compress, so a compressed shard buys nothing and a gzip bomb costs nothing.
+
+:func:`sample_crc32` is the per-sample checksum the manifest stores and the
+stream verifies: CRC-32 over each member's name and bytes, in member order.
 """
 from __future__ import annotations
 
 import logging
 import tarfile
-from typing import BinaryIO, Iterable, Iterator
+import zlib
+from typing import BinaryIO, Iterable, Iterator, Mapping
 
 from gpupipe.errors import ShardFormatError
 from gpupipe.types import Sample, TarMember
@@ -22,6 +29,7 @@ __all__ = [
     "iter_members",
     "group_by_key",
     "split_name",
+    "sample_crc32",
     "TarShardWriter",
 ]
 
@@ -34,6 +42,7 @@ _MAX_EXT_HEADER = 1 << 20  # pax / GNU long-name payloads are names, not data
 _REGULAR = (b"0", b"\0", b"7")
 _EXTENDED = (b"x", b"g", b"L", b"K")  # headers whose data is metadata, not a member
 _SKIPPED = (b"5", b"g", b"K")  # directories, global pax headers, GNU long link names
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _REJECTED = {b"1": "hard link", b"2": "symbolic link", b"3": "character device",
              b"4": "block device", b"6": "FIFO"}
 
@@ -108,12 +117,17 @@ def iter_members(
                 raise ShardFormatError("stream ends after an extended header", shard=shard, offset=here)
             return
         if len(block) < BLOCK:
+            _refuse_compressed(block, here, shard=shard)
             raise ShardFormatError(f"truncated header ({len(block)} of 512 bytes)", shard=shard, offset=here)
         if block == _ZERO_BLOCK:
             if first_header is not None:
                 raise ShardFormatError("end-of-archive marker after an extended header", shard=shard, offset=here)
             return  # end-of-archive marker
-        header = _parse_header(block, shard=shard, offset=here)
+        try:
+            header = _parse_header(block, shard=shard, offset=here)
+        except ShardFormatError:
+            _refuse_compressed(block, here, shard=shard)
+            raise
         typeflag, size = header["type"], header["size"]
         if pending_size is not None and typeflag not in _EXTENDED:
             size, pending_size = pending_size, None
@@ -144,6 +158,19 @@ def iter_members(
         if typeflag not in _REGULAR:
             raise ShardFormatError(f"unsupported member type {typeflag!r} for {name!r}", shard=shard, offset=here)
         yield TarMember(name=name, data=data, offset=start, end=base_offset + reader.consumed)
+
+
+def _refuse_compressed(block: bytes, offset: int, *, shard: str) -> None:
+    """Name the compression when a shard's first block is not a tar header but starts with
+    a compression format's magic bytes (nothing is ever inflated)."""
+    if offset != 0:
+        return
+    for magic, kind in _COMPRESSED:
+        if block.startswith(magic):
+            raise ShardFormatError(
+                f"shard is {kind}-compressed; gpupipe reads uncompressed tar shards only (byte-range reads need "
+                "them, and encoded images do not compress). Decompress it, or re-shard with `gpupipe ingest`",
+                shard=shard, offset=0)
 
 
 def _parse_header(block: bytes, *, shard: str, offset: int) -> dict:
@@ -244,6 +271,15 @@ def group_by_key(members: Iterable[TarMember], *, shard: str = "") -> Iterator[S
         yield Sample(key=key, fields=fields, shard=shard, offset=start)
 
 
+def sample_crc32(key: str, fields: Mapping[str, bytes]) -> int:
+    """The sample checksum stored in the manifest: CRC-32 of ``"<key>.<ext>\\0" + bytes``
+    for each member, in member order (so a changed name, extension or byte changes it)."""
+    crc = 0
+    for ext, data in fields.items():
+        crc = zlib.crc32(data, zlib.crc32(f"{key}.{ext}\0".encode("utf-8", "surrogateescape"), crc))
+    return crc
+
+
 def _check_member_name(key: str, ext: str) -> None:
     name = f"{key}.{ext}"
     try:
@@ -262,13 +298,14 @@ class TarShardWriter:
 
     Headers are deterministic (mtime 0, uid/gid 0, mode 0444), so the same samples
     give the same bytes. ``offsets`` ends with the end-of-data offset once closed,
-    which is what the manifest stores.
+    and ``crcs`` holds each sample's :func:`sample_crc32`: what the manifest stores.
     """
 
     def __init__(self, stream: BinaryIO):
         self._stream = stream
         self.size = 0
         self.offsets: list[int] = []
+        self.crcs: list[int] = []
         self._closed = False
         self._last_key: str | None = None
 
@@ -292,6 +329,7 @@ class TarShardWriter:
             self._put(data)
             self._put(bytes(-len(data) % BLOCK))
         self.offsets.append(offset)
+        self.crcs.append(sample_crc32(key, fields))
         return offset
 
     def close(self) -> None:

@@ -49,7 +49,8 @@ class ShardSink:
         self.fs.pipe_file(f"{self.root}/{name}", data)
         offsets = tuple(self._writer.offsets)
         self.entries.append(ShardEntry(name=name, num_samples=len(offsets) - 1, size=len(data),
-                                       sha256=hashlib.sha256(data).hexdigest(), offsets=offsets))
+                                       sha256=hashlib.sha256(data).hexdigest(), offsets=offsets,
+                                       crc32=self._writer.crcs))
         self._buf, self._writer = None, None
 
     def close(self) -> Manifest:
