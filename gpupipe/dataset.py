@@ -272,6 +272,7 @@ class EncodedLoader:
     def _count(self, batch: EncodedBatch) -> None:
         if batch.chunk >= 0:
             self._progress.advance(batch.chunk, batch.batch)
+            self._complete = self._complete or self._progress.complete  # consumers may stop at len()
         s = self.stats
         s.batches += 1
         s.samples += len(batch)

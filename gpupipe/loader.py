@@ -9,6 +9,7 @@ handed to the training loop, not the ones decoded ahead.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -87,6 +88,8 @@ class GpuLoader:
         self.augment, self.prefetch, self.seed = augment, prefetch, seed
         self.stats = StageStats()
         self._decoder = None  # built on first use, in this (the training) process
+        self._pending: collections.deque | None = None  # see defer_delivery()
+        self._ended = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "GpuLoader":
@@ -123,6 +126,20 @@ class GpuLoader:
             log.info("gpupipe: decoding with %s on %s", self._decoder.name, self.device)
         return self._decoder
 
+    def defer_delivery(self) -> None:
+        """Count a batch as delivered (the resume state) only when :meth:`commit_delivered`
+        says it was used — for consumers that fetch ahead of use, as Lightning's loop does."""
+        self._pending = collections.deque()
+
+    def commit_delivered(self) -> None:
+        """The oldest batch yielded and not yet committed was used by the training step."""
+        if self._pending is None:
+            raise RuntimeError("commit_delivered() needs defer_delivery() first")
+        if self._pending:
+            self.encoded.mark_delivered(self._pending.popleft())
+        if self._ended and not self._pending:
+            self.encoded.end_epoch()
+
     def time_epochs(self, epochs: int) -> float:
         """Run one warm-up epoch (worker start, decoder build), reset ``stats``, then time
         ``epochs`` epochs; returns their wall seconds (``stats`` holds their stages)."""
@@ -138,6 +155,9 @@ class GpuLoader:
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[DecodedBatch]:
         self.encoded.begin_epoch()
+        if self._pending is not None:  # batches yielded but never used by the last iteration do not count
+            self._pending.clear()
+        self._ended = False
         decoder = self.decoder
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
@@ -158,12 +178,17 @@ class GpuLoader:
                 if side is not None:
                     torch.cuda.current_stream(self.device).wait_stream(side)
                     out.images.record_stream(torch.cuda.current_stream(self.device))
-                self.encoded.mark_delivered(encoded)
+                if self._pending is None:
+                    self.encoded.mark_delivered(encoded)
+                else:
+                    self._pending.append(encoded)
                 self.stats.batches += 1
                 self.stats.images += len(out)
                 self.stats.skipped += encoded.skipped
                 yield out
-            self.encoded.end_epoch()
+            self._ended = True
+            if not self._pending:
+                self.encoded.end_epoch()
         finally:
             stop.set()
             deadline = time.monotonic() + _JOIN_TIMEOUT_S

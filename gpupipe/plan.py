@@ -233,6 +233,11 @@ class Progress:
             self.done_below += 1
 
     @property
+    def complete(self) -> bool:
+        """Every batch of the rank's epoch was delivered."""
+        return self.done_below == len(self.chunk_sizes)
+
+    @property
     def batches_done(self) -> int:
         return sum(self.chunk_sizes[: self.done_below]) + sum(self.partial.values())
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from typing import Callable
 
 import fsspec
 
@@ -15,9 +16,10 @@ def payload(sample_id: int) -> bytes:
     return b"\xff\xd8\xff" + sample_id.to_bytes(4, "big") * (3 + sample_id % 7)
 
 
-def write_dataset(url: str, counts: list[int], *, storage_options: dict | None = None, manifest: bool = True) -> list[str]:
+def write_dataset(url: str, counts: list[int], *, storage_options: dict | None = None, manifest: bool = True,
+                  image: Callable[[int], bytes] = payload, num_classes: int = 10) -> list[str]:
     """Write shards ``part-NNNN.tar`` with ``counts[i]`` samples each under ``url``; sample ids
-    run 0..N-1 in shard order, label = id % 10. Returns the shard URLs."""
+    run 0..N-1 in shard order, label = id % num_classes, image bytes ``image(id)``. Returns the shard URLs."""
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     root = root.rstrip("/")
     fs.makedirs(root, exist_ok=True)
@@ -26,7 +28,7 @@ def write_dataset(url: str, counts: list[int], *, storage_options: dict | None =
         buf = io.BytesIO()
         w = TarShardWriter(buf)
         for _ in range(n):
-            w.write(f"k{sid:07d}", {"jpg": payload(sid), "cls": str(sid % 10).encode()})
+            w.write(f"k{sid:07d}", {"jpg": image(sid), "cls": str(sid % num_classes).encode()})
             sid += 1
         w.close()
         name = f"part-{i:04d}.tar"

@@ -1,0 +1,493 @@
+"""YAML → one typed, frozen :class:`PipelineConfig` (source, stream, decode, augment, loader, seed).
+
+The YAML maps one-to-one onto the stage dataclasses (``StreamConfig``,
+``DecodeConfig``, ...). Loading is safe (``yaml.safe_load``: no python tags), every
+unknown key, wrong type and unknown transform name raises :class:`ConfigError`
+with the key path and, where one is close, a suggestion. ``${VAR}`` and
+``${VAR:-default}`` in strings are read from the environment; storage option
+values are kept in :class:`Secrets`, which never shows them (``repr``, logs,
+``to_dict()`` — what goes into ``hparams.yaml`` and checkpoints).
+
+A file may also be a LightningCLI file (``gpupipe fit --config``): then the
+pipeline is its ``data:`` section and ``model:``/``trainer:``/... belong to Lightning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import inspect
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterator, Mapping, Sequence
+
+from gpupipe.augment.registry import TRANSFORMS, build_transform, transform_class
+from gpupipe.dataset import StreamConfig
+from gpupipe.decode import DecodeConfig, ResizeMode
+from gpupipe.errors import ConfigError
+from gpupipe.storage import FetchConfig
+
+__all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
+           "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "preset"]
+
+SPLITS = ("train", "val", "test", "predict")
+LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_EVAL_SAFE = frozenset({"Resize", "CenterCrop", "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale"})
+
+
+class Secrets(Mapping[str, Any]):
+    """Storage options: a read-only mapping whose values never appear in ``repr``/``str``."""
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        self._values = dict(values or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return "Secrets({" + ", ".join(f"{k!r}: '***'" for k in self._values) + "})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._values) == dict(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._values)))
+
+    def __reduce__(self):  # pickles as plain data (workers receive storage options)
+        return (Secrets, (self._values,))
+
+
+class BatchFormat(str, enum.Enum):
+    """What the DataModule's loaders yield: ``(images, labels)``, a dict (adds ``valid``,
+    ``sample_ids``, ``keys``), or the :class:`~gpupipe.decode.DecodedBatch` itself."""
+
+    TUPLE = "tuple"
+    DICT = "dict"
+    BATCH = "batch"
+
+
+class AugmentPlace(str, enum.Enum):
+    """Where the DataModule augments: in the loader's decode thread (one batch ahead, on a
+    side CUDA stream), or in ``on_after_batch_transfer`` (in the training step's stream)."""
+
+    LOADER = "loader"
+    AFTER_TRANSFER = "on_after_batch_transfer"
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where each split's shards are: a URL pattern (braces, globs), or a list of them."""
+
+    train: str | tuple[str, ...] | None = None
+    val: str | tuple[str, ...] | None = None
+    test: str | tuple[str, ...] | None = None
+    predict: str | tuple[str, ...] | None = None
+    storage_options: Secrets = field(default_factory=Secrets)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.storage_options, Secrets):
+            object.__setattr__(self, "storage_options", Secrets(self.storage_options))
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Batches and where they go. ``num_workers: null`` lets gpupipe choose from the machine."""
+
+    batch_size: int = 64
+    eval_batch_size: int | None = None
+    num_workers: int | None = None
+    prefetch: int = 1
+    device: str | None = None
+    batch_format: BatchFormat = BatchFormat.TUPLE
+    augment_in: AugmentPlace = AugmentPlace.LOADER
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_batch_size", "prefetch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"loader.{name}: must be >= 1, got {value}")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"loader.num_workers: must be >= 0, got {self.num_workers}")
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """One augmentation step as written in the config: a ``gpupipe.transforms`` name and its
+    arguments (torchvision's names). ``build()`` makes the transform."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", types.MappingProxyType(dict(self.args)))
+
+    def __reduce__(self):  # mappingproxy does not pickle; the spec is plain data
+        return (TransformSpec, (self.name, dict(self.args)))
+
+    def build(self):
+        return build_transform(self.name, dict(self.args))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **dict(self.args)}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything one pipeline needs. Build loaders with :meth:`make_loader`."""
+
+    source: SourceConfig = field(default_factory=SourceConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    augment: tuple[TransformSpec, ...] = ()
+    eval_augment: tuple[TransformSpec, ...] | None = None
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    seed: int = 0
+
+    def augment_for(self, split: str = "train") -> tuple[TransformSpec, ...]:
+        """The specs a split runs: ``augment`` for train; ``eval_augment`` for the others,
+        by default the deterministic steps of ``augment`` (resize, crop, cast, normalize)."""
+        _check_split(split)
+        if split == "train":
+            return self.augment
+        if self.eval_augment is not None:
+            return self.eval_augment
+        return tuple(s for s in self.augment if s.name in _EVAL_SAFE)
+
+    def transforms(self, split: str = "train"):
+        """The built ``gpupipe.transforms.Compose`` for ``split`` (None when it has no steps)."""
+        from gpupipe.augment.compose import Compose
+
+        specs = self.augment_for(split)
+        return Compose([s.build() for s in specs]) if specs else None
+
+    def decode_for(self, split: str = "train") -> DecodeConfig:
+        """Training crops at random when ``decode.resize`` says so; the other splits resize
+        the shorter side and take the centre instead."""
+        _check_split(split)
+        decode = replace(self.decode, seed=self.seed)
+        if split != "train" and decode.resize is ResizeMode.RANDOM_CROP:
+            decode = replace(decode, resize=ResizeMode.SHORTER)
+        return decode
+
+    def make_loader(self, split: str = "train", *, device=None, rank: int | None = None,
+                    world_size: int | None = None, num_workers: int | None = None, augment: bool = True):
+        """A :class:`~gpupipe.loader.GpuLoader` for ``split``. Training shuffles and drops the
+        last partial batch (``stream.shuffle`` / ``stream.drop_last``); the other splits keep
+        order and pad the tail (padding marked ``valid=False``)."""
+        from gpupipe.loader import GpuLoader
+
+        urls = getattr(self.source, self.checked_split(split))
+        train = split == "train"
+        stream = replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train)
+        batch_size = self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size)
+        return GpuLoader(list(urls) if isinstance(urls, tuple) else urls, batch_size=batch_size,
+                         decode=self.decode_for(split), augment=self.transforms(split) if augment else None,
+                         device=device if device is not None else self.loader.device, shuffle=stream.shuffle,
+                         seed=self.seed, num_workers=self.loader.num_workers if num_workers is None else num_workers,
+                         storage_options=dict(self.source.storage_options), drop_last=stream.drop_last, rank=rank,
+                         world_size=world_size, stream=stream, prefetch=self.loader.prefetch)
+
+    def checked_split(self, split: str) -> str:
+        _check_split(split)
+        if getattr(self.source, split) is None:
+            raise ConfigError(f"source.{split}: not set; add the URL of the {split} shards to the config")
+        return split
+
+    def to_dict(self) -> dict:
+        """Plain data (YAML-able) with storage option values replaced by ``'***'``."""
+        out = _plain(self)
+        del out["stream"]["on_error"], out["decode"]["seed"]  # derived from decode.on_error and seed
+        out["source"]["storage_options"] = {k: "***" for k in self.source.storage_options}
+        return out
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"split: unknown {split!r}; choose from {', '.join(SPLITS)}")
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if isinstance(value, TransformSpec):
+            return value.to_dict()
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+# ------------------------------------------------------------------------------------ presets
+
+def preset(name: str) -> tuple[TransformSpec, ...]:
+    """The docs' transform sets as specs: ``simple``, ``complex`` or ``none`` (after a decode
+    to the output size; ImageNet normalisation, float32)."""
+    from gpupipe.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    tail = [TransformSpec("ToDtype", {"dtype": "float32", "input_range": 255.0}),
+            TransformSpec("RepeatChannels", {"num_channels": 3}),
+            TransformSpec("Normalize", {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)})]
+    sets = {
+        "none": [],
+        "simple": [TransformSpec("RandomAffine", {"degrees": 20}), TransformSpec("RandomHorizontalFlip", {"p": 0.5}),
+                   *tail],
+        "complex": [TransformSpec("RandomAffine", {"degrees": 20}), TransformSpec("RandomHorizontalFlip", {"p": 0.5}),
+                    TransformSpec("RandomVerticalFlip", {"p": 0.5}),
+                    TransformSpec("RandomPerspective", {"distortion_scale": 0.5, "p": 0.5}),
+                    tail[0], TransformSpec("ColorJitter", {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2,
+                                                           "hue": 0.2}), *tail[1:]],
+    }
+    if name not in sets:
+        raise ConfigError(f"augment: unknown preset {name!r}{_suggest(name, sets)} (choose from {', '.join(sets)})")
+    return tuple(sets[name])
+
+
+# ------------------------------------------------------------------------------------ loading
+
+def load_config(config: str | os.PathLike | Mapping[str, Any], *,
+                environ: Mapping[str, str] | None = None) -> PipelineConfig:
+    """Read a YAML file (local path or fsspec URL) or take a mapping; return the typed config.
+
+    Raises :class:`ConfigError` naming the key path for anything it cannot use.
+    """
+    if isinstance(config, Mapping):
+        return parse_config(config, environ=environ)
+    return parse_config(read_yaml(config), environ=environ, origin=str(config))
+
+
+def read_yaml(path: str | os.PathLike) -> Any:
+    """Safe-load one YAML document; errors name the file, line and column."""
+    import fsspec
+    import yaml
+
+    try:
+        with fsspec.open(str(path), "r", encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{at}: invalid YAML: {problem}") from None
+
+
+def parse_config(data: Any, *, environ: Mapping[str, str] | None = None, origin: str = "config") -> PipelineConfig:
+    """A mapping (as read from YAML) → :class:`PipelineConfig`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{origin}: expected a mapping at the top level, got {type(data).__name__}")
+    if "data" in data:  # a LightningCLI file: the pipeline is its data section
+        unknown = sorted(set(data) - LIGHTNING_SECTIONS - {"data"})
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown top-level key beside 'data'{_suggest(unknown[0], LIGHTNING_SECTIONS)}")
+        data = data["data"] or {}
+        if not isinstance(data, Mapping):
+            raise ConfigError("data: expected a mapping of the pipeline sections")
+    data = _interpolate(data, environ if environ is not None else os.environ, "")
+    return _pipeline(data)
+
+
+def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
+    known = {f.name for f in fields(PipelineConfig)}
+    _check_keys(data, known, "")
+    source = _source(data.get("source") or {})
+    stream_data = dict(data.get("stream") or {})
+    for moved, to in (("on_error", "decode.on_error"),):
+        if moved in stream_data:
+            raise ConfigError(f"stream.{moved}: set {to} (one policy for streaming and decoding)")
+    stream = _dataclass(StreamConfig, stream_data, "stream")
+    decode_data = data.get("decode") or {}
+    if isinstance(decode_data, Mapping) and "seed" in decode_data:
+        raise ConfigError("decode.seed: set the top-level 'seed' (it keys decode crops and augmentation alike)")
+    seed = _coerce(data.get("seed", 0), int, "seed")
+    decode = replace(_dataclass(DecodeConfig, decode_data, "decode"), seed=seed)
+    augment = _augment(data.get("augment"), "augment")
+    eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment")
+    loader = _dataclass(LoaderConfig, data.get("loader") or {}, "loader")
+    stream = replace(stream, on_error=decode.on_error)
+    return PipelineConfig(source=source, stream=stream, decode=decode, augment=augment, eval_augment=eval_augment,
+                          loader=loader, seed=seed)
+
+
+def _source(data: Any) -> SourceConfig:
+    if isinstance(data, (str, list)):  # `source: URL` is the train split
+        data = {"train": data}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"source: expected a URL or a mapping of splits, got {type(data).__name__}")
+    options = data.get("storage_options") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError("source.storage_options: expected a mapping (values are kept secret)")
+    rest = {k: v for k, v in data.items() if k != "storage_options"}
+    config = _dataclass(SourceConfig, rest, "source")
+    return replace(config, storage_options=Secrets(options))
+
+
+def _augment(value: Any, path: str) -> tuple[TransformSpec, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return preset(value)
+    if not isinstance(value, Sequence):
+        raise ConfigError(f"{path}: expected a list of transforms or a preset name (simple, complex, none)")
+    specs = tuple(_spec(item, f"{path}[{i}]") for i, item in enumerate(value))
+    _check_pipeline(specs, path)
+    return specs
+
+
+def _spec(item: Any, path: str) -> TransformSpec:
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, Mapping) or "name" not in item:
+        raise ConfigError(f"{path}: expected a mapping with 'name' and the transform's arguments")
+    name = item["name"]
+    if name not in TRANSFORMS:
+        raise ConfigError(f"{path}.name: unknown {name!r}{_suggest(str(name), TRANSFORMS)} "
+                          f"(supported: {', '.join(sorted(TRANSFORMS))})")
+    args = {k: v for k, v in item.items() if k != "name"}
+    params = inspect.signature(transform_class(name).__init__).parameters
+    accepted = {p for p in params if p != "self"} | ({"dtype"} if name == "ToTensor" else set())
+    _check_keys(args, accepted, path)
+    spec = TransformSpec(name, args)
+    try:
+        spec.build()
+    except (ValueError, TypeError, ConfigError) as exc:
+        raise ConfigError(f"{path} ({name}): {exc}") from None
+    return spec
+
+
+def _check_pipeline(specs: Sequence[TransformSpec], path: str) -> None:
+    """Catch the one mistake YAML makes easy: normalising uint8 0-255 images."""
+    cast = False
+    for i, spec in enumerate(specs):
+        if spec.name in ("ToDtype", "ToTensor"):
+            cast = True
+        elif spec.name == "Normalize" and not cast:
+            raise ConfigError(f"{path}[{i}] (Normalize): images are uint8 0-255 here; put a ToDtype "
+                              f"(dtype: float32) before Normalize")
+
+
+def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:
+    if isinstance(value, str):
+        def substitute(m: re.Match) -> str:
+            if m.group(1) in environ:
+                return environ[m.group(1)]
+            if m.group(2) is not None:
+                return m.group(2)
+            raise ConfigError(f"{path or 'config'}: environment variable {m.group(1)} is not set "
+                              f"(write ${{{m.group(1)}:-default}} for a default)")
+        return _ENV.sub(substitute, value)
+    if isinstance(value, Mapping):
+        return {k: _interpolate(v, environ, _join(path, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, environ, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+# ------------------------------------------------------------------------------------ typing
+
+def _dataclass(cls: type, data: Any, path: str) -> Any:
+    """Build the frozen dataclass ``cls`` from a mapping, checking keys and types."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls) if f.init}
+    _check_keys(data, names, path)
+    kwargs = {k: _coerce(v, hints[k], _join(path, k)) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(path) else f"{path}: {message}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _coerce(value: Any, hint: Any, path: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if dataclasses.is_dataclass(hint):
+        return _dataclass(hint, value, path)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in hint)
+            raise ConfigError(f"{path}: {value!r} is not one of {choices}") from None
+    if origin is tuple:
+        return _tuple(value, args, path)
+    if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping) or hint is Secrets:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        return value
+    return _scalar(value, hint, path)
+
+
+def _tuple(value: Any, args: tuple, path: str) -> tuple:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{path}: expected a list, got {value!r}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+    if len(value) != len(args):
+        raise ConfigError(f"{path}: expected {len(args)} values, got {len(value)}")
+    return tuple(_coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+
+
+def _scalar(value: Any, hint: Any, path: str) -> Any:
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    if hint in (int, float, str, bool):
+        raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {_show(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_keys(data: Mapping[str, Any], known: set | frozenset | Mapping, path: str) -> None:
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{_join(path, str(key))}: unknown key{_suggest(str(key), known)} "
+                              f"(known: {', '.join(sorted(known))})")
+
+
+def _suggest(word: str, choices) -> str:
+    lowered = {str(c).lower(): str(c) for c in choices}
+    match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return f"; did you mean {lowered[match[0]]!r}?" if match else ""
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+

@@ -1,0 +1,187 @@
+"""``GpuDataModule``: train / val / test / predict loaders from one config, for Lightning.
+
+Rank, world size and device come from the trainer. Every rank gets the same exact
+``len``. The training loader's position rides in the DataModule's ``state_dict``,
+so ``trainer.fit(..., ckpt_path=...)`` continues with exactly the samples of the
+epoch not yet trained on: a batch counts as delivered when it reaches
+``on_after_batch_transfer`` in the training loop, not when Lightning fetches it
+ahead. Validation uses its own loaders and never moves the training stream.
+
+Augmentation runs where ``loader.augment_in`` says: ``loader`` (default; in the
+loader's decode thread, one batch ahead, on a side CUDA stream) or
+``on_after_batch_transfer`` (in the step's own stream: simpler to profile, no overlap).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator, Mapping, Optional, Union
+
+import lightning.pytorch as pl
+import torch
+
+from gpupipe.config import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config
+from gpupipe.errors import ConfigError
+
+__all__ = ["GpuDataModule"]
+
+log = logging.getLogger(__name__)
+STATE_KEY = "gpupipe_train_loader"
+
+
+class GpuDataModule(pl.LightningDataModule):
+    """Loaders for every split named in ``source``, built from one :class:`PipelineConfig`.
+
+    Pass a config (a ``PipelineConfig``, a YAML path or a mapping) or its sections as
+    keyword arguments — the form LightningCLI fills from a file's ``data:`` section.
+    """
+
+    def __init__(self, config: Union[str, dict, None] = None, *, source: Union[str, dict, None] = None,
+                 stream: Optional[dict] = None, decode: Optional[dict] = None,
+                 augment: Union[str, list, None] = None, eval_augment: Union[str, list, None] = None,
+                 loader: Optional[dict] = None, seed: int = 0) -> None:
+        super().__init__()
+        sections = {"source": source, "stream": stream, "decode": decode, "augment": augment,
+                    "eval_augment": eval_augment, "loader": loader}
+        given = {k: v for k, v in sections.items() if v is not None}
+        if config is not None and given:
+            raise ConfigError(f"GpuDataModule: pass a config or sections ({', '.join(given)}), not both")
+        if isinstance(config, PipelineConfig):
+            self.config = config
+        elif config is not None:
+            self.config = load_config(config)
+        else:
+            self.config = load_config({**given, "seed": seed})
+        self.save_hyperparameters(self.config.to_dict())  # storage option values redacted
+        self._loaders: dict[str, _SplitLoader] = {}
+        self._pending_state: Mapping | None = None
+
+    # -- loaders -------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+        for split in wanted.get(stage, SPLITS):
+            if split not in self._loaders and getattr(self.config.source, split) is not None:
+                self._loaders[split] = _SplitLoader(self, split)
+        if "train" in self._loaders and self._pending_state is not None:
+            self._loaders["train"].gpu.load_state_dict(self._pending_state)
+            self._pending_state = None
+
+    def _loader(self, split: str) -> "_SplitLoader":
+        if split not in self._loaders:
+            self.config.checked_split(split)  # raises naming source.<split> when it is not set
+            self.setup({"train": "fit", "val": "validate"}.get(split, split))
+        return self._loaders[split]
+
+    def train_dataloader(self) -> "_SplitLoader":
+        return self._loader("train")
+
+    def val_dataloader(self) -> "_SplitLoader":
+        return self._loader("val")
+
+    def test_dataloader(self) -> "_SplitLoader":
+        return self._loader("test")
+
+    def predict_dataloader(self) -> "_SplitLoader":
+        return self._loader("predict")
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        trainer = self._trainer_or_none()
+        split = _split_of(trainer)
+        if split is None or split not in self._loaders:
+            return batch
+        loader = self._loaders[split]
+        if split == "train":
+            loader.gpu.commit_delivered()  # this batch reaches a training step: it now counts
+        return loader.augment_after_transfer(batch)
+
+    # -- resume ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        if "train" in self._loaders:
+            return {STATE_KEY: self._loaders["train"].gpu.state_dict()}
+        return {STATE_KEY: self._pending_state} if self._pending_state is not None else {}
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        state = state_dict.get(STATE_KEY)
+        if state is None:
+            return
+        if "train" in self._loaders:
+            self._loaders["train"].gpu.load_state_dict(state)
+        else:
+            self._pending_state = state  # applied when setup() builds the training loader
+
+    def _trainer_or_none(self):
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
+
+def _split_of(trainer) -> Optional[str]:
+    if trainer is None:
+        return None
+    if trainer.training:
+        return "train"
+    if trainer.sanity_checking or trainer.validating:
+        return "val"
+    if trainer.testing:
+        return "test"
+    if trainer.predicting:
+        return "predict"
+    return None
+
+
+class _SplitLoader:
+    """One split's :class:`GpuLoader`, shaped for Lightning: the epoch comes from the trainer,
+    batches come out in ``loader.batch_format``, and ``len`` is exact."""
+
+    def __init__(self, dm: GpuDataModule, split: str) -> None:
+        self.dm, self.split, cfg = dm, split, dm.config
+        trainer = dm._trainer_or_none()
+        rank, world_size, device = None, None, None
+        if trainer is not None:
+            rank, world_size, device = trainer.global_rank, trainer.world_size, trainer.strategy.root_device
+        self.after_transfer = cfg.loader.augment_in is AugmentPlace.AFTER_TRANSFER
+        self.gpu = cfg.make_loader(split, device=device, rank=rank, world_size=world_size,
+                                   augment=not self.after_transfer)
+        self.transforms = cfg.transforms(split) if self.after_transfer else None
+        if self.transforms is not None:
+            self.transforms = self.transforms.to(self.gpu.device)
+        if split == "train":
+            self.gpu.defer_delivery()
+        self.format = cfg.loader.batch_format
+
+    def __len__(self) -> int:
+        return len(self.gpu)
+
+    def __iter__(self) -> Iterator[Any]:
+        trainer = self.dm._trainer_or_none()
+        if self.split == "train" and trainer is not None:
+            self.gpu.set_epoch(trainer.current_epoch)
+        for batch in self.gpu:
+            yield self._format(batch)
+
+    def _format(self, batch) -> Any:
+        """The batch as the training step sees it; with ``augment_in: on_after_batch_transfer``
+        the DecodedBatch itself travels (Lightning moves its tensors) and is shaped later."""
+        if self.after_transfer or self.format is BatchFormat.BATCH:
+            return batch
+        if self.format is BatchFormat.DICT:
+            return _as_dict(batch)
+        return batch.images, batch.labels
+
+    def augment_after_transfer(self, batch: Any) -> Any:
+        """Apply the transforms in ``on_after_batch_transfer`` (``augment_in``) and shape the batch."""
+        if not self.after_transfer:
+            return batch
+        from gpupipe.augment.base import AugKey
+
+        if self.transforms is not None:
+            batch.images = self.transforms(batch.images, AugKey.for_batch(batch, self.dm.config.seed))
+        if self.format is BatchFormat.BATCH:
+            return batch
+        return _as_dict(batch) if self.format is BatchFormat.DICT else (batch.images, batch.labels)
+
+
+def _as_dict(batch) -> dict[str, Any]:
+    return {"images": batch.images, "labels": batch.labels, "valid": batch.valid,
+            "sample_ids": batch.sample_ids.to(batch.images.device), "epoch": torch.tensor(batch.epoch)}

@@ -1,0 +1,176 @@
+"""YAML configs: typed and frozen, safe loading, errors with the key path and a suggestion,
+environment interpolation, secrets kept out of repr and to_dict."""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupipe.config import (LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset)
+from gpupipe.errors import ConfigError
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+GOOD = {"source": {"train": "data/train-{0000..0003}.tar", "val": "data/val.tar"},
+        "stream": {"shuffle_buffer": 512, "fetch": {"concurrency": 4}},
+        "decode": {"backend": "dali", "image_size": [128, 96], "resize": "random_resized_crop", "on_error": "skip"},
+        "augment": [{"name": "RandomHorizontalFlip", "p": 0.5}, {"name": "ToDtype", "dtype": "bfloat16"},
+                    {"name": "Normalize", "mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}],
+        "loader": {"batch_size": 32, "num_workers": 2},
+        "seed": 11}
+
+
+def test_a_full_config_is_typed_and_frozen():
+    cfg = load_config(GOOD)
+    assert cfg.decode.image_size == (128, 96) and cfg.decode.backend == "dali" and cfg.decode.seed == 11
+    assert cfg.stream.fetch.concurrency == 4 and cfg.loader.num_workers == 2
+    assert [s.name for s in cfg.augment] == ["RandomHorizontalFlip", "ToDtype", "Normalize"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.seed = 3  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(cfg)) == cfg  # plain data: crosses process boundaries
+
+
+def test_eval_splits_keep_only_deterministic_steps_and_centre_crop():
+    cfg = load_config(GOOD)
+    assert [s.name for s in cfg.augment_for("val")] == ["ToDtype", "Normalize"]
+    assert cfg.decode_for("val").resize.value == "shorter" and cfg.decode_for("train").resize.value == "random_resized_crop"
+    explicit = load_config({**GOOD, "eval_augment": []})
+    assert explicit.augment_for("test") == ()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_load(path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    cfg = load_config(path)
+    assert cfg.source.train is not None
+    assert cfg.transforms("train") is None or len(cfg.augment) > 0
+
+
+def test_shipped_configs_exist():
+    names = {p.name for p in CONFIGS}
+    assert {"quickstart.yaml", "imagenet_simple.yaml", "imagenet_complex.yaml", "s3.yaml", "parquet.yaml"} <= names
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"augment": [{"name": "RandomHflip"}]}, r"augment\[0\]\.name: unknown 'RandomHflip'; did you mean 'RandomHorizontalFlip'\?"),
+    ({"augment": [{"name": "RandomAffine", "degrees": 10}, {"name": "ColourJitter"}]}, r"augment\[1\]\.name: .*did you mean 'ColorJitter'"),
+    ({"loader": {"batchsize": 3}}, r"loader\.batchsize: unknown key; did you mean 'batch_size'"),
+    ({"augmnet": "simple"}, r"augmnet: unknown key; did you mean 'augment'"),
+    ({"decode": {"image_size": "big"}}, r"decode\.image_size: expected a list"),
+    ({"decode": {"backend": "turbo"}}, r"decode\.backend: unknown 'turbo'"),
+    ({"decode": {"resize": "zoom"}}, r"decode\.resize: 'zoom' is not one of"),
+    ({"loader": {"batch_size": "64"}}, r"loader\.batch_size: expected int, got str"),
+    ({"loader": {"batch_size": True}}, r"loader\.batch_size: expected int, got bool"),
+    ({"stream": {"fetch": {"retries": 1.5}}}, r"stream\.fetch\.retries: expected int"),
+    ({"stream": {"on_error": "skip"}}, r"stream\.on_error: set decode\.on_error"),
+    ({"decode": {"seed": 1}}, r"decode\.seed: set the top-level 'seed'"),
+    ({"augment": [{"name": "RandomAffine", "degree": 3}]}, r"augment\[0\]\.degree: unknown key; did you mean 'degrees'"),
+    ({"augment": [{"name": "RandomAffine", "degrees": -3}]}, r"augment\[0\] \(RandomAffine\): .*positive"),
+    ({"augment": [{"name": "RandomHorizontalFlip", "p": 1.5}]}, r"augment\[0\] \(RandomHorizontalFlip\): p should be"),
+    ({"augment": [{"name": "ToDtype", "dtype": "float8"}]}, r"augment\[0\] \(ToDtype\): dtype: unknown 'float8'"),
+    ({"augment": [{"name": "Normalize", "mean": [0.5], "std": [0.5]}]}, r"augment\[0\] \(Normalize\): .*ToDtype"),
+    ({"augment": "fancy"}, r"augment: unknown preset 'fancy'"),
+    ({"augment": [{"p": 0.5}]}, r"augment\[0\]: expected a mapping with 'name'"),
+    ({"source": 3}, r"source: expected a URL"),
+    ({"data": {}, "modle": {}}, r"modle: unknown top-level key beside 'data'; did you mean 'model'"),
+    ([1, 2], r"expected a mapping at the top level"),
+])
+def test_bad_values_name_the_key_path(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(bad, environ={})
+
+
+def test_environment_interpolation_and_defaults():
+    cfg = load_config({"source": {"train": "s3://${BUCKET}/train-{0..3}.tar",
+                                  "storage_options": {"key": "${KEY}", "endpoint_url": "${EP:-http://127.0.0.1:9000}"}}},
+                      environ={"BUCKET": "b1", "KEY": "k"})
+    assert cfg.source.train == "s3://b1/train-{0..3}.tar"
+    assert dict(cfg.source.storage_options) == {"key": "k", "endpoint_url": "http://127.0.0.1:9000"}
+    with pytest.raises(ConfigError, match=r"source\.storage_options\.key: environment variable KEY is not set"):
+        load_config({"source": {"storage_options": {"key": "${KEY}"}}}, environ={})
+
+
+def test_secrets_never_shown():
+    secret = "SENTINEL-a81c-SECRET"
+    cfg = load_config({"source": {"train": "s3://b/x.tar", "storage_options": {"secret": "${S}"}}}, environ={"S": secret})
+    assert cfg.source.storage_options["secret"] == secret
+    for text in (repr(cfg), str(cfg), repr(cfg.source), str(cfg.to_dict()), yaml.safe_dump(cfg.to_dict())):
+        assert secret not in text
+    assert pickle.loads(pickle.dumps(cfg.source.storage_options))["secret"] == secret
+
+
+def test_yaml_with_python_tags_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"seed: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ConfigError, match=r"evil\.yaml \(line 1, column 7\): invalid YAML"):
+        load_config(path)
+    assert not marker.exists()
+
+
+def test_broken_yaml_and_missing_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("source:\n  train: [a, b\nloader: {}\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml \(line \d+, column \d+\): invalid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_lightning_cli_file_reads_its_data_section():
+    cfg = parse_config({"model": {"arch": "small_cnn"}, "trainer": {"max_epochs": 1}, "data": GOOD})
+    assert cfg == load_config(GOOD)
+    assert {"model", "trainer"} <= LIGHTNING_SECTIONS
+
+
+def test_presets_match_the_transform_sets():
+    assert [s.name for s in preset("simple")] == ["RandomAffine", "RandomHorizontalFlip", "ToDtype", "RepeatChannels",
+                                                  "Normalize"]
+    assert "ColorJitter" in [s.name for s in preset("complex")] and preset("none") == ()
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+sizes = st.lists(st.integers(1, 4096), min_size=2, max_size=2)
+configs = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**31),
+    "decode": st.fixed_dictionaries({"image_size": sizes, "backend": st.sampled_from(["auto", "dali", "pil", "nvjpeg"]),
+                                     "resize": st.sampled_from(["fixed", "shorter", "random_resized_crop"])}),
+    "loader": st.fixed_dictionaries({"batch_size": st.integers(1, 1024),
+                                     "num_workers": st.one_of(st.none(), st.integers(0, 16))}),
+    "augment": st.sampled_from(["simple", "complex", "none"]),
+    "source": st.fixed_dictionaries({"train": st.text(st.characters(codec="ascii", exclude_characters="$"), min_size=1)}),
+})
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs)
+def test_to_dict_round_trips(data):
+    cfg = load_config(data, environ={})
+    again = load_config(cfg.to_dict(), environ={})
+    assert again == cfg
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs, st.sampled_from(["decode", "loader", "source", ""]),
+       st.text(st.characters(codec="ascii", categories=["Ll"]), min_size=1, max_size=12))
+def test_any_unknown_key_raises_with_its_path(data, section, key):
+    known = {f.name for f in dataclasses.fields(PipelineConfig)} | {"storage_options", "train", "val", "test", "predict"}
+    from gpupipe.config import LoaderConfig
+    from gpupipe.decode import DecodeConfig
+    known |= {f.name for f in dataclasses.fields(LoaderConfig)} | {f.name for f in dataclasses.fields(DecodeConfig)}
+    if key in known or key == "data":
+        return
+    bad = {**data, section: {**data[section], key: 1}} if section else {**data, key: 1}
+    with pytest.raises(ConfigError, match=rf"^{(section + '.') if section else ''}{key}: unknown key"):
+        load_config(bad, environ={})
+
+
+def test_secrets_mapping_compares_and_hides():
+    s = Secrets({"a": 1})
+    assert s == {"a": 1} and "1" not in repr(s) and len(s) == 1

@@ -1,0 +1,157 @@
+"""GpuDataModule under a real Lightning Trainer on the CPU: fit, exact mid-epoch resume from
+Lightning's own checkpoints, validation that leaves the training stream alone, 2-process DDP."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from gpupipe.errors import ConfigError  # noqa: E402
+from gpupipe.lightning import GpuDataModule  # noqa: E402
+from lightning_util import Interrupted, LedgerModel, pipeline, write_split  # noqa: E402
+
+N_TRAIN, N_VAL = 40, 12  # batch 4: 10 training steps per epoch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lit")
+    return (write_split(str(root / "train"), N_TRAIN, shard_size=12),
+            write_split(str(root / "val"), N_VAL, shard_size=5, first_id=1000))
+
+
+def trainer(tmp_path, **kw) -> "pl.Trainer":
+    kw.setdefault("max_epochs", 2)
+    kw.setdefault("logger", False)
+    kw.setdefault("enable_checkpointing", False)
+    return pl.Trainer(accelerator="cpu", devices=1, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, **kw)
+
+
+def test_fit_delivers_every_sample_once_per_epoch_and_validates(data, tmp_path):
+    model, dm = LedgerModel(), GpuDataModule(pipeline(*data))
+    trainer(tmp_path).fit(model, datamodule=dm)
+    for epoch in (0, 1):
+        ids = [i for e, step in model.ledger if e == epoch for i in step]
+        assert sorted(ids) == list(range(N_TRAIN)), f"epoch {epoch}"
+    assert [e for e, _ in model.ledger].count(0) == N_TRAIN // 4
+    assert Counter(model.val_ids) == Counter({i: 2 for i in range(N_VAL)})  # all val samples, both epochs
+    epochs = [[i for e, s in model.ledger if e == k for i in s] for k in (0, 1)]
+    assert epochs[0] != epochs[1], "epochs must be reshuffled"
+
+
+def _ledger(data, tmp_path, **kw) -> list:
+    model = LedgerModel()
+    trainer(tmp_path, **kw).fit(model, datamodule=GpuDataModule(pipeline(*data)))
+    return model.ledger
+
+
+def test_validation_interleaved_does_not_move_the_training_stream(data, tmp_path):
+    with_val = _ledger(data, tmp_path / "a", val_check_interval=3)
+    without = _ledger(data, tmp_path / "b", limit_val_batches=0)
+    assert with_val == without
+
+
+@pytest.mark.parametrize("checkpoint_step", [3, 14])  # inside epoch 0, inside epoch 1
+def test_resume_from_a_mid_epoch_lightning_checkpoint_delivers_exactly_the_rest(data, tmp_path, checkpoint_step):
+    reference = _ledger(data, tmp_path / "ref")
+    ckpt_dir = tmp_path / "ckpt"
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), every_n_train_steps=checkpoint_step,
+                                         save_top_k=-1, filename="{step}")
+    first = LedgerModel(stop_at_step=checkpoint_step + 2)
+    with pytest.raises(Interrupted):
+        trainer(tmp_path, callbacks=[saver], enable_checkpointing=True).fit(first, datamodule=GpuDataModule(pipeline(*data)))
+    ckpt = ckpt_dir / f"step={checkpoint_step}.ckpt"
+    assert ckpt.exists(), sorted(os.listdir(ckpt_dir))
+    resumed = LedgerModel()
+    trainer(tmp_path).fit(resumed, datamodule=GpuDataModule(pipeline(*data)), ckpt_path=str(ckpt))
+    assert first.ledger[:checkpoint_step] + resumed.ledger == reference
+
+
+def test_checkpoint_and_hparams_never_hold_the_secret(data, tmp_path):
+    secret = "SENTINEL-7f3a9c-SECRET"
+    cfg = pipeline(*data)
+    cfg["source"]["storage_options"] = {"key": "${GPUPIPE_TEST_SECRET}", "anon": False}
+    os.environ["GPUPIPE_TEST_SECRET"] = secret
+    try:
+        dm = GpuDataModule(cfg)
+        assert dm.config.source.storage_options["key"] == secret  # it is used ...
+        logger = pl.loggers.CSVLogger(str(tmp_path), name="run")
+        saver = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"))
+        pl.Trainer(accelerator="cpu", max_epochs=1, logger=logger, callbacks=[saver], enable_progress_bar=False,
+                   limit_val_batches=0).fit(LedgerModel(), datamodule=dm)
+    finally:
+        del os.environ["GPUPIPE_TEST_SECRET"]
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".ckpt", ".yaml", ".csv")]
+    assert any(p.name == "hparams.yaml" for p in written) and any(p.suffix == ".ckpt" for p in written)
+    for path in written:  # ... and it is nowhere on disk
+        assert secret.encode() not in path.read_bytes(), path
+    assert secret not in repr(dm.config) and secret not in str(dm.hparams)
+
+
+def test_augment_after_transfer_gives_the_same_batches_as_in_the_loader(data, tmp_path):
+    in_loader = _ledger(data, tmp_path / "a")
+    model = LedgerModel()
+    trainer(tmp_path / "b").fit(model, datamodule=GpuDataModule(pipeline(*data, augment_in="on_after_batch_transfer")))
+    assert model.ledger == in_loader
+
+
+def test_datamodule_errors_name_the_config_key(data):
+    with pytest.raises(ConfigError, match="source.test: not set"):
+        GpuDataModule(pipeline(*data)).test_dataloader()
+    with pytest.raises(ConfigError, match="loader.batch_size: must be >= 1"):
+        GpuDataModule(pipeline(*data, batch_size=0))
+    with pytest.raises(ConfigError, match="not both"):
+        GpuDataModule("x.yaml", loader={"batch_size": 2})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_ddp_gloo_equal_steps_exactly_once(tmp_path):
+    """2 ranks (Lightning's ddp launcher re-runs the script for rank 1), uneven shards with one
+    empty: equal step counts, and each epoch's samples split exactly once between ranks."""
+    script = Path(__file__).with_name("lightning_ddp_script.py")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ledgers = [json.loads((tmp_path / f"ledger-{r}.json").read_text()) for r in (0, 1)]
+    expected = json.loads((tmp_path / "expected.json").read_text())
+    assert len(ledgers[0]) == len(ledgers[1]) == 2 * expected["steps"]
+    for epoch in (0, 1):
+        ids = [i for ledger in ledgers for e, step in ledger if e == epoch for i in step]
+        assert len(ids) == len(set(ids)) == expected["per_epoch"], f"epoch {epoch}"
+        assert set(ids) <= set(range(expected["total"]))
+    assert torch.distributed.is_available()
+
+
+def test_deferred_delivery_counts_only_committed_batches(data):
+    """Lightning may fetch a batch before the step that uses it: the resume state must count
+    only batches committed in on_after_batch_transfer, whatever was fetched ahead."""
+    from gpupipe.config import load_config
+
+    loader = load_config(pipeline(*data)).make_loader("train", device="cpu", rank=0, world_size=1)
+    loader.defer_delivery()
+    it = iter(loader)
+    next(it), next(it), next(it)  # three fetched ...
+    loader.commit_delivered()  # ... one used
+    assert loader.state_dict()["progress"]["partial"] == {"0": 1}
+    rest = list(it)
+    for _ in range(len(rest) + 2):
+        loader.commit_delivered()
+    assert loader.state_dict()["complete"] is True
