@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml .ci/install-torch.sh
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gpupipe demo --root demo-data
+	$(VENV)/bin/gpupipe demo --root demo-data --config configs/quickstart.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -9,6 +9,7 @@ Usage::
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
                  [--image-size PX] [--decode BACKEND] [--augment simple|complex|none]
+    gpupipe fit --config FILE [LightningCLI options ...]   (gpupipe/fit.py)
     gpupipe bench SOURCE [--batch-size N] [--image-size PX] [--decode BACKEND] [--device DEV]
                          [--workers N] [--epochs N] [--json] [--storage-option KEY=VALUE ...]
 
@@ -32,6 +33,7 @@ from gpupipe.errors import GpupipeError
 __all__ = ["COMMANDS", "main"]
 
 EXIT_ERROR = 2
+PASS_THROUGH = frozenset({"fit"})  # commands whose unknown options belong to another parser
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
@@ -161,6 +163,9 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="decode backend")
     p.add_argument("--augment", default="simple", choices=["simple", "complex", "none"],
                    help="transform set applied after decode (the docs' simple or complex set)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="run this pipeline config's training loader (e.g. configs/quickstart.yaml) instead of "
+                        "--batch-size/--image-size/--decode/--augment")
 
 
 def _demo_run(args: argparse.Namespace) -> int:
@@ -168,13 +173,24 @@ def _demo_run(args: argparse.Namespace) -> int:
 
     if args.epochs < 2:
         raise GpupipeError("--epochs must be >= 2 (the first epoch is a warm-up)")
+    config = None
+    if args.config is not None:
+        from gpupipe.config import load_config
+
+        config = load_config(args.config)
     r = run_demo(args.root, images=args.images, size=args.size, batch_size=args.batch_size,
                  image_size=args.image_size, epochs=args.epochs, num_workers=args.workers, decode=args.decode,
-                 augment=None if args.augment == "none" else args.augment)
+                 augment=None if args.augment == "none" else args.augment, config=config)
     print(f"gpupipe demo: {r.images} JPEGs ({args.size}x{args.size}) in {r.shards} shards under {args.root}/shards")
-    augment = "" if args.augment == "none" else f" -> augment ({args.augment} set, float32)"
+    if config is not None:
+        h, w = config.decode.image_size or ("?", "?")
+        steps = ", ".join(s.name for s in config.augment) or "none"
+        size, augment = f"{h}x{w}", f" -> augment ({steps})"
+    else:
+        size = f"{args.image_size}x{args.image_size}"
+        augment = "" if args.augment == "none" else f" -> augment ({args.augment} set, float32)"
     print(f"pipeline: stream ({r.num_workers} worker(s)) -> decode ({r.backend} on {r.device}, "
-          f"{args.image_size}x{args.image_size}){augment}, batches of {r.batch_size}")
+          f"{size}){augment}, batches of {r.batch_size}")
     _print_stages(r.stages, r.seconds)
     return 0
 
@@ -228,6 +244,21 @@ _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "demo": ("generate sample images, ingest, stream and decode them, printing throughput", _demo_arguments, _demo_run),
     "bench": ("time the loader on a dataset: images/s and seconds per stage", _bench_arguments, _bench_run),
 }
+
+
+def _lazy(module: str, attr: str) -> Callable:
+    """A command implemented in its own module, imported when the command runs."""
+    def call(arg):
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(arg)
+    return call
+
+
+_COMMANDS.update({
+    "fit": ("train with Lightning from a config (LightningCLI; models from an allowlist)",
+            _lazy("gpupipe.fit", "add_arguments"), _lazy("gpupipe.fit", "run")),
+})
 COMMANDS = MappingProxyType(_COMMANDS)
 
 
@@ -244,7 +275,11 @@ def _parser() -> _Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     try:
-        args = _parser().parse_args(argv)
+        parser = _parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command not in PASS_THROUGH:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = extra  # the options `fit` hands to LightningCLI
     except _UsageError as exc:
         return _fail(str(exc))
     except SystemExit as exc:  # --help

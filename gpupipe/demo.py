@@ -33,33 +33,48 @@ class DemoResult:
 
 
 def prepare(root: str, *, images: int, size: int, shard_size: int, seed: int = 0) -> str:
-    """Sample images and their shards under ``root`` (kept between runs); returns the shard folder."""
+    """Sample images and their shards under ``root`` (kept between runs): ``shards/`` for
+    training and ``val-shards/`` (a tenth as many) for validation. Returns the training shards."""
     from gpupipe.ingest import ingest
     from gpupipe.synth import write_image_folder
 
-    folder, shards = os.path.join(root, "images"), os.path.join(root, "shards")
-    if not os.path.exists(os.path.join(shards, MANIFEST_NAME)):
-        if not os.path.isdir(folder):
-            write_image_folder(folder, num_images=images, size=(size, size), seed=seed)
-        ingest(folder, shards, shard_size=shard_size, seed=seed, progress=True)
-    return shards
+    splits = (("images", "shards", images, seed), ("val-images", "val-shards", max(1, images // 10), seed + 1))
+    for images_dir, shards_dir, count, split_seed in splits:
+        folder, shards = os.path.join(root, images_dir), os.path.join(root, shards_dir)
+        if not os.path.exists(os.path.join(shards, MANIFEST_NAME)):
+            if not os.path.isdir(folder):
+                write_image_folder(folder, num_images=count, size=(size, size), seed=split_seed)
+            ingest(folder, shards, shard_size=shard_size, seed=split_seed, progress=True)
+    return os.path.join(root, "shards")
 
 
 def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, shard_size: int = 250,
              batch_size: int = 128, image_size: int = 128, epochs: int = 3, num_workers: int | None = None,
-             decode: str = "auto", augment: str | None = "simple") -> DemoResult:
-    """Run ``epochs`` epochs; the first warms up (worker start, DALI pipeline build) and is not timed."""
+             decode: str = "auto", augment: str | None = "simple", config=None) -> DemoResult:
+    """Run ``epochs`` epochs; the first warms up (worker start, DALI pipeline build) and is not timed.
+    With ``config`` (a :class:`~gpupipe.config.PipelineConfig`) its training loader is used and
+    the batch/decode/augment arguments are ignored."""
+    shards = prepare(root, images=images, size=size, shard_size=shard_size)
+    if config is not None:
+        loader = config.make_loader("train", rank=0, world_size=1, num_workers=num_workers)
+    else:
+        loader = _loader(shards, batch_size=batch_size, image_size=image_size, num_workers=num_workers,
+                         decode=decode, augment=augment)
+    seconds = loader.time_epochs(epochs - 1)
+    return DemoResult(images=loader.encoded.spec.num_samples, shards=len(loader.encoded.source.shard_urls),
+                      batch_size=loader.encoded.spec.batch_size, num_workers=loader.encoded.num_workers,
+                      backend=loader.decoder.name, device=str(loader.device), epochs=epochs - 1, seconds=seconds,
+                      stages=loader.stats.as_dict())
+
+
+def _loader(shards: str, *, batch_size: int, image_size: int, num_workers: int | None, decode: str,
+            augment: str | None):
     from gpupipe.loader import GpuLoader
 
-    shards = prepare(root, images=images, size=size, shard_size=shard_size)
     pipeline = None
     if augment is not None:
         import gpupipe.transforms as T
 
         pipeline = {"simple": T.simple_set, "complex": T.complex_set}[augment]()
-    loader = GpuLoader(shards + "/", batch_size=batch_size, image_size=image_size, decode=decode,
-                       num_workers=num_workers, rank=0, world_size=1, on_error="skip", augment=pipeline)
-    seconds = loader.time_epochs(epochs - 1)
-    return DemoResult(images=loader.encoded.spec.num_samples, shards=len(loader.encoded.source.shard_urls),
-                      batch_size=batch_size, num_workers=loader.encoded.num_workers, backend=loader.decoder.name,
-                      device=str(loader.device), epochs=epochs - 1, seconds=seconds, stages=loader.stats.as_dict())
+    return GpuLoader(shards + "/", batch_size=batch_size, image_size=image_size, decode=decode,
+                     num_workers=num_workers, rank=0, world_size=1, on_error="skip", augment=pipeline)
