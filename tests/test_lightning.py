@@ -155,3 +155,45 @@ def test_deferred_delivery_counts_only_committed_batches(data):
     for _ in range(len(rest) + 2):
         loader.commit_delivered()
     assert loader.state_dict()["complete"] is True
+
+
+def _read_ledger(path: Path) -> list:
+    lines = path.read_text().splitlines() if path.exists() else []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # the line being written when the process was killed
+            break
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_from_the_last_checkpoint_matches_an_uninterrupted_run(data, tmp_path):
+    """A real SIGKILL somewhere after step 12 of 20 (inside epoch 1; the in-process test above
+    covers epoch 0), then a fresh process resumes from the last checkpoint on disk."""
+    import signal
+    import time
+
+    kill_after = 13
+    script = str(Path(__file__).with_name("lightning_kill_script.py"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    train = data[0]
+    reference = tmp_path / "reference.jsonl"
+    subprocess.run([sys.executable, script, train, str(tmp_path / "ref"), str(reference)], env=env, check=True,
+                   capture_output=True, timeout=240)
+    killed = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen([sys.executable, script, train, str(tmp_path / "ck"), str(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while len(_read_ledger(killed)) < kill_after and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    before = _read_ledger(killed)
+    step = before[-1][0]  # its checkpoint was written before its ledger line
+    assert kill_after <= step < 20
+    resumed = tmp_path / "resumed.jsonl"
+    subprocess.run([sys.executable, script, train, str(tmp_path / "ck2"), str(resumed),
+                    str(tmp_path / "ck" / f"step={step}.ckpt")], env=env, check=True, capture_output=True, timeout=240)
+    assert before + _read_ledger(resumed) == _read_ledger(reference)
