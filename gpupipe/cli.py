@@ -10,6 +10,10 @@ Usage::
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
                  [--image-size PX] [--decode BACKEND] [--augment simple|complex|none]
     gpupipe fit --config FILE [LightningCLI options ...]   (gpupipe/fit.py)
+    gpupipe validate (URL | --config FILE [--split S]) [--decode BACKEND] [--quarantine FILE]
+                     [--max-pixels N] [--storage-option KEY=VALUE ...]   (gpupipe/validate.py; exit 1: bad samples)
+    gpupipe preview --config FILE [--split S] [--n N] [--out PNG] [--epoch N] [--seed-offset N]
+                    [--compare]   (gpupipe/preview.py)
     gpupipe bench SOURCE [--batch-size N] [--image-size PX] [--decode BACKEND] [--device DEV]
                          [--workers N] [--epochs N] [--json] [--storage-option KEY=VALUE ...]
 
@@ -258,6 +262,12 @@ def _lazy(module: str, attr: str) -> Callable:
 _COMMANDS.update({
     "fit": ("train with Lightning from a config (LightningCLI; models from an allowlist)",
             _lazy("gpupipe.fit", "add_arguments"), _lazy("gpupipe.fit", "run")),
+})
+_COMMANDS.update({
+    "validate": ("read and decode every image; list the bad ones (exit 1 if any)",
+                 _lazy("gpupipe.validate", "add_arguments"), _lazy("gpupipe.validate", "run")),
+    "preview": ("write a PNG grid of a config's augmented samples",
+                _lazy("gpupipe.preview", "add_arguments"), _lazy("gpupipe.preview", "run")),
 })
 COMMANDS = MappingProxyType(_COMMANDS)
 

@@ -1,0 +1,188 @@
+"""``gpupipe preview``: look at what a config feeds the model, as a PNG grid.
+
+The first ``--n`` samples of a split (in stored order: shuffling is off, so the same
+samples come up for every ``--epoch`` and ``--seed-offset``) go through the config's whole
+pipeline: its decode (size, crop mode, backend) and its augmentation for that split, keyed
+by (seed + seed offset, epoch, sample id) exactly as in training. Normalize is undone for
+display with the mean/std of the config's last ``Normalize`` step; float images are taken to
+be in [0, 1] after a scaling ``ToDtype``/``ToTensor`` step and in [0, 255] otherwise.
+Each tile is captioned with the label and key; ``--compare`` puts the decoded image
+without augmentation left of the augmented one. Tiles are enlarged (nearest neighbour) to at
+least ``MIN_TILE`` pixels so small training sizes stay visible.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+__all__ = ["Layout", "layout", "preview", "add_arguments", "run", "MIN_TILE"]
+
+MIN_TILE = 96  # smallest displayed side of one image, in pixels
+_PAD = 4  # pixels between tiles and around the grid
+_CAPTION = 14  # pixels of caption text under each tile
+_BACKGROUND = (24, 24, 24)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where tiles go: ``cols`` x ``rows`` tiles of ``tile`` (w, h) pixels (caption excluded)."""
+
+    cols: int
+    rows: int
+    tile: tuple[int, int]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the whole PNG."""
+        w, h = self.tile
+        return self.cols * (w + _PAD) + _PAD, self.rows * (h + _CAPTION + _PAD) + _PAD
+
+
+def layout(n: int, image_hw: tuple[int, int], *, compare: bool = False) -> Layout:
+    """The grid for ``n`` images of ``image_hw`` (h, w): about square, each image enlarged by
+    an integer factor to at least :data:`MIN_TILE` on its longer side."""
+    h, w = image_hw
+    factor = max(1, math.ceil(MIN_TILE / max(h, w)))
+    cols = max(1, math.ceil(math.sqrt(n)))
+    rows = max(1, math.ceil(n / cols))
+    return Layout(cols, rows, (w * factor * (2 if compare else 1), h * factor))
+
+
+# ------------------------------------------------------------------------------------ pipeline
+
+def _preview_config(config, n: int, seed_offset: int):
+    """The config with shuffling off, one batch of ``n`` and the seed moved by ``seed_offset``."""
+    stream = replace(config.stream, shuffle=False, drop_last=False)
+    loader = replace(config.loader, batch_size=n, eval_batch_size=n)
+    return replace(config, stream=stream, loader=loader, seed=config.seed + seed_offset)
+
+
+def _first_batch(config, split: str, epoch: int, device):
+    """The first decoded (not augmented) batch of ``split`` at ``epoch``."""
+    loader = config.make_loader(split, device=device, rank=0, world_size=1, num_workers=0, augment=False)
+    loader.set_epoch(epoch)
+    batches = iter(loader)
+    try:
+        batch = next(batches, None)
+    finally:
+        batches.close()  # stops the decode thread now
+    if batch is None:
+        raise _empty(split)
+    return batch
+
+
+def _empty(split: str):
+    from gpupipe.errors import GpupipeError
+
+    return GpupipeError(f"the {split} split has no samples to preview")
+
+
+def _display_params(specs: Sequence) -> tuple[list | None, list | None, float]:
+    """(mean, std) of the last Normalize step (or None) and the value range of float images."""
+    mean = std = None
+    value_range = 255.0
+    for spec in specs:
+        if spec.name == "Normalize":
+            mean, std = list(spec.args["mean"]), list(spec.args["std"])
+        elif spec.name in ("ToDtype", "ToTensor") and spec.args.get("scale", True):
+            value_range = 1.0
+    return mean, std, value_range
+
+
+def to_display(images, specs: Sequence = ()):
+    """(B, C, H, W) uint8 or float → (B, H, W, 3) uint8 numpy for viewing: Normalize undone,
+    scaled to 0..255, one channel repeated, channels after the third dropped."""
+    import torch
+
+    x = images.detach().to("cpu", torch.float32)
+    if images.is_floating_point():
+        mean, std, value_range = _display_params(specs)
+        if mean is not None:
+            x = x * torch.tensor(std).view(-1, 1, 1) + torch.tensor(mean).view(-1, 1, 1)
+        x = x * (255.0 / value_range)
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    return x[:, :3].clamp(0, 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def preview(config, *, split: str = "train", n: int = 16, epoch: int = 0, seed_offset: int = 0,
+            compare: bool = False, device=None):
+    """A Pillow image: the grid of the first ``n`` samples of ``split`` (see the module doc)."""
+    from gpupipe.augment.base import AugKey
+    from gpupipe.errors import ConfigError
+
+    if n < 1:
+        raise ConfigError(f"--n: must be >= 1, got {n}")
+    cfg = _preview_config(config, n, seed_offset)
+    batch = _first_batch(cfg, split, epoch, device)
+    pipeline = cfg.transforms(split)
+    if pipeline is not None and batch.images.device.type == "cuda":
+        pipeline = pipeline.to(batch.images.device)
+    augmented = pipeline(batch.images, AugKey.for_batch(batch, cfg.seed)) if pipeline is not None else batch.images
+    keep = batch.valid.cpu().nonzero().flatten().tolist()
+    if not keep:
+        raise _empty(split)
+    shown = to_display(augmented, cfg.augment_for(split))[keep]
+    before = to_display(batch.images)[keep] if compare else None
+    labels = batch.labels.cpu()
+    captions = [f"{_label(labels[i])} {batch.keys[i]}" for i in keep]
+    return _grid(shown, captions, before)
+
+
+def _label(label) -> str:
+    return str(int(label)) if label.ndim == 0 else str(int(label.argmax()))  # mixed labels: the strongest
+
+
+def _grid(images, captions: Sequence[str], before=None):
+    """Tiles of ``images`` (B, H, W, 3) uint8 with captions; ``before`` (B, h, w, 3) left of each."""
+    from PIL import Image, ImageDraw
+
+    n, h, w, _ = images.shape
+    grid = layout(n, (h, w), compare=before is not None)
+    tile_w, tile_h = grid.tile
+    canvas = Image.new("RGB", grid.size, _BACKGROUND)
+    draw = ImageDraw.Draw(canvas)
+    half = tile_w // 2 if before is not None else tile_w
+    for i in range(n):
+        x = _PAD + (i % grid.cols) * (tile_w + _PAD)
+        y = _PAD + (i // grid.cols) * (tile_h + _CAPTION + _PAD)
+        canvas.paste(Image.fromarray(images[i]).resize((half, tile_h), Image.NEAREST), (x + tile_w - half, y))
+        if before is not None:
+            canvas.paste(Image.fromarray(before[i]).resize((half, tile_h), Image.BILINEAR), (x, y))
+        draw.text((x + 1, y + tile_h + 1), _fit(draw, captions[i], tile_w), fill=(235, 235, 235))
+    return canvas
+
+
+def _fit(draw, text: str, width: int) -> str:
+    """``text`` shortened (with an ellipsis) to fit ``width`` pixels."""
+    while len(text) > 1 and draw.textlength(text) > width - 2:
+        text = text[:-2] + "…"
+    return text
+
+
+# ------------------------------------------------------------------------------------ command
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (YAML)")
+    p.add_argument("--split", default="train", help="split to preview (default train)")
+    p.add_argument("--n", type=int, default=16, metavar="N", help="samples to show (default 16)")
+    p.add_argument("--out", default="preview.png", metavar="PNG", help="where to write the grid (default preview.png)")
+    p.add_argument("--epoch", type=int, default=0, metavar="N", help="epoch whose augmentation to show (default 0)")
+    p.add_argument("--seed-offset", type=int, default=0, metavar="N",
+                   help="add N to the config's seed: other random draws, same samples (default 0)")
+    p.add_argument("--compare", action="store_true", help="show each decoded image before augmentation beside it")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: the config's loader.device, else auto)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpupipe.config import load_config
+
+    config = load_config(args.config)
+    image = preview(config, split=args.split, n=args.n, epoch=args.epoch, seed_offset=args.seed_offset,
+                    compare=args.compare, device=args.device)
+    image.save(args.out, format="PNG")
+    print(f"gpupipe preview: wrote {args.out} ({image.width}x{image.height}, first {args.n} samples of "
+          f"{args.split}, epoch {args.epoch}, seed {config.seed + args.seed_offset})")
+    return 0

@@ -1,0 +1,337 @@
+"""``gpupipe validate``: pre-flight a dataset before a long training run.
+
+Reads every sample of every shard (a folder, pattern or list of shards, or a config's
+split), runs the same pre-decode header checks the loader runs (magic bytes, declared size,
+``max_pixels``, a complete file), then really decodes each image with the backend training
+would use (``--decode auto|dali|pil``), and collects everything that failed: unreadable
+tar data, samples without an image or with a non-integer label, checksum mismatches
+against ``index.json``, bad headers and undecodable images.
+
+Exit codes: ``0`` every sample is good; ``1`` something was quarantined (the summary says
+what, by kind); ``2`` bad input (a missing path, a bad config), one line on stderr.
+
+The quarantine list (``--quarantine FILE``) has one line per bad sample: JSON lines
+(``{"shard", "key", "offset", "kind", "reason"}``) when FILE ends in ``.jsonl`` or
+``.json``, else tab-separated ``shard<TAB>key<TAB>offset<TAB>kind<TAB>reason`` after one
+``#`` header line. ``offset`` is the byte offset of the sample's first tar header in the
+shard; a problem that ends a shard (damaged tar data) has an empty ``key``. How to use it:
+
+* training survives these samples with ``decode.on_error: skip`` (each is replaced, counted
+  and its key logged); the list tells you up front which they are and why;
+* :func:`read_quarantine` gives the ``(shard, key)`` pairs, e.g. to drop them while
+  rewriting shards with :class:`gpupipe.formats.writer.ShardSink` and ``gpupipe index``,
+  or to fix the source images and run ``gpupipe ingest`` again.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from gpupipe.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError
+
+__all__ = ["Problem", "Report", "validate", "write_quarantine", "read_quarantine", "add_arguments", "run"]
+
+log = logging.getLogger(__name__)
+
+EXIT_CLEAN, EXIT_QUARANTINED = 0, 1
+_DECODE_SIZE = (8, 8)  # the decode check resizes to this: every image is decoded in full, the batch stays dense
+# (substring of a header-check message, kind) — the first match names the kind
+_HEADER_KINDS = (("truncated", "truncated"), ("exceeds max_pixels", "too many pixels"), ("empty data", "empty"),
+                 ("not an image", "not an image"), ("unsupported image format", "unsupported format"),
+                 ("absurd", "bad size"), ("has no pixels", "bad size"))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One quarantined sample (or the unreadable rest of a shard, with ``key=""``)."""
+
+    shard: str
+    key: str
+    offset: int
+    kind: str
+    reason: str
+
+    def to_json(self) -> str:
+        return json.dumps({"shard": self.shard, "key": self.key, "offset": self.offset, "kind": self.kind,
+                           "reason": self.reason})
+
+
+@dataclass
+class Report:
+    """What :func:`validate` found: samples checked, shards read and the problems."""
+
+    checked: int = 0
+    shards: int = 0
+    backend: str = ""
+    problems: list[Problem] = field(default_factory=list)
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(collections.Counter(p.kind for p in self.problems).most_common())
+
+
+@dataclass(frozen=True)
+class _Good:
+    """A sample that passed the checks so far, with its encoded image."""
+
+    shard: str
+    key: str
+    offset: int
+    image: bytes
+
+
+# ------------------------------------------------------------------------------------ stages
+
+def _read_shards(fetcher, resolved) -> Iterator[_Good | Problem]:
+    """Every sample of every shard, whole-shard reads; tar damage ends its shard as a Problem,
+    a sample failing its manifest checksum is a Problem."""
+    from gpupipe.formats.tar import group_by_key, iter_members
+    from gpupipe.types import ByteRange
+
+    urls = resolved.shard_urls
+    entries = resolved.manifest.shards if resolved.manifest is not None else [None] * len(urls)
+    fetched = fetcher.read_many((ByteRange(u), "") for u in urls)
+    for url, entry in zip(urls, entries):
+        blocks, offset = next(fetched), 0
+        try:
+            if isinstance(blocks, GpupipeError):
+                raise blocks
+            for i, sample in enumerate(group_by_key(iter_members(blocks, shard=url), shard=url)):
+                offset = sample.offset
+                yield _sample_verdict(sample, url, entry, i)
+        except GpupipeError as exc:
+            yield Problem(url, "", getattr(exc, "offset", None) or offset, "unreadable shard",
+                          getattr(exc, "reason", str(exc)))
+
+
+def _sample_verdict(sample, url: str, entry, index: int) -> _Good | Problem:
+    from gpupipe.batch import image_field, label_of
+    from gpupipe.formats.tar import sample_crc32
+
+    def problem(kind: str, reason: str) -> Problem:
+        return Problem(url, sample.key, sample.offset, kind, reason)
+
+    if entry is not None and entry.crc32 is not None and index < entry.num_samples \
+            and sample_crc32(sample.key, sample.fields) != int(entry.crc32[index]):
+        return problem("checksum", "fails its index.json checksum (damaged, or the shard changed: rerun "
+                                   "`gpupipe index`)")
+    image = image_field(sample)
+    if not image:
+        return problem("no image", f"no image member (has {sorted(sample.fields)})")
+    try:
+        label_of(sample)
+    except ShardFormatError as exc:
+        return problem("bad label", exc.reason)
+    return _Good(url, sample.key, sample.offset, bytes(image))
+
+
+def _check_headers(items: Iterable[_Good | Problem], max_pixels: int | None) -> Iterator[_Good | Problem]:
+    """The loader's pre-decode checks on each image: magic bytes, declared size, complete file."""
+    from gpupipe.formats.imageheader import check_complete, probe
+
+    for item in items:
+        if isinstance(item, _Good):
+            try:
+                check_complete(item.image, probe(item.image, max_pixels=max_pixels))
+            except DecodeError as exc:
+                reason = str(exc)
+                kind = next((k for needle, k in _HEADER_KINDS if needle in reason), "bad header")
+                item = Problem(item.shard, item.key, item.offset, kind, reason)
+        yield item
+
+
+def _decode_all(items: Iterable[_Good | Problem], decoder, batch_size: int) -> Iterator[_Good | Problem]:
+    """Decode the images that passed so far, a batch at a time; a batch that fails is decoded
+    again image by image to name each bad one."""
+    pending: list[_Good] = []
+    for item in items:
+        if isinstance(item, Problem):
+            yield item
+            continue
+        pending.append(item)
+        if len(pending) == batch_size:
+            yield from _decode_batch(pending, decoder)
+            pending = []
+    yield from _decode_batch(pending, decoder)
+
+
+def _decode_batch(goods: Sequence[_Good], decoder) -> Iterator[_Good | Problem]:
+    if not goods:
+        return
+    try:
+        decoder.decode(_pack(goods))
+        yield from goods
+        return
+    except DecodeError:
+        pass
+    for good in goods:
+        try:
+            decoder.decode(_pack([good]))
+            yield good
+        except DecodeError as exc:
+            yield Problem(good.shard, good.key, good.offset, "decode failed", _decode_reason(exc, good, decoder))
+
+
+def _decode_reason(exc: DecodeError, good: _Good, decoder) -> str:
+    """The decoder's message, without the key it repeats; DALI's first line says little, so
+    Pillow's opinion of the same bytes is added."""
+    reason = str(exc)
+    if reason.startswith("cannot decode sample"):
+        reason = reason.split(": ", 1)[-1]
+    if decoder.name == "pil":
+        return f"pil: {reason}"
+    from gpupipe.decode.pil import decode_one
+
+    try:
+        decode_one(good.image, None, None)
+        return f"{decoder.name}: {reason} (Pillow decodes it)"
+    except Exception as pil_exc:  # noqa: BLE001 — untrusted bytes: Pillow raises many kinds
+        return f"{decoder.name}: {reason} (Pillow: {type(pil_exc).__name__}: {pil_exc})"
+
+
+def _pack(goods: Sequence[_Good]):
+    from gpupipe.batch import pack
+    from gpupipe.types import Sample
+
+    samples = [Sample(key=g.key, fields={"jpg": g.image}, shard=g.shard, offset=g.offset, sample_id=i)
+               for i, g in enumerate(goods)]
+    return pack(samples, [True] * len(samples))
+
+
+# ------------------------------------------------------------------------------------ driver
+
+def validate(url: str | Sequence[str], *, storage_options: Mapping | None = None, decode: str = "auto",
+             device=None, max_pixels: int | None = 178_956_970, batch_size: int = 32,
+             progress: bool = False) -> Report:
+    """Check every sample under ``url``; returns a :class:`Report` (nothing is raised for bad
+    samples; a missing source or bad arguments raise ``GpupipeError``/``OSError``)."""
+    from tqdm import tqdm
+
+    from gpupipe.decode import DecodeConfig, make_decoder
+    from gpupipe.sources import Source, resolve
+    from gpupipe.storage import Fetcher
+    from gpupipe.types import ErrorPolicy
+
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
+    resolved = resolve(Source(url, dict(storage_options or {})))
+    decoder = make_decoder(DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE,
+                                        max_pixels=max_pixels), device or "cpu")
+    fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)
+    report = Report(shards=len(resolved.shard_urls), backend=f"{decoder.name} on {decoder.device}")
+    try:
+        items = _decode_all(_check_headers(_read_shards(fetcher, resolved), max_pixels), decoder, batch_size)
+        with tqdm(total=resolved.num_samples, disable=not progress, file=sys.stderr, unit="img",
+                  desc="validate") as bar:
+            for item in items:
+                if isinstance(item, Problem):
+                    report.problems.append(item)
+                if isinstance(item, _Good) or item.key:
+                    report.checked += 1
+                    bar.update()
+    finally:
+        fetcher.close()
+        decoder.close()
+    order = {u: i for i, u in enumerate(resolved.shard_urls)}
+    report.problems.sort(key=lambda p: (order.get(p.shard, -1), p.offset))  # batches decode out of order
+    return report
+
+
+def write_quarantine(path: str, problems: Sequence[Problem]) -> None:
+    """Write the quarantine list (format by suffix: ``.jsonl``/``.json`` JSON lines, else TSV)."""
+    import fsspec
+
+    with fsspec.open(path, "w", encoding="utf-8") as f:
+        if _is_json(path):
+            f.writelines(p.to_json() + "\n" for p in problems)
+            return
+        f.write("# shard\tkey\toffset\tkind\treason\n")
+        for p in problems:
+            f.write("\t".join((p.shard, p.key, str(p.offset), p.kind, " ".join(p.reason.split()))) + "\n")
+
+
+def read_quarantine(path: str) -> list[Problem]:
+    """The problems a quarantine file lists (either format); ``{(p.shard, p.key) for p in ...}``
+    is the set to exclude."""
+    import fsspec
+
+    out: list[Problem] = []
+    with fsspec.open(path, "r", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            try:
+                if _is_json(path):
+                    d = json.loads(line)
+                    out.append(Problem(d["shard"], d["key"], int(d["offset"]), d["kind"], d["reason"]))
+                else:
+                    shard, key, offset, kind, reason = line.rstrip("\n").split("\t", 4)
+                    out.append(Problem(shard, key, int(offset), kind, reason))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{path}, line {n}: not a quarantine entry ({exc})") from None
+    return out
+
+
+def _is_json(path: str) -> bool:
+    return path.lower().endswith((".jsonl", ".json"))
+
+
+# ------------------------------------------------------------------------------------ command
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpupipe.cli import _storage_arguments
+
+    p.add_argument("url", nargs="?", help="shard folder, index.json, pattern or glob (or give --config)")
+    p.add_argument("--config", metavar="FILE", help="validate a split of this pipeline config instead of URL")
+    p.add_argument("--split", default="train", help="the config's split (default train)")
+    p.add_argument("--decode", default=None, choices=["auto", "dali", "nvjpeg", "pil"],
+                   help="decode backend for the check (default: the config's, else auto)")
+    p.add_argument("--device", default=None, help="decode device: cpu (default) or cuda[:N]")
+    p.add_argument("--max-pixels", type=int, default=None, metavar="N",
+                   help="refuse images declaring more pixels (default: the config's, else 178956970)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images decoded at once (default 32)")
+    p.add_argument("--quarantine", metavar="FILE",
+                   help="write the bad samples here (.jsonl: JSON lines; else tab-separated)")
+    p.add_argument("--show", type=int, default=10, metavar="N", help="bad samples to list (default 10)")
+    _storage_arguments(p, what="the shards")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.epilog = "exit status: 0 all good, 1 some samples quarantined, 2 bad input"
+
+
+def _target(args: argparse.Namespace) -> tuple[object, dict, str, int | None]:
+    """(url, storage options, backend, max_pixels) from the command line or the config."""
+    if (args.url is None) == (args.config is None):
+        raise ConfigError("give a dataset URL or --config FILE (one of them)")
+    if args.config is None:
+        max_pixels = args.max_pixels if args.max_pixels is not None else 178_956_970
+        return args.url, dict(args.storage_options), args.decode or "auto", max_pixels
+    from gpupipe.config import load_config
+
+    config = load_config(args.config)
+    url = getattr(config.source, config.checked_split(args.split))
+    options = {**config.source.storage_options, **dict(args.storage_options)}
+    max_pixels = args.max_pixels if args.max_pixels is not None else config.decode.max_pixels
+    return list(url) if isinstance(url, tuple) else url, options, args.decode or config.decode.backend, max_pixels
+
+
+def run(args: argparse.Namespace) -> int:
+    url, options, backend, max_pixels = _target(args)
+    report = validate(url, storage_options=options, decode=backend, device=args.device, max_pixels=max_pixels,
+                      batch_size=args.batch_size, progress=not args.quiet)
+    bad = sum(1 for p in report.problems if p.key)
+    print(f"gpupipe validate: {report.checked} samples in {report.shards} shard(s), decoded with {report.backend}: "
+          f"{report.checked - bad} good, {len(report.problems)} quarantined")
+    for kind, count in report.by_kind().items():
+        print(f"  {kind:<18} {count}")
+    for p in report.problems[:max(0, args.show)]:
+        print(f"  {p.shard}#{p.key or '(rest of shard)'} @{p.offset}: {p.reason}")
+    if len(report.problems) > args.show > 0:
+        print(f"  ... and {len(report.problems) - args.show} more")
+    if args.quarantine:
+        write_quarantine(args.quarantine, report.problems)
+        print(f"quarantine list: {args.quarantine} ({len(report.problems)} entries)")
+    return EXIT_QUARANTINED if report.problems else EXIT_CLEAN
