@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping
@@ -20,8 +21,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from gpupipe.batch import EncodedBatch, pack
-from gpupipe.errors import ConfigError, PlanError
-from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity, rank_chunks, steps_per_rank, worker_chunks
+from gpupipe.errors import ConfigError, PlanError, WorkerError
+from gpupipe.plan import (PlanSpec, Progress, check_resumable, chunk_spans, plan_identity, rank_chunks,
+                          steps_per_rank, worker_chunks)
 from gpupipe.sources import ResolvedSource, Source, resolve
 from gpupipe.storage import FetchConfig, Fetcher
 from gpupipe.stream import SkipLog, iter_chunks, iter_whole_shards
@@ -178,6 +180,54 @@ def _start_workers(loader: DataLoader):
         gc.unfreeze()
 
 
+def _no_async_worker_errors(it) -> None:
+    """Keep torch's SIGCHLD handler from raising about this iterator's workers.
+
+    It raises a dead worker's ``RuntimeError`` from a signal handler, at whatever line
+    the main thread is running (in the training step, or halfway through handling the
+    same death). Without it a death still shows, through the iterator: a reset pipe at
+    once, or torch's liveness check within its 5 s status interval; ``batches()`` turns
+    that into a :class:`WorkerError` naming the worker and its shards.
+    """
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        if getattr(it, "_worker_pids_set", False):
+            signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        pass  # another torch: its handler stays; the error is then torch's own
+
+
+def _dead_workers(it, wait_s: float = 0.0) -> list:
+    """``(worker id, process)`` of the workers of a DataLoader iterator that died,
+    waiting up to ``wait_s`` for one (its pipes close before the kernel reports the exit)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [(i, p) for i, p in enumerate(getattr(it, "_workers", [])) if p.exitcode not in (None, 0)]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.02)
+
+
+def _stop_workers(it) -> None:
+    """Stop and join the worker processes of a DataLoader iterator now, not when it is
+    garbage (a traceback holding the frame would keep them alive)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    try:
+        shutdown()
+    except RuntimeError:  # torch's SIGCHLD handler reporting a dead worker again as the others exit
+        if not _dead_workers(it):
+            raise
+    for proc in getattr(it, "_workers", []):
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=1)
+
+
 class EncodedLoader:
     """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
 
@@ -253,14 +303,49 @@ class EncodedLoader:
         loader = DataLoader(self._dataset(), batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None,
                             persistent_workers=False)
+        chunks = rank_chunks(self.spec, self.world.rank, self._progress) if self.source.manifest else []
+        received: dict[int, int] = {}  # batches received per chunk, this pass
         it = _start_workers(loader)
-        while True:
-            t0 = time.perf_counter()
-            batch = next(it, None)
-            self.stats.wait_s += time.perf_counter() - t0
-            if batch is None:
-                return
-            yield batch
+        _no_async_worker_errors(it)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it, None)
+                except Exception as exc:  # a dead worker shows as a reset pipe, a timeout or torch's RuntimeError
+                    if not _dead_workers(it, wait_s=2.0):
+                        raise
+                    raise self._worker_died(it, chunks, received, exc) from exc
+                self.stats.wait_s += time.perf_counter() - t0
+                if batch is None:
+                    return
+                received[batch.chunk] = received.get(batch.chunk, 0) + 1
+                yield batch
+        finally:
+            _stop_workers(it)
+
+    def _worker_died(self, it, chunks: list, received: dict[int, int], exc: BaseException) -> WorkerError:
+        """A ``WorkerError`` naming the dead worker(s), their pids and the shards of the
+        chunk each was on (the first of its chunks not yet received whole)."""
+        procs = list(getattr(it, "_workers", []))
+        parts = []
+        for wid, proc in _dead_workers(it):
+            how = f"killed by {signal.Signals(-proc.exitcode).name}" if proc.exitcode and proc.exitcode < 0 \
+                else f"exit code {proc.exitcode}"
+            parts.append(f"DataLoader worker {wid} (pid {proc.pid}, {how}) {self._reading(wid, len(procs), chunks, received)}")
+        what = "; ".join(parts) or str(exc)
+        return WorkerError(f"{what}. The epoch cannot go on without it (the usual cause is the out-of-memory "
+                           "killer: lower num_workers or stream.fetch.readahead_bytes), and a rerun or resume "
+                           "from the last state_dict() reads those shards again.")
+
+    def _reading(self, wid: int, workers: int, chunks: list, received: dict[int, int]) -> str:
+        if self.source.manifest is None:
+            return "was streaming every %d-th shard of the epoch's order (no manifest)" % (workers * self.world.world_size)
+        for c in worker_chunks(chunks, wid, workers):
+            if received.get(c.index, 0) < c.num_batches - c.first_batch:
+                shards = sorted({self.source.shard_urls[s.shard] for s in chunk_spans(self.spec, self.epoch, c)})
+                return f"was reading chunk {c.index} from shard(s) {', '.join(shards)}"
+        return "had delivered all its chunks"
 
     def mark_delivered(self, batch: EncodedBatch) -> None:
         """Count ``batch`` as handed to the training loop (the resume state)."""

@@ -14,6 +14,7 @@ __all__ = [
     "StorageError",
     "PlanError",
     "MissingDependencyError",
+    "WorkerError",
 ]
 
 
@@ -65,3 +66,8 @@ class MissingDependencyError(GpupipeError, ImportError):
         )
         self.package = package
         self.extra = extra
+
+
+class WorkerError(GpupipeError, RuntimeError):
+    """A DataLoader worker process died (killed, out of memory, crashed); the message
+    names the worker, its pid and the shards it was reading."""

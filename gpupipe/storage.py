@@ -12,12 +12,13 @@ jitter; a block is only ever returned whole, so bytes are never joined wrongly.
 A 403, a 404 or a missing bucket fails at once with the URL in the message.
 Bytes that arrive whole but wrong (a flipped byte, an object replaced between
 two reads) are caught by the stream's per-sample checksums, which then ask for
-the range again with :meth:`Fetcher.read_fresh` (past the cache), at most
-``FetchConfig.refetch`` times.
+each damaged sample again with :meth:`Fetcher.read_fresh` (past the cache), at
+most ``FetchConfig.refetch`` times, after dropping the damaged blocks from the cache.
 """
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -50,7 +51,7 @@ class FetchConfig:
     request_timeout_s: float = 60.0
     cache_dir: str | None = None
     cache_bytes: int = 10 << 30
-    refetch: int = 3  # new reads of a byte range whose bytes failed their checksums
+    refetch: int = 8  # new reads of a sample whose bytes failed their checksum or tar header
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "readahead_bytes", "block_bytes", "cache_bytes"):
@@ -190,6 +191,16 @@ class Fetcher:
                 delay = self._jitter.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
                 log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
                 time.sleep(delay)
+
+    def forget(self, r: ByteRange, version: str = "") -> None:
+        """Drop the cached blocks of ``r`` (as :meth:`read_many` cut it): their bytes were bad."""
+        if self._cache is None:
+            return
+        for _, _, b, v in self._blocks([(r, version)]):
+            try:
+                os.remove(self._cache._path(BlockCache.key(b.url, b.start, b.stop, v)))
+            except FileNotFoundError:
+                pass
 
     def read_fresh(self, r: ByteRange, version: str = "") -> list[bytes] | StorageError:
         """``r`` again, block by block as :meth:`read_many` cut it, bypassing (and

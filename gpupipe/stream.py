@@ -64,81 +64,86 @@ def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
 
 @dataclass
 class _Span:
-    """One byte range, parsed: its samples up to the first break, the indices whose
-    checksum failed (with the reason), and what ended the parse early (or ``None``)."""
+    """One byte range, parsed: one entry per expected sample (``None`` where unreadable)
+    and, by index, why a sample is missing or failed its checksum."""
 
-    samples: list[Sample]
-    bad: dict[int, str]
-    error: GpupipeError | None
-
-    @property
-    def intact(self) -> bool:
-        return not self.bad and self.error is None
+    samples: list[Sample | None]
+    problems: dict[int, GpupipeError]
 
 
 def _parse_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, expected: int,
                 crcs: np.ndarray | None) -> _Span:
     """Parse a byte range that should hold ``expected`` samples, checking each against
     its manifest checksum when there is one."""
-    samples: list[Sample] = []
-    bad: dict[int, str] = {}
+    samples: list[Sample | None] = []
+    problems: dict[int, GpupipeError] = {}
     try:
         if isinstance(blocks, GpupipeError):
             raise blocks
         for s in group_by_key(iter_members(blocks, shard=url, base_offset=start_byte), shard=url):
             if len(samples) == expected:
-                raise ShardFormatError(f"byte range holds more than the {expected} samples the manifest says "
-                                       "(stale index.json? rerun `gpupipe index`)", shard=url, offset=s.offset)
+                problems[expected - 1] = ShardFormatError(
+                    f"byte range holds more than the {expected} samples the manifest says "
+                    "(stale index.json? rerun `gpupipe index`)", shard=url, offset=s.offset)
+                break
             if crcs is not None and sample_crc32(s.key, s.fields) != int(crcs[len(samples)]):
-                bad[len(samples)] = (f"sample {s.key!r} fails its checksum (damaged in transit and again on "
-                                     "every new read, or the shard changed after index.json was written: "
-                                     "rerun `gpupipe index`)")
+                problems[len(samples)] = ShardFormatError(
+                    f"sample {s.key!r} fails its checksum (damaged in transit on every read, or the shard "
+                    "changed after index.json was written: rerun `gpupipe index`)", shard=url, offset=s.offset)
             samples.append(s)
         if len(samples) < expected:
             raise ShardFormatError(f"byte range holds {len(samples)} samples, the manifest says {expected} "
                                    "(stale index.json? rerun `gpupipe index`)", shard=url, offset=start_byte)
     except GpupipeError as exc:
-        return _Span(samples, bad, exc)
-    return _Span(samples, bad, None)
+        problems.update((i, exc) for i in range(len(samples), expected))
+    return _Span(samples + [None] * (expected - len(samples)), problems)
 
 
-def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRange, version: str, expected: int,
-               crcs: np.ndarray | None) -> _Span:
-    """Parse and check a fetched byte range; when its bytes are damaged (a checksum or
-    tar header fails), read it again, up to ``refetch`` times."""
-    span = _parse_span(blocks, r.url, r.start, expected, crcs)
-    for attempt in range(fetcher.config.refetch):
-        if span.intact or isinstance(span.error, StorageError):
+def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRange, version: str,
+               offsets: np.ndarray, crcs: np.ndarray | None) -> _Span:
+    """Parse and check a fetched byte range (``offsets``: its samples' starts and end).
+
+    Samples whose bytes arrived damaged (a checksum or a tar header fails) are read
+    again one by one, each up to ``refetch`` times; when one stays damaged the object
+    itself changed, and the rest of the span is not read again.
+    """
+    span = _parse_span(blocks, r.url, r.start, len(offsets) - 1, crcs)
+    damaged = [i for i, e in sorted(span.problems.items()) if not isinstance(e, StorageError)]
+    if damaged:
+        fetcher.forget(r, version)  # never serve these blocks from the cache again
+    for i in damaged:
+        one = ByteRange(r.url, int(offsets[i]), int(offsets[i + 1]))
+        for attempt in range(fetcher.config.refetch):
+            log.warning("%s: %s; reading it again (%d of %d)", r.url, span.problems[i], attempt + 1,
+                        fetcher.config.refetch)
+            again = _parse_span(fetcher.read_fresh(one, version), r.url, one.start, 1,
+                                None if crcs is None else crcs[i:i + 1])
+            if not again.problems:
+                span.samples[i] = again.samples[0]
+                del span.problems[i]
+                break
+            span.problems[i] = again.problems[0]
+        if i in span.problems:
             break
-        reason = span.error or next(iter(span.bad.values()))
-        log.warning("%s bytes [%d, %d) damaged (%s); reading them again (%d of %d)",
-                    r.url, r.start, r.stop, reason, attempt + 1, fetcher.config.refetch)
-        span = _parse_span(fetcher.read_fresh(r, version), r.url, r.start, expected, crcs)
     return span
 
 
-def _deliver(span: _Span, url: str, expected: int, first_id: int, on_error: ErrorPolicy,
-             skips: SkipLog) -> list[Sample]:
-    """The ``expected`` samples of a span, each checked; with ``skip``, bad ones (and all
-    after a broken header, whose boundaries are lost) become placeholders."""
+def _deliver(span: _Span, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog) -> list[Sample]:
+    """The span's samples, each checked; with ``skip``, bad and unreadable ones become
+    placeholders (so the count never changes)."""
     out: list[Sample] = []
     for i, s in enumerate(span.samples):
         try:
-            if i in span.bad:
-                raise ShardFormatError(span.bad[i], shard=url, offset=s.offset)
+            if i in span.problems:
+                raise span.problems[i]
             out.append(_checked(s, url, first_id + i))
-        except ShardFormatError as exc:
+        except GpupipeError as exc:
             if on_error is ErrorPolicy.RAISE:
                 raise
-            skips.add(f"{url}#{s.key}", exc.reason)
-            out.append(_placeholder(url, s.key, first_id + i))
-    if span.error is not None:
-        if on_error is ErrorPolicy.RAISE:
-            raise span.error
-        for i in range(len(out), expected):
-            skips.add(f"{url}#{i}", str(span.error))
-            out.append(_placeholder(url, f"{url}#{i}", first_id + i))
-    return out[:expected]
+            key = s.key if s is not None else f"{url}#{i}"
+            skips.add(key if s is None else f"{url}#{key}", getattr(exc, "reason", str(exc)))
+            out.append(_placeholder(url, key, first_id + i))
+    return out
 
 
 def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: int, chunks: Sequence[Chunk],
@@ -164,8 +169,8 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
             entry, url = entries[s.shard], source.shard_urls[s.shard]
             crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
             span = _read_span(fetcher, next(fetched), ByteRange(url, *entry.byte_range(s.start, s.stop)),
-                              entry.sha256, len(s), crcs)
-            got = _deliver(span, url, len(s), first_ids[s.shard] + s.start, on_error, skips)
+                              entry.sha256, entry.offsets[s.start:s.stop + 1], crcs)
+            got = _deliver(span, url, first_ids[s.shard] + s.start, on_error, skips)
             samples += got
             valid += [s.valid and bool(x.fields) for x in got]
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
