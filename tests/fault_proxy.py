@@ -15,6 +15,18 @@ the normal answer:
 ``stall``     nothing for ``stall_seconds`` (cut short by :meth:`FaultProxy.stop`),
               then the connection is closed without an answer.
 
+:data:`MORE_FAULTS` (opt in through ``faults``; the default stays :data:`FAULTS`):
+
+``throttle``       429 ``TooManyRequests`` (upstream not contacted).
+``reset_headers``  the real status line and headers, then a TCP RST instead of the body.
+``drip``           the real response, its body sent ``drip_bytes`` at a time with
+                   ``drip_interval_s`` between pieces (slow, but whole).
+``flip``           the real response with one byte of the body XOR-ed with 0x01.
+``replace``        for a path in ``alternates`` (``{"/bucket/key": bytes}``), this read
+                   sees the replaced object: the asked range of the alternate bytes.
+                   Other paths are forwarded untouched (and not counted).
+``forbidden``      403 ``AccessDenied``; ``notfound`` 404 ``NoSuchKey`` (both fatal).
+
 Faults are drawn from ``random.Random(seed)`` under a lock, so a single-threaded
 client sees the same sequence of faults on every run. ``fault_rate``,
 ``faults`` and ``latency_s`` are plain attributes and may be changed while the
@@ -31,13 +43,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
-__all__ = ["FAULTS", "FaultProxy"]
+__all__ = ["FAULTS", "MORE_FAULTS", "ALL_FAULTS", "RETRYABLE", "FATAL", "FaultProxy"]
 
 FAULTS = ("slowdown", "error500", "reset", "truncate", "stall")
+MORE_FAULTS = ("throttle", "reset_headers", "drip", "flip", "replace", "forbidden", "notfound")
+ALL_FAULTS = FAULTS + MORE_FAULTS
+FATAL = ("forbidden", "notfound")
+RETRYABLE = tuple(f for f in ALL_FAULTS if f not in FATAL)
 
 _S3_ERRORS = {
     "slowdown": (503, "SlowDown", "Please reduce your request rate."),
     "error500": (500, "InternalError", "We encountered an internal error. Please try again."),
+    "throttle": (429, "TooManyRequests", "Too many requests."),
+    "forbidden": (403, "AccessDenied", "Access Denied"),
+    "notfound": (404, "NoSuchKey", "The specified key does not exist."),
 }
 # Headers that describe one hop, not the message: never copied across the proxy.
 _HOP_BY_HOP = frozenset(
@@ -59,10 +78,11 @@ class FaultProxy:
     def __init__(self, upstream: str, *, fault_rate: float = 0.0,
                  faults: tuple[str, ...] = FAULTS, seed: int = 0,
                  stall_seconds: float = 5.0, latency_s: float = 0.0,
-                 methods: tuple[str, ...] = ("GET",)):
-        unknown = set(faults) - set(FAULTS)
+                 methods: tuple[str, ...] = ("GET",), drip_bytes: int = 1024,
+                 drip_interval_s: float = 0.002, alternates: dict[str, bytes] | None = None):
+        unknown = set(faults) - set(ALL_FAULTS)
         if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; choose from {FAULTS}")
+            raise ValueError(f"unknown faults {sorted(unknown)}; choose from {ALL_FAULTS}")
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"upstream {upstream!r} must be an http://host:port URL")
@@ -72,7 +92,9 @@ class FaultProxy:
         self.stall_seconds = stall_seconds
         self.latency_s = latency_s
         self.methods = tuple(m.upper() for m in methods)
-        self.counts: dict[str, int] = dict.fromkeys(("requests", "forwarded", *FAULTS), 0)
+        self.drip_bytes, self.drip_interval_s = drip_bytes, drip_interval_s
+        self.alternates = dict(alternates or {})
+        self.counts: dict[str, int] = dict.fromkeys(("requests", "forwarded", *ALL_FAULTS), 0)
         self.url = ""
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -129,6 +151,11 @@ class FaultProxy:
         with self._lock:
             hit = self._rng.random() < self.fault_rate
             return self._rng.choice(self.faults) if hit and self.faults else None
+
+    def draw_position(self, n: int) -> int:
+        """A position in ``range(n)`` from the proxy's seeded generator."""
+        with self._lock:
+            return self._rng.randrange(n)
 
     def sleep(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; return False when cut short by :meth:`stop`."""
@@ -204,6 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not proxy.sleep(proxy.latency_s):
             self.close_connection = True
             return
+        if fault == "replace" and self.path.split("?", 1)[0] not in proxy.alternates:
+            fault = None  # nothing to replace this object with
         if fault is not None:
             proxy.count(fault)
         if fault in _S3_ERRORS:
@@ -213,8 +242,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif fault == "stall":
             proxy.sleep(proxy.stall_seconds)
             self.close_connection = True
+        elif fault == "replace":
+            self._send_alternate(proxy.alternates[self.path.split("?", 1)[0]])
         else:
-            self._forward(body, truncate=fault == "truncate")
+            self._forward(body, fault=fault)
 
     def _read_body(self) -> bytes:
         """Read the request body, framed by Content-Length or chunked encoding."""
@@ -228,8 +259,9 @@ class _Handler(BaseHTTPRequestHandler):
             return b"".join(chunks)
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def _forward(self, body: bytes, *, truncate: bool) -> None:
+    def _forward(self, body: bytes, *, fault: str | None) -> None:
         proxy = self.server.proxy
+        truncate = fault == "truncate"
         headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP]
         try:
             status, reason, out_headers, payload = proxy.forward(
@@ -251,9 +283,43 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload[: len(payload) // 2] if truncate else payload)
+        if fault == "reset_headers":
+            self.wfile.flush()
+            self._reset()
+        elif fault == "drip":
+            self._drip(payload)
+        elif fault == "flip" and payload:
+            at = proxy.draw_position(len(payload))
+            self.wfile.write(payload[:at] + bytes([payload[at] ^ 0x01]) + payload[at + 1:])
+        else:
+            self.wfile.write(payload[: len(payload) // 2] if truncate else payload)
         if truncate:
             self.close_connection = True
+
+    def _drip(self, payload: bytes) -> None:
+        proxy = self.server.proxy
+        for at in range(0, len(payload), proxy.drip_bytes):
+            self.wfile.write(payload[at:at + proxy.drip_bytes])
+            self.wfile.flush()
+            if not proxy.sleep(proxy.drip_interval_s):
+                self.close_connection = True
+                return
+
+    def _send_alternate(self, data: bytes) -> None:
+        """Answer a GET from ``data`` (the replaced object), honouring a ``bytes=a-b`` Range."""
+        first, last = 0, len(data) - 1
+        spec = self.headers.get("Range", "")
+        if spec.startswith("bytes="):
+            a, _, b = spec[6:].partition("-")
+            first, last = int(a or 0), min(int(b) if b else len(data) - 1, len(data) - 1)
+        part = data[first:last + 1]
+        self.send_response_only(206 if spec else 200)
+        if spec:
+            self.send_header("Content-Range", f"bytes {first}-{first + len(part) - 1}/{len(data)}")
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(part)))
+        self.end_headers()
+        self.wfile.write(part)
 
     def _send_s3_error(self, status: int, code: str, message: str) -> None:
         body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
