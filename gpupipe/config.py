@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, Mapping, Sequence
 
-from gpupipe.augment.registry import TRANSFORMS, build_transform, transform_class
+from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
 from gpupipe.dataset import StreamConfig
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.errors import ConfigError
@@ -152,6 +152,7 @@ class PipelineConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     augment: tuple[TransformSpec, ...] = ()
     eval_augment: tuple[TransformSpec, ...] | None = None
+    mix: TransformSpec | None = None
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     seed: int = 0
 
@@ -171,6 +172,11 @@ class PipelineConfig:
 
         specs = self.augment_for(split)
         return Compose([s.build() for s in specs]) if specs else None
+
+    def mix_for(self, split: str = "train"):
+        """The built ``MixUp`` / ``CutMix`` for ``split`` (training only), or None."""
+        _check_split(split)
+        return self.mix.build() if self.mix is not None and split == "train" else None
 
     def decode_for(self, split: str = "train") -> DecodeConfig:
         """Training crops at random when ``decode.resize`` says so; the other splits resize
@@ -197,7 +203,8 @@ class PipelineConfig:
                          device=device if device is not None else self.loader.device, shuffle=stream.shuffle,
                          seed=self.seed, num_workers=self.loader.num_workers if num_workers is None else num_workers,
                          storage_options=dict(self.source.storage_options), drop_last=stream.drop_last, rank=rank,
-                         world_size=world_size, stream=stream, prefetch=self.loader.prefetch)
+                         world_size=world_size, stream=stream, prefetch=self.loader.prefetch,
+                         mix=self.mix_for(split) if augment else None)
 
     def checked_split(self, split: str) -> str:
         _check_split(split)
@@ -320,10 +327,13 @@ def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     decode = replace(_dataclass(DecodeConfig, decode_data, "decode"), seed=seed)
     augment = _augment(data.get("augment"), "augment")
     eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment")
+    mix = None if data.get("mix") is None else _spec(data["mix"], "mix", MIXES)
+    if mix is not None and not any(s.name in ("ToDtype", "ToTensor") for s in augment):
+        raise ConfigError(f"mix ({mix.name}): needs float images; end augment with a ToDtype")
     loader = _dataclass(LoaderConfig, data.get("loader") or {}, "loader")
     stream = replace(stream, on_error=decode.on_error)
     return PipelineConfig(source=source, stream=stream, decode=decode, augment=augment, eval_augment=eval_augment,
-                          loader=loader, seed=seed)
+                          mix=mix, loader=loader, seed=seed)
 
 
 def _source(data: Any) -> SourceConfig:
@@ -351,15 +361,15 @@ def _augment(value: Any, path: str) -> tuple[TransformSpec, ...]:
     return specs
 
 
-def _spec(item: Any, path: str) -> TransformSpec:
+def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> TransformSpec:
     if isinstance(item, str):
         item = {"name": item}
     if not isinstance(item, Mapping) or "name" not in item:
         raise ConfigError(f"{path}: expected a mapping with 'name' and the transform's arguments")
     name = item["name"]
-    if name not in TRANSFORMS:
-        raise ConfigError(f"{path}.name: unknown {name!r}{_suggest(str(name), TRANSFORMS)} "
-                          f"(supported: {', '.join(sorted(TRANSFORMS))})")
+    if name not in registry:
+        raise ConfigError(f"{path}.name: unknown {name!r}{_suggest(str(name), registry)} "
+                          f"(supported: {', '.join(sorted(registry))})")
     args = {k: v for k, v in item.items() if k != "name"}
     params = inspect.signature(transform_class(name).__init__).parameters
     accepted = {p for p in params if p != "self"} | ({"dtype"} if name == "ToTensor" else set())

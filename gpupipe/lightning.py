@@ -144,6 +144,7 @@ class _SplitLoader:
         self.gpu = cfg.make_loader(split, device=device, rank=rank, world_size=world_size,
                                    augment=not self.after_transfer)
         self.transforms = cfg.transforms(split) if self.after_transfer else None
+        self.mix = cfg.mix_for(split) if self.after_transfer else None
         if self.transforms is not None:
             self.transforms = self.transforms.to(self.gpu.device)
         if split == "train":
@@ -177,6 +178,10 @@ class _SplitLoader:
 
         if self.transforms is not None:
             batch.images = self.transforms(batch.images, AugKey.for_batch(batch, self.dm.config.seed))
+        if self.mix is not None:
+            from gpupipe.loader import mix_batch
+
+            batch.images, batch.labels = mix_batch(self.mix, batch, self.dm.config.seed)
         if self.format is BatchFormat.BATCH:
             return batch
         return _as_dict(batch) if self.format is BatchFormat.DICT else (batch.images, batch.labels)

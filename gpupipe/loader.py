@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 Augment = Callable[[torch.Tensor, DecodedBatch], torch.Tensor]
 _END = object()
 _JOIN_TIMEOUT_S = 30.0
+_MIX_TAG = 7_919  # the batch mix draws from its own child key, apart from the pipeline's transforms
 
 
 @dataclass
@@ -57,7 +58,8 @@ class GpuLoader:
     ``augment`` is a ``gpupipe.transforms`` pipeline (called with the batch's key:
     seed, epoch and sample ids, so a sample's augmentation is the same whatever the
     batch or resume point) or any callable ``(images uint8 NCHW, batch) -> tensor``;
-    ``None`` gives uint8 images.
+    ``None`` gives uint8 images. ``mix`` (``MixUp`` / ``CutMix``) runs after ``augment``
+    and turns labels into (B, num_classes) float.
     """
 
     def __init__(self, source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
@@ -66,7 +68,7 @@ class GpuLoader:
                  num_workers: int | None = None, storage_options: Mapping[str, Any] | None = None,
                  drop_last: bool = True, rank: int | None = None, world_size: int | None = None,
                  resize: str | ResizeMode = ResizeMode.FIXED, on_error: str = "raise",
-                 stream: StreamConfig | None = None, prefetch: int = 1):
+                 stream: StreamConfig | None = None, prefetch: int = 1, mix: torch.nn.Module | None = None):
         if isinstance(image_size, int):
             image_size = (image_size, image_size)
         self.decode_config = decode if isinstance(decode, DecodeConfig) else DecodeConfig(
@@ -85,7 +87,7 @@ class GpuLoader:
             raise ConfigError(f"loader.prefetch: must be >= 1, got {prefetch}")
         if augment is not None and hasattr(augment, "to") and self.device.type == "cuda":
             augment = augment.to(self.device)  # module constants (Normalize's mean/std) on the device
-        self.augment, self.prefetch, self.seed = augment, prefetch, seed
+        self.augment, self.prefetch, self.seed, self.mix = augment, prefetch, seed, mix
         self.stats = StageStats()
         self._decoder = None  # built on first use, in this (the training) process
         self._pending: collections.deque | None = None  # see defer_delivery()
@@ -237,12 +239,21 @@ class GpuLoader:
                 out.images = out.images.clone(memory_format=torch.channels_last)  # DALI reuses its buffers
             t1 = time.perf_counter()
             self.stats.decode_s += t1 - t0
+            out.labels = out.labels.to(self.device, non_blocking=True)
             if self.augment is not None:
                 out.images = self._augment(out)
-                self.stats.augment_s += time.perf_counter() - t1
-            out.labels = out.labels.to(self.device, non_blocking=True)
+            if self.mix is not None:
+                out.images, out.labels = mix_batch(self.mix, out, self.seed)
+            self.stats.augment_s += time.perf_counter() - t1
             out.valid = out.valid.to(self.device, non_blocking=True)
         return out
+
+
+def mix_batch(mix: torch.nn.Module, out: DecodedBatch, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MixUp / CutMix over the batch: images mixed, labels become (B, num_classes) float."""
+    from gpupipe.augment.base import AugKey
+
+    return mix(out.images, out.labels, AugKey.for_batch(out, seed).child(_MIX_TAG))
 
 
 def _metadata(b: EncodedBatch) -> EncodedBatch:

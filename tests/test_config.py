@@ -174,3 +174,29 @@ def test_any_unknown_key_raises_with_its_path(data, section, key):
 def test_secrets_mapping_compares_and_hides():
     s = Secrets({"a": 1})
     assert s == {"a": 1} and "1" not in repr(s) and len(s) == 1
+
+
+def test_mix_mixes_labels_in_training_only(tmp_path):
+    import torch
+    from lightning_util import write_split
+
+    root = write_split(str(tmp_path / "d"), 16, shard_size=8)
+    cfg = load_config({"source": {"train": root, "val": root}, "decode": {"image_size": [16, 16]}, "augment": "simple",
+                       "mix": {"name": "CutMix", "alpha": 1.0, "num_classes": 4},
+                       "loader": {"batch_size": 8, "num_workers": 0}})
+    train = list(cfg.make_loader("train", device="cpu", rank=0, world_size=1))
+    assert all(b.labels.shape == (8, 4) and b.labels.dtype == torch.float32 for b in train)
+    assert all(torch.allclose(b.labels.sum(1), torch.ones(8)) for b in train)
+    val = list(cfg.make_loader("val", device="cpu", rank=0, world_size=1))
+    assert all(b.labels.shape == (8,) for b in val)
+
+
+@pytest.mark.parametrize("mix, message", [
+    ({"name": "MixUp"}, r"mix \(MixUp\): .*num_classes"),
+    ({"name": "Mixup", "num_classes": 3}, r"mix\.name: unknown 'Mixup'; did you mean 'MixUp'"),
+])
+def test_bad_mix(mix, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config({"augment": "simple", "mix": mix}, environ={})
+    with pytest.raises(ConfigError, match="needs float images"):
+        load_config({"mix": {"name": "MixUp", "num_classes": 3}}, environ={})

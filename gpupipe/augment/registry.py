@@ -10,7 +10,7 @@ import importlib
 import types
 from typing import Any, Mapping
 
-__all__ = ["TRANSFORMS", "transform_class", "build_transform", "DTYPES"]
+__all__ = ["TRANSFORMS", "MIXES", "transform_class", "build_transform", "DTYPES"]
 
 _GEOMETRY = "gpupipe.augment.geometry"
 _COLOR = "gpupipe.augment.color"
@@ -24,12 +24,14 @@ _REGISTRY = {
     "ToTensor": f"{_COLOR}:ToDtype",
 }
 TRANSFORMS: Mapping[str, str] = types.MappingProxyType(_REGISTRY)
+MIXES: Mapping[str, str] = types.MappingProxyType({"MixUp": "gpupipe.augment.mix:MixUp",
+                                                   "CutMix": "gpupipe.augment.mix:CutMix"})
 DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8")
 
 
 def transform_class(name: str) -> type:
     """The class registered as ``name`` (imported now)."""
-    module, attr = TRANSFORMS[name].split(":")
+    module, attr = (TRANSFORMS.get(name) or MIXES[name]).split(":")
     return getattr(importlib.import_module(module), attr)
 
 
