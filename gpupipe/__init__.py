@@ -12,6 +12,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GpuLoader": "gpupipe.loader:GpuLoader",
+    "GpuDataModule": "gpupipe.lightning:GpuDataModule",
+    "load_config": "gpupipe.config:load_config",
+    "PipelineConfig": "gpupipe.config:PipelineConfig",
     "DecodeConfig": "gpupipe.decode:DecodeConfig",
     "EncodedLoader": "gpupipe.dataset:EncodedLoader",
     "StreamConfig": "gpupipe.dataset:StreamConfig",

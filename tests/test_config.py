@@ -200,3 +200,14 @@ def test_bad_mix(mix, message):
         load_config({"augment": "simple", "mix": mix}, environ={})
     with pytest.raises(ConfigError, match="needs float images"):
         load_config({"mix": {"name": "MixUp", "num_classes": 3}}, environ={})
+
+
+def test_reading_a_config_imports_no_heavy_stack():
+    """Checking a config builds its transforms (Kornia) but never starts DALI or Lightning."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpupipe; cfg = gpupipe.load_config({'augment': 'complex'}); "
+            "print(sorted(m for m in ('nvidia.dali', 'lightning', 's3fs') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
