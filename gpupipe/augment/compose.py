@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from .base import AugKey, Transform
+from .colorfuse import PointwiseTransform, Spec, run_steps
 from .geometry import GeometricTransform, warp
 
 __all__ = ["Compose"]
@@ -31,9 +32,11 @@ def _placeholder(like: torch.Tensor, hw: tuple[int, int], dtype: torch.dtype) ->
 
 class Compose(Transform):
     """Apply ``transforms`` in order. ``fuse=True``: each run of consecutive
-    :class:`GeometricTransform` is one matrix per sample and one warp; ``fuse=False``:
-    one transform after another (the reference path). Params: the children's, keyed
-    ``"{i}.{name}"``.
+    :class:`GeometricTransform` is one matrix per sample and one warp, each run of
+    consecutive :class:`PointwiseTransform` (ToDtype, ColorJitter, RandomGrayscale,
+    RepeatChannels, Normalize) one fused colour pass; ``fuse=False``: one transform
+    after another, each by its ``apply_reference`` (the reference path). Params: the
+    children's, keyed ``"{i}.{name}"``.
 
     Shape: (B, C, H, W) → whatever the last transform returns (float32 once a
     geometric transform has touched a uint8 batch).
@@ -67,22 +70,30 @@ class Compose(Transform):
     def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.fuse:
             for i, t in enumerate(self.transforms):
-                images = t.apply(images, self._child_params(params, i))
+                images = t.apply_reference(images, self._child_params(params, i))
             return images
-        run: list[int] = []
-        for i, t in enumerate(self.transforms):
-            if isinstance(t, GeometricTransform):
-                run.append(i)
-                continue
-            images = self._apply_run(images, run, params)
-            run = []
-            images = t.apply(images, self._child_params(params, i))
-        return self._apply_run(images, run, params)
+        source = images
+        for kind, run in _runs(self.transforms):
+            if kind == "geometric":
+                images = self._apply_warp(images, run, params)
+            elif kind == "pointwise":
+                images = self._apply_pointwise(images, run, params, owned=not _shares_memory(images, source))
+            else:
+                images = self.transforms[run[0]].apply(images, self._child_params(params, run[0]))
+        return images
 
-    def _apply_run(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _apply_pointwise(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor],
+                         owned: bool) -> torch.Tensor:
+        """One fused colour pass for the pointwise transforms ``run`` (indices)."""
+        spec = Spec(images.dtype, int(images.shape[1]), images.device)
+        steps = []
+        for i in run:
+            more, spec = self.transforms[i].steps(self._child_params(params, i), spec)
+            steps += more
+        return run_steps(images, steps, spec.dtype, owned=owned)
+
+    def _apply_warp(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor]) -> torch.Tensor:
         """One warp for the geometric transforms ``run`` (indices), sizes tracked through it."""
-        if not run:
-            return images
         if len(run) == 1:
             return self.transforms[run[0]].apply(images, self._child_params(params, run[0]))
         hw = (int(images.shape[-2]), int(images.shape[-1]))
@@ -95,3 +106,26 @@ class Compose(Transform):
         # zero fill if any member fills with zeros; "border" only where all sample inside
         modes = {self.transforms[i].padding_mode for i in run}
         return warp(images, matrix, hw, "zeros" if "zeros" in modes else "border")
+
+
+def _kind(t: Transform) -> str | None:
+    if isinstance(t, GeometricTransform):
+        return "geometric"
+    return "pointwise" if isinstance(t, PointwiseTransform) and t.fusable else None
+
+
+def _runs(transforms) -> list[tuple[str | None, list[int]]]:
+    """Consecutive geometric / pointwise transforms grouped: [(kind, indices)]; any
+    other transform is a run of its own."""
+    runs: list[tuple[str | None, list[int]]] = []
+    for i, t in enumerate(transforms):
+        kind = _kind(t)
+        if runs and kind is not None and runs[-1][0] == kind:
+            runs[-1][1].append(i)
+        else:
+            runs.append((kind, [i]))
+    return runs
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
