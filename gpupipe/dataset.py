@@ -24,8 +24,8 @@ from gpupipe.batch import EncodedBatch, pack
 from gpupipe.errors import ConfigError, PlanError, WorkerError
 from gpupipe.plan import (PlanSpec, Progress, check_resumable, chunk_spans, plan_identity, rank_chunks,
                           steps_per_rank, worker_chunks)
-from gpupipe.sources import ResolvedSource, Source, resolve
-from gpupipe.storage import FetchConfig, Fetcher
+from gpupipe.sources import ResolvedSource, Source, expand_pattern, resolve
+from gpupipe.storage import FetchConfig, Fetcher, refuse_commands
 from gpupipe.stream import SkipLog, iter_chunks, iter_whole_shards
 from gpupipe.types import ErrorPolicy, World
 
@@ -245,6 +245,7 @@ class EncodedLoader:
         src = source if isinstance(source, Source) else Source(url=source, storage_options=dict(storage_options or {}))
         self.stream = replace(stream or StreamConfig(), shuffle=shuffle, drop_last=drop_last)
         self.world = World.detect(rank, world_size)
+        refuse_commands(expand_pattern(src.url))  # every URL of a list, not only the first
         self.source = resolve(src, self.stream.fetch)
         counts = self.source.manifest.sample_counts() if self.source.manifest else (0,) * len(self.source.shard_urls)
         self.spec = PlanSpec(counts=counts, batch_size=batch_size, world_size=self.world.world_size, seed=seed,

@@ -33,7 +33,7 @@ from gpupipe.formats.writer import ShardSink
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.plan import shuffle_buffer
 from gpupipe.sources import Source, expand_pattern, resolve
-from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
+from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands
 from gpupipe.types import ByteRange
 
 __all__ = ["CLASSES_NAME", "IngestReport", "ingest", "index", "inspect"]
@@ -284,6 +284,7 @@ def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = N
     if workers < 1:
         raise ConfigError(f"index: workers must be >= 1, got {workers}")
     urls = expand_pattern(url)
+    refuse_commands(urls)
     fs, _ = open_filesystem(urls[0], storage_options)
     paths = _shard_paths(fs, urls)
     folders = {posixpath.dirname(p) for p in paths}

@@ -31,7 +31,7 @@ from gpupipe.cache import BlockCache
 from gpupipe.errors import ConfigError, StorageError
 from gpupipe.types import ByteRange
 
-__all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient"]
+__all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient", "refuse_commands"]
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -72,6 +72,13 @@ class FetchStats:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+def refuse_commands(urls: Iterable[str]) -> None:
+    """Raise ``ConfigError`` for any ``pipe:`` URL (a shell command) among ``urls``."""
+    for url in urls:
+        if isinstance(url, str) and url.lstrip().startswith(_REFUSED_PROTOCOLS[0] + ":"):
+            raise ConfigError(f"source: pipe: URLs (shell commands) are refused ({url[:40]!r}); give a storage URL")
+
+
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
     """``(filesystem, path)`` for ``url``; bad protocols and missing packages raise clearly.
 
@@ -79,7 +86,8 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
     """
     import fsspec.core
 
-    protocol = "pipe" if url.startswith("pipe:") else url.split("://", 1)[0] if "://" in url else "file"
+    refuse_commands([url])
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
     if protocol in _REFUSED_PROTOCOLS:
         raise ConfigError(f"source: {protocol}: URLs (shell commands) are refused; give a storage URL")
     try:
@@ -160,6 +168,7 @@ class Fetcher:
         return data
 
     def _read_once(self, url: str, start: int, stop: int) -> bytes:
+        refuse_commands([url])  # a list of URLs is opened with the first one's filesystem
         path = self.fs._strip_protocol(url)
         if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None) is not None:
             from fsspec.asyn import sync
