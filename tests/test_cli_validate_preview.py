@@ -1,5 +1,5 @@
 """`gpupipe validate` and `gpupipe preview` through a subprocess: a dataset with a corrupt, a
-truncated and a 65500x65500-header JPEG is quarantined with reasons (exit 1), a clean one passes
+truncated and a 65500x65500-header JPEG and a sample without an image are quarantined with reasons (exit 1), a clean one passes
 (exit 0), the preview PNG has the grid's size and real pixels, bad input is one line (exit 2)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpupipe.validate import Problem, read_quarantine, write_quarantine
 from lightning_util import real_jpeg, write_split
 
 GPUPIPE = [sys.executable, "-m", "gpupipe.cli"]
-BAD = {"s00002": "truncated", "s00005": "decode failed", "s00007": "too many pixels"}
+BAD = {"s00002": "truncated", "s00005": "decode failed", "s00007": "too many pixels", "s00010": "no image"}
 
 
 def gpupipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -56,6 +56,7 @@ def data(tmp_path_factory) -> Path:
     with ShardSink(str(root / "bad"), shard_size=4) as sink:
         for i in range(10):
             sink.write(f"s{i:05d}", {"jpg": damaged(i), "cls": str(i % 3).encode()})
+        sink.write("s00010", {"txt": b"a caption, no image", "cls": b"1"})
     write_split(str(root / "clean"), 10, shard_size=4)
     (root / "pipeline.yaml").write_text(yaml.safe_dump({
         "source": {"train": str(root / "clean"), "val": str(root / "clean")}, "seed": 3,
@@ -71,7 +72,7 @@ def test_validate_quarantines_bad_images_with_reasons(data: Path, tmp_path: Path
     assert {e["key"]: e["kind"] for e in entries} == BAD
     assert all(e["shard"].endswith(".tar") and e["offset"] > 0 and e["reason"] for e in entries)
     assert "65500x65500" in next(e["reason"] for e in entries if e["key"] == "s00007")
-    assert "10 samples in 3 shard(s)" in run.stdout and "7 good, 3 quarantined" in run.stdout
+    assert "11 samples in 3 shard(s)" in run.stdout and "7 good, 4 quarantined" in run.stdout
     for kind in BAD.values():
         assert kind in run.stdout
 
