@@ -421,3 +421,20 @@ def test_random_crop_pixels_agree_with_the_pil_backend(make, backend):
         reference.close()
     out = make(image_size=(48, 64), resize=ResizeMode.RANDOM_CROP, seed=5).decode(batch)
     assert_close(hwc(out.images), expected, what=f"{backend.name} crops against pil's")
+
+
+@pytest.mark.dali
+def test_dali_error_names_what_failed_not_dalis_banner():
+    """A JPEG whose headers pass the checks but whose Huffman table is garbage: the error
+    says the decode failed, not DALI's first line ("Critical error in pipeline:")."""
+    pytest.importorskip("nvidia.dali")
+    from gpupipe.synth import synthetic_jpeg
+
+    data = bytearray(synthetic_jpeg(np.random.default_rng(0), (64, 64)))
+    at = data.index(b"\xff\xc4") + 5
+    data[at:at + 16] = b"\xff" * 16
+    batch = pack([Sample(key="bogus", fields={"jpg": bytes(data)}, shard="s", offset=0, sample_id=0, label=0)], [True])
+    decoder = make_decoder(DecodeConfig(backend="dali", image_size=(32, 32)), torch.device("cpu"))
+    with pytest.raises(DecodeError, match=r"'bogus'.*DALI: Failed to decode") as info:
+        decoder.decode(batch)
+    assert "Critical error" not in str(info.value)

@@ -16,6 +16,7 @@ image never costs the others.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import numpy as np
@@ -124,8 +125,8 @@ class DaliDecoder:
                 self._run([np.frombuffer(batch.image(i), np.uint8)], boxes[i:i + 1])
             except RuntimeError as exc:
                 self._pipe = None
-                record_bad(checked, i, f"DALI: {str(exc).splitlines()[0][:200]}", self.config.on_error,
-                           self.stats, batch.keys[i])
+                record_bad(checked, i, f"DALI: {_dali_reason(exc)}", self.config.on_error, self.stats,
+                           batch.keys[i])
         return self._dense(batch, checked, boxes, elsewhere)
 
     def _dense(self, batch, checked, boxes, elsewhere: set[int]) -> torch.Tensor | None:
@@ -152,3 +153,15 @@ def _to_torch(out, device: torch.device, config) -> torch.Tensor:
     if device.type == "cuda":
         return torch.from_dlpack(dense)  # zero-copy; DALI keeps the buffer until the next run
     return torch.from_numpy(np.array(dense))  # one copy: DALI reuses its output buffer on the next run
+
+
+def _dali_reason(exc: Exception) -> str:
+    """The informative part of a DALI error: what follows "encountered:" (e.g. "Failed to
+    decode sample"), without DALI's own batch index, the operator traceback or the
+    "pipeline is no longer valid" trailer. libjpeg's detail goes to stderr only."""
+    text = str(exc)
+    tail = text.split("encountered:", 1)[1] if "encountered:" in text else text
+    lines = [ln.strip(" :") for ln in tail.splitlines()
+             if ln.strip(" :") and not ln.startswith(("Critical error", "Current pipeline object"))]
+    reason = re.sub(r" #\d+", "", lines[0]) if lines else type(exc).__name__
+    return reason[:200]
