@@ -114,7 +114,8 @@ def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRa
     for i in damaged:
         one = ByteRange(r.url, int(offsets[i]), int(offsets[i + 1]))
         for attempt in range(fetcher.config.refetch):
-            log.warning("%s: %s; reading it again (%d of %d)", r.url, span.problems[i], attempt + 1,
+            # the text, not the exception: a kept log record must not keep its frames (and sockets) alive
+            log.warning("%s: %s; reading it again (%d of %d)", r.url, str(span.problems[i]), attempt + 1,
                         fetcher.config.refetch)
             again = _parse_span(fetcher.read_fresh(one, version), r.url, one.start, 1,
                                 None if crcs is None else crcs[i:i + 1])

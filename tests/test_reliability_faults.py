@@ -130,7 +130,7 @@ def _epoch_or_error(make):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rate", [0.05, 0.2])
+@pytest.mark.parametrize("rate", [0.2])  # 1% and 5% with more seeds: benchmarks/reliability.py
 @pytest.mark.parametrize("fault", RETRYABLE)
 def test_retryable_fault_matrix_delivers_exactly_the_full_set(s3_bucket, s3_proxy, fault, rate):
     url = checked_dataset(s3_bucket)
