@@ -209,34 +209,15 @@ def _print_stages(stages: dict, seconds: float) -> None:
 # ---------------------------------------------------------------- bench
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="shard folder, pattern or list (any fsspec URL)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"])
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when present)")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: chosen from the machine)")
-    p.add_argument("--epochs", type=int, default=2, help="timed epochs, after one warm-up epoch")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    _storage_arguments(p)
+    from gpupipe.bench.cli import add_arguments
+
+    add_arguments(p)
 
 
 def _bench_run(args: argparse.Namespace) -> int:
-    from gpupipe.loader import GpuLoader
+    from gpupipe.bench.cli import run
 
-    loader = GpuLoader(args.source, batch_size=args.batch_size, image_size=args.image_size, decode=args.decode,
-                       device=args.device, num_workers=args.workers, storage_options=dict(args.storage_options),
-                       rank=0, world_size=1, on_error="skip")
-    seconds = loader.time_epochs(args.epochs)
-    stages = loader.stats.as_dict()
-    if args.json:
-        print(json.dumps({"images_per_s": stages["images"] / seconds, "seconds": seconds, "stages": stages,
-                          "backend": loader.decoder.name, "device": str(loader.device),
-                          "num_workers": loader.encoded.num_workers}, indent=2))
-        return 0
-    print(f"gpupipe bench: decode {loader.decoder.name} on {loader.device}, {loader.encoded.num_workers} worker(s), "
-          f"batch {args.batch_size}, {args.image_size}x{args.image_size}, {args.epochs} epoch(s)")
-    _print_stages(stages, seconds)
-    return 0
+    return run(args)
 
 
 # ---------------------------------------------------------------- main

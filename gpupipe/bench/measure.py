@@ -1,0 +1,136 @@
+"""What one timed run costs besides time: CPU (process + children), peak RSS, GPU.
+
+:class:`Sampler` polls in a thread every ``interval`` seconds: the resident set of
+this process plus its child processes (Linux ``/proc``; the sum counts pages shared
+between a parent and its forked workers more than once, so it is an upper bound), and
+the GPU's utilisation (``torch.cuda.utilization()``, which needs ``pynvml``).
+:func:`cpu_seconds` reads ``resource.getrusage`` for this process and its *waited-for*
+children, which is why the runner stops a loader's workers before reading it.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from typing import Any
+
+__all__ = ["cpu_seconds", "Sampler", "gpu_note", "tree_rss_mb", "environment"]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its terminated, waited-for children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _rss_kb(pid: int | str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _children() -> set[str]:
+    out: set[str] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out.update(f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def tree_rss_mb() -> float:
+    """RSS of this process plus its children, MB (0 where /proc is missing)."""
+    return (_rss_kb("self") + sum(_rss_kb(p) for p in _children())) / 1024
+
+
+def gpu_note() -> str | None:
+    """Why GPU utilisation is not reported, or None when it is."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device: GPU utilisation and memory omitted"
+    try:
+        torch.cuda.utilization()
+    except Exception as exc:  # noqa: BLE001 - ModuleNotFoundError (pynvml) or an NVML error
+        return f"GPU utilisation omitted ({type(exc).__name__}: {exc}); install pynvml to report it"
+    return None
+
+
+class Sampler:
+    """``with Sampler() as s:`` … then ``s.result()``: peak tree RSS and mean GPU utilisation."""
+
+    def __init__(self, interval: float = 0.1, gpu_util: bool = False):
+        self.interval, self.gpu_util = interval, gpu_util
+        self.peak_mb = 0.0
+        self.util: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="gpupipe-bench-sampler")
+
+    def _run(self) -> None:
+        while True:
+            self.peak_mb = max(self.peak_mb, tree_rss_mb())
+            if self.gpu_util:
+                import torch
+
+                self.util.append(float(torch.cuda.utilization()))
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def result(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"peak_rss_mb": round(self.peak_mb, 1)}
+        if self.util:
+            out["gpu_util_percent"] = round(sum(self.util) / len(self.util), 1)
+        return out
+
+
+def environment() -> dict[str, Any]:
+    """The machine and the versions a result was measured with."""
+    import datetime
+    import platform
+    import subprocess
+
+    import torch
+
+    env: dict[str, Any] = {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
+                           "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+                           "cpu": _cpu_model(), "torch": torch.__version__}
+    for module, attr in (("nvidia.dali", "__version__"), ("webdataset", "__version__"), ("PIL", "__version__"),
+                         ("kornia", "__version__"), ("torchvision", "__version__"), ("numpy", "__version__")):
+        try:
+            env[module.split(".")[-1]] = getattr(__import__(module, fromlist=["_"]), attr)
+        except Exception:  # noqa: BLE001 - missing, or a mismatched build (torchvision with this torch)
+            env[module.split(".")[-1]] = None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        env["gpupipe_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                               text=True, timeout=5, cwd=os.path.dirname(__file__)).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        env["gpupipe_commit"] = None
+    return env
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

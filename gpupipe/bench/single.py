@@ -1,0 +1,40 @@
+"""``gpupipe bench SOURCE`` without a comparison: gpupipe alone, one warm-up epoch and
+``--epochs`` timed epochs, stage times printed (or ``--json``: printed as JSON)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["run_single"]
+
+
+def run_single(args: argparse.Namespace) -> int:
+    from gpupipe.bench.steps import SETS, gpupipe_pipeline
+    from gpupipe.bench.targets import set_names
+    from gpupipe.loader import GpuLoader
+
+    (name,) = set_names(args.augment)[:1] or ("none",)
+    image_size = args.image_size or 224
+    batch_size = args.batch_size or 256
+    loader = GpuLoader(args.targets[0], batch_size=batch_size, image_size=image_size, decode=args.decode,
+                       device=args.device, num_workers=(args.workers or (None,))[0],
+                       storage_options=dict(args.storage_options), rank=0, world_size=1, on_error="skip",
+                       augment=gpupipe_pipeline(SETS[name]), seed=args.seed)
+    seconds = loader.time_epochs(args.epochs)
+    stages = loader.stats.as_dict()
+    if args.json:
+        text = json.dumps({"images_per_s": stages["images"] / seconds, "seconds": seconds, "stages": stages,
+                           "backend": loader.decoder.name, "device": str(loader.device), "augment": name,
+                           "num_workers": loader.encoded.num_workers}, indent=2)
+        if args.json == "-":
+            print(text)
+            return 0
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(f"gpupipe bench: decode {loader.decoder.name} on {loader.device}, {loader.encoded.num_workers} worker(s), "
+          f"batch {batch_size}, {image_size}x{image_size}, augment {name}, {args.epochs} epoch(s)")
+    print(f"throughput: {stages['images'] / seconds:,.0f} images/s ({stages['images']} images in {seconds:.2f} s)")
+    print(f"stages (s): waiting for bytes {stages['wait_bytes_s']:.2f} | decode {stages['decode_s']:.2f} | "
+          f"augment {stages['augment_s']:.2f} | training loop waiting {stages['handoff_wait_s']:.2f} | "
+          f"skipped images {stages['skipped']}")
+    return 0

@@ -1,0 +1,113 @@
+"""What to bench: :class:`~gpupipe.bench.runner.Target` objects from configs or a source.
+
+From a config (``gpupipe.config.load_config``): its train source, ``decode.image_size``,
+``augment`` specs, ``loader.batch_size`` and seed; gpupipe's loader is
+``cfg.make_loader("train", num_workers=w)``. From a shard folder or pattern: one target
+per ``--augment`` set, gpupipe's loader a ``GpuLoader`` with that set. The baselines
+read the shards from the local disk; the torch DataLoader baseline reads the image
+folder beside them (``images/``, as ``--make-data`` writes) when there is one.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from gpupipe.bench.runner import Target
+from gpupipe.bench.steps import SETS, gpupipe_pipeline, steps_of
+from gpupipe.errors import ConfigError
+
+__all__ = ["set_names", "source_targets", "config_targets", "describe_target"]
+
+
+def set_names(text: str) -> list[str]:
+    names = [n.strip() for n in (text or "none").split(",") if n.strip()]
+    bad = [n for n in names if n not in SETS]
+    if bad:
+        raise ConfigError(f"--augment: unknown set {bad[0]!r}; choose from {', '.join(SETS)}")
+    return names
+
+
+def _local_shards(source, storage_options) -> tuple[tuple[str, ...], int | None]:
+    from gpupipe.sources import Source, resolve
+
+    resolved = resolve(Source(source, dict(storage_options or {})))
+    paths = []
+    for url in resolved.shard_urls:
+        path = url[len("file://"):] if url.startswith("file://") else url
+        if "://" in path:
+            raise ConfigError(f"bench: the baselines read local shards only; {url!r} is remote "
+                              "(copy it locally, or run without --compare)")
+        paths.append(path)
+    return tuple(paths), resolved.num_samples
+
+
+def _images_dir(shards: tuple[str, ...], given: str | None) -> str | None:
+    if given:
+        if not os.path.isdir(given):
+            raise ConfigError(f"--images-dir: no such folder {given!r}")
+        return given
+    beside = Path(shards[0]).resolve().parent.parent / "images"
+    return str(beside) if beside.is_dir() else None
+
+
+def describe_target(self: Target) -> dict:
+    return {"name": self.name, "shards": len(self.shards), "first_shard": self.shards[0],
+            "images_dir": self.images_dir, "num_samples": self.num_samples, "image_size": list(self.image_size),
+            "batch_size": self.batch_size, "augment": [{"name": n, **a} for n, a in self.steps],
+            "dataset": _dataset_summary(self.shards[0])}
+
+
+def _dataset_summary(shard: str) -> dict | None:
+    """``dataset.json`` written by ``--make-data`` beside the shard folder, if any."""
+    import json
+
+    path = Path(shard).resolve().parent.parent / "dataset.json"
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    return {k: data[k] for k in ("preset", "images", "seed", "quality", "mean_bytes", "bytes_per_pixel",
+                                 "mean_pixels") if k in data}
+
+
+def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
+    from gpupipe.loader import GpuLoader
+
+    shards, n = _local_shards(source, args.storage_options and dict(args.storage_options))
+    size = args.image_size or 224
+    batch = args.batch_size or 256
+    targets = []
+    for name in set_names(args.augment):
+        def make(workers, device, steps=SETS[name]):
+            return GpuLoader(source, batch_size=batch, image_size=size, decode=args.decode, device=device,
+                             num_workers=workers, storage_options=dict(args.storage_options), rank=0, world_size=1,
+                             on_error="skip", augment=gpupipe_pipeline(steps), seed=args.seed)
+
+        targets.append(Target(name, shards, (size, size), batch, SETS[name], make, _images_dir(shards, args.images_dir),
+                              n, args.seed))
+    return targets
+
+
+def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
+    from gpupipe.config import load_config
+
+    targets = []
+    for path in paths:
+        cfg = load_config(path)
+        if args.batch_size:
+            cfg = dataclasses.replace(cfg, loader=dataclasses.replace(cfg.loader, batch_size=args.batch_size))
+        if cfg.decode.image_size is None:
+            raise ConfigError(f"{path}: decode.image_size is needed to bench (the baselines resize to it)")
+        train = cfg.source.train
+        if train is None:
+            raise ConfigError(f"{path}: source.train is not set")
+        shards, n = _local_shards(list(train) if isinstance(train, tuple) else train, cfg.source.storage_options)
+
+        def make(workers, device, cfg=cfg):
+            return cfg.make_loader("train", device=device, rank=0, world_size=1, num_workers=workers)
+
+        targets.append(Target(Path(path).stem, shards, tuple(cfg.decode.image_size), cfg.loader.batch_size,
+                              steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed))
+    return targets

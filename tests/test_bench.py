@@ -1,0 +1,148 @@
+"""gpupipe bench: the dead-leaves data, the runner's JSON, the plot, and its errors.
+
+Tiny data and few batches: these check behaviour, not speed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpupipe.cli import main
+from gpupipe.synth import LeavesConfig, dead_leaves, dead_leaves_jpeg, write_leaves_folder
+
+HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+
+
+def _power_slope(img: np.ndarray, hi: int = 40) -> float:
+    """Slope of the radially averaged power spectrum, log-log, over frequencies 3..hi."""
+    g = img.astype(np.float64).mean(2)
+    power = np.abs(np.fft.fftshift(np.fft.fft2(g - g.mean()))) ** 2
+    h, w = g.shape
+    yy, xx = np.indices(power.shape)
+    r = np.hypot(yy - h // 2, xx - w // 2).astype(int)
+    profile = np.bincount(r.ravel(), power.ravel()) / np.bincount(r.ravel())
+    f = np.arange(3, hi)
+    return float(np.polyfit(np.log(f), np.log(profile[f]), 1)[0])
+
+
+def test_dead_leaves_is_deterministic_per_seed_and_index():
+    a, b = dead_leaves_jpeg(7, 3), dead_leaves_jpeg(7, 3)
+    assert a == b and a[:2] == b"\xff\xd8"
+    assert dead_leaves_jpeg(7, 4) != a and dead_leaves_jpeg(8, 3) != a
+
+
+def test_folder_is_the_same_whatever_the_worker_count(tmp_path: Path):
+    sizes = [(64, 48), (48, 64), (50, 50)]
+    write_leaves_folder(str(tmp_path / "one"), sizes, seed=1, num_classes=2, workers=1)
+    write_leaves_folder(str(tmp_path / "two"), sizes, seed=1, num_classes=2, workers=2)
+    one = {p.relative_to(tmp_path / "one"): p.read_bytes() for p in (tmp_path / "one").rglob("*.jpg")}
+    two = {p.relative_to(tmp_path / "two"): p.read_bytes() for p in (tmp_path / "two").rglob("*.jpg")}
+    assert one == two and len(one) == 3 and Path("class_01/img_000001.jpg") in one
+
+
+def test_bytes_per_pixel_and_spectrum_are_photo_like():
+    """Real photos at 250×250, quality 90: ~0.3 B/px; natural images: power ~ 1/f²."""
+    sizes = [len(dead_leaves_jpeg(0, i, (250, 250), quality=90)) for i in range(12)]
+    assert 0.2 <= np.mean(sizes) / (250 * 250) <= 0.5
+    slopes = [_power_slope(dead_leaves(np.random.default_rng([0, i]))) for i in range(4)]
+    assert -2.7 <= np.mean(slopes) <= -1.5
+    flat = dead_leaves(np.random.default_rng(0), (64, 64), LeavesConfig(noise=0, grain=0))
+    assert flat.std() > 10  # never a flat field
+
+
+def test_per_sample_steps_match_the_config_presets():
+    from gpupipe.bench.steps import SETS, steps_of
+    from gpupipe.config import preset
+
+    for name in ("none", "simple", "complex"):
+        assert steps_of(preset(name)) == SETS[name]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    from gpupipe.bench.data import make_dataset
+
+    root = tmp_path_factory.mktemp("bench") / "paper"
+    make_dataset("paper", 40, str(root), seed=3, workers=1, progress=False)
+    return root
+
+
+def test_runner_writes_json_and_plot_for_every_loader(tiny_data: Path, tmp_path: Path, capsys):
+    compare = "baseline,webdataset" + (",dali" if HAS_DALI else "")
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    code = main(["bench", str(tiny_data / "shards") + "/", "--compare", compare, "--workers", "0,1", "--batches", "2",
+                 "--repeat", "2", "--warmup", "1", "--batch-size", "8", "--image-size", "32", "--augment", "simple",
+                 "--decode", "pil", "--device", "cpu", "--json", str(out), "--plot", str(png)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    rows = doc["results"]
+    assert {(r["loader"], r["workers"]) for r in rows} == {(n, w) for n in ["gpupipe", *compare.split(",")]
+                                                           for w in (0, 1)}
+    for r in rows:
+        assert r["set"] == "simple" and r["images_per_s"] > 0 and len(r["images_per_s_runs"]) == 2
+        assert r["images_per_s_min"] <= r["images_per_s"] <= r["images_per_s_max"]
+        assert r["cpu_percent"] > 0 and r["peak_rss_mb"] > 0 and r["batches"] == 2 and r["batch_size"] == 8
+    g = next(r for r in rows if r["loader"] == "gpupipe")
+    assert {"decode_ms", "augment_ms", "wait_bytes_ms", "handoff_wait_ms"} <= set(g["stages_per_image_ms"])
+    b = next(r for r in rows if r["loader"] == "baseline")
+    assert b["per_sample"] in ("pillow+numpy",) or b["per_sample"].startswith("torchvision")
+    assert "image folder" in b["reads"]
+    meta = doc["meta"]
+    assert meta["environment"]["cores"] >= 1 and meta["targets"][0]["dataset"]["preset"] == "paper"
+    assert any("GPU" in n for n in meta["notes"]) or meta["environment"].get("gpu")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_config_target_and_tar_members_baseline(tiny_data: Path, tmp_path: Path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"source: {{train: {tiny_data / 'shards'}/}}\ndecode: {{image_size: [24, 24], backend: pil}}\n"
+                   "augment: complex\nloader: {batch_size: 8, device: cpu}\n")
+    code = main(["bench", str(cfg), "--compare", "baseline", "--workers", "0", "--batches", "1", "--repeat", "1",
+                 "--warmup", "1", "--images-dir", str(tiny_data / "images"), "--json", "-"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = json.loads(captured.out)["results"]
+    assert [r["set"] for r in rows] == ["c", "c"] and rows[0]["decode"] == "pil"
+
+
+def test_tar_members_are_read_when_there_is_no_folder(tiny_data: Path):
+    from gpupipe.bench.baselines import folder_items, shard_items
+
+    shards = sorted(str(p) for p in (tiny_data / "shards").glob("*.tar"))
+    from_tars, from_folder = shard_items(shards), folder_items(str(tiny_data / "images"))
+    assert len(from_tars) == len(from_folder) == 40
+    path, offset, size, _ = from_tars[0]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        assert f.read(2) == b"\xff\xd8" and size > 1000
+
+
+def _one_line_error(capsys, *needles: str) -> None:
+    err = capsys.readouterr().err
+    assert err.startswith("gpupipe: error: ") and err.count("\n") == 1, err
+    for n in needles:
+        assert n in err
+
+
+def test_bad_compare_name_is_one_line(tiny_data: Path, capsys):
+    assert main(["bench", str(tiny_data / "shards") + "/", "--compare", "baseline,torchdata", "--workers", "0"]) == 2
+    _one_line_error(capsys, "torchdata", "baseline, webdataset, dali")
+
+
+def test_unsupported_transform_is_one_line(tiny_data: Path, tmp_path: Path, capsys):
+    cfg = tmp_path / "blur.yaml"
+    cfg.write_text(f"source: {{train: {tiny_data / 'shards'}/}}\ndecode: {{image_size: [24, 24]}}\n"
+                   "augment: [{name: GaussianBlur, kernel_size: 3}]\nloader: {batch_size: 8}\n")
+    assert main(["bench", str(cfg), "--compare", "baseline", "--workers", "0"]) == 2
+    _one_line_error(capsys, "augment[0]", "GaussianBlur")
+
+
+def test_make_data_command(tmp_path: Path, capsys):
+    assert main(["bench", "--make-data", "imagenet", "--images", "3", "--root", str(tmp_path / "d"), "--seed", "2"]) == 0
+    summary = json.loads((tmp_path / "d" / "dataset.json").read_text())
+    assert summary["images"] == 3 and (tmp_path / "d" / "shards" / "index.json").exists()
+    assert "imagenet JPEGs" in capsys.readouterr().out
