@@ -153,12 +153,21 @@ def test_every_shipped_config_is_mentioned():
         assert f"configs/{path.name}" in text, f"configs/{path.name} is not mentioned in the docs"
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
 def test_relative_links_resolve():
     for page in PAGES:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+            path = page.parent / target if target else page
+            assert path.exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+            if anchor and path.suffix == ".md":
+                assert anchor in _anchors(path), f"{page.relative_to(ROOT)} links to missing #{anchor} in {target}"
 
 
 def runnable_blocks() -> list[tuple[str, str]]:
