@@ -62,14 +62,34 @@ def _size(t) -> Any:
     return size if isinstance(size, int) else tuple(size)
 
 
+def _fill(t) -> Any:
+    """torchvision's ``fill``: v1 a number / sequence / None, v2 also a dict by input type."""
+    fill = getattr(t, "fill", 0)
+    if isinstance(fill, dict):
+        by_name = {getattr(k, "__name__", str(k)): v for k, v in fill.items()}
+        fill = next((by_name[n] for n in ("Image", "Tensor") if n in by_name), next(iter(fill.values()), 0))
+    return 0 if fill is None else fill
+
+
+def _interpolation(t) -> Any:
+    return getattr(t, "interpolation", "bilinear")
+
+
 def _crop(t):
-    _unsupported_if(t, padding=None, pad_if_needed=False)
-    return RandomCrop(_size(t))
+    return RandomCrop(_size(t), padding=getattr(t, "padding", None), pad_if_needed=getattr(t, "pad_if_needed", False),
+                      fill=_fill(t), padding_mode=getattr(t, "padding_mode", "constant"))
 
 
 def _rotation(t):
     _unsupported_if(t, expand=False, center=None)
-    return RandomRotation(tuple(t.degrees))
+    return RandomRotation(tuple(t.degrees), interpolation=_interpolation(t), fill=_fill(t))
+
+
+def _affine(t):
+    _unsupported_if(t, center=None)
+    return RandomAffine(tuple(t.degrees), translate=t.translate, scale=t.scale,
+                        shear=None if t.shear is None else tuple(t.shear), interpolation=_interpolation(t),
+                        fill=_fill(t))
 
 
 def _to_dtype(t):
@@ -87,16 +107,17 @@ def _to_tensor(t):
 
 
 _BUILDERS: dict[str, Callable[[Any], Transform | None]] = {
-    "Resize": lambda t: (_unsupported_if(t, max_size=None), Resize(_size(t)))[1],
+    "Resize": lambda t: (_unsupported_if(t, max_size=None), Resize(_size(t), interpolation=_interpolation(t)))[1],
     "CenterCrop": lambda t: CenterCrop(_size(t)),
     "RandomCrop": _crop,
-    "RandomResizedCrop": lambda t: RandomResizedCrop(_size(t), scale=tuple(t.scale), ratio=tuple(t.ratio)),
-    "RandomAffine": lambda t: RandomAffine(tuple(t.degrees), translate=t.translate, scale=t.scale,
-                                           shear=None if t.shear is None else tuple(t.shear)),
+    "RandomResizedCrop": lambda t: RandomResizedCrop(_size(t), scale=tuple(t.scale), ratio=tuple(t.ratio),
+                                                     interpolation=_interpolation(t)),
+    "RandomAffine": _affine,
     "RandomRotation": _rotation,
     "RandomHorizontalFlip": lambda t: RandomHorizontalFlip(t.p),
     "RandomVerticalFlip": lambda t: RandomVerticalFlip(t.p),
-    "RandomPerspective": lambda t: RandomPerspective(t.distortion_scale, t.p),
+    "RandomPerspective": lambda t: RandomPerspective(t.distortion_scale, t.p, interpolation=_interpolation(t),
+                                                     fill=_fill(t)),
     "ColorJitter": lambda t: ColorJitter(t.brightness, t.contrast, t.saturation, t.hue),
     "RandomGrayscale": lambda t: RandomGrayscale(t.p),
     "Grayscale": lambda t: Grayscale(t.num_output_channels),

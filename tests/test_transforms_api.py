@@ -56,8 +56,8 @@ def test_unsupported_transforms_are_named_with_the_supported_list():
         T.from_torchvision(tv_compose(tv("ToTensor"), tv("Lambda", lambd=None)))
     with pytest.raises(ValueError, match="AutoAugment is not supported"):
         T.from_torchvision(tv("AutoAugment"))
-    with pytest.raises(ValueError, match=r"RandomCrop\(padding=4\) is not supported"):
-        T.from_torchvision(tv("RandomCrop", size=(32, 32), padding=4, pad_if_needed=False))
+    with pytest.raises(ValueError, match=r"RandomRotation\(expand=True\) is not supported"):
+        T.from_torchvision(tv("RandomRotation", degrees=[-5.0, 5.0], expand=True, center=None))
 
 
 def test_same_key_same_output_and_permutation_invariance():

@@ -103,24 +103,49 @@ class Compose(Transform):
             m = t.matrix(self._child_params(params, i), hw)
             matrix = m if matrix is None else m @ matrix
             hw = t.output_size(hw)
-        # zero fill if any member fills with zeros; "border" only where all sample inside
-        modes = {self.transforms[i].padding_mode for i in run}
-        return warp(images, matrix, hw, "zeros" if "zeros" in modes else "border")
+        padding, fill, interpolation = _sampling([self.transforms[i] for i in run])
+        return warp(images, matrix, hw, padding, interpolation, fill)
 
 
 def _kind(t: Transform) -> str | None:
-    if isinstance(t, GeometricTransform):
+    if isinstance(t, GeometricTransform) and t.fusable:
         return "geometric"
     return "pointwise" if isinstance(t, PointwiseTransform) and t.fusable else None
 
 
+def _sampling(members) -> tuple[str, tuple[float, ...] | None, str]:
+    """(padding mode, fill, interpolation) of one warp for ``members``: the mode of
+    those that read outside their input ("border" if none does: it only guards the
+    rounding at the edge), the interpolation of those that interpolate (bilinear if none)."""
+    outside = [(t.warp_padding, t.fill) for t in members if t.samples_outside]
+    interpolations = [t.interpolation for t in members if t.interpolation is not None]
+    padding, fill = outside[0] if outside else ("border", None)
+    return padding, fill, interpolations[0] if interpolations else "bilinear"
+
+
+def _joins(members, t: GeometricTransform) -> bool:
+    """Whether ``t`` can share one warp with ``members``: the same padding mode and fill
+    where both read outside their input, the same interpolation where both interpolate."""
+    padding, fill, interpolation = _sampling(members)
+    if t.samples_outside and any(m.samples_outside for m in members):
+        if t.warp_padding != padding or (padding != "zeros" and t.fill != fill):
+            return False
+    if t.interpolation is not None and any(m.interpolation is not None for m in members):
+        return t.interpolation == interpolation
+    return True
+
+
 def _runs(transforms) -> list[tuple[str | None, list[int]]]:
     """Consecutive geometric / pointwise transforms grouped: [(kind, indices)]; any
-    other transform is a run of its own."""
+    other transform is a run of its own, and a geometric one that cannot share the
+    run's warp (:func:`_joins`) starts the next run."""
     runs: list[tuple[str | None, list[int]]] = []
     for i, t in enumerate(transforms):
         kind = _kind(t)
-        if runs and kind is not None and runs[-1][0] == kind:
+        same = bool(runs) and kind is not None and runs[-1][0] == kind
+        if same and kind == "geometric":
+            same = _joins([transforms[j] for j in runs[-1][1]], t)
+        if same:
             runs[-1][1].append(i)
         else:
             runs.append((kind, [i]))

@@ -1,0 +1,185 @@
+"""The core of the geometric transforms: one homography per sample, applied with one
+:func:`kornia.geometry.transform.warp_perspective`; the base class, the matrices of
+boxes, and torchvision's argument checks.
+
+Coordinates are pixel centres: pixel ``(x, y)`` sits at integer ``(x, y)`` and an
+image of width ``W`` spans ``[-0.5, W - 0.5]`` (torchvision's / ``align_corners=False``
+resampling convention). ``matrix(params, in_hw)`` takes INPUT pixel coordinates to
+OUTPUT pixel coordinates (Kornia's convention). Because the matrices are already in
+pixel-centre coordinates they are handed to Kornia with ``align_corners=True``,
+which maps pixel ``0`` / ``W - 1`` to ``-1`` / ``1`` exactly, so a resize matches
+``F.interpolate(mode="bilinear", align_corners=False, antialias=False)``, a flip or
+integer crop samples pixels exactly, and ``grid_sample``'s "reflection" reflects
+about the edge pixels' centres: torchvision's ``padding_mode="reflect"``.
+
+Dtypes: (B, C, H, W) uint8 in → (B, C, h, w) float32 out, still in [0, 255] (not
+rounded, not rescaled; clamped to it after bicubic); float32 in → float32 out;
+float16 / bfloat16 are warped in float32 and cast back. channels_last input is fine.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+import torch
+
+from .base import AugKey, Transform
+from .keys import uniform
+
+__all__ = ["HW", "GeometricTransform", "warp", "box_matrix", "check_interpolation", "check_fill",
+           "INTERPOLATIONS"]
+
+HW = tuple[int, int]
+INTERPOLATIONS = ("bilinear", "nearest", "bicubic")
+_PIL_CODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # Pillow's constants, which torchvision accepts
+
+
+def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: str = "zeros",
+         interpolation: str = "bilinear", fill: tuple[float, ...] | None = None) -> torch.Tensor:
+    """Warp each sample by its (B, 3, 3) input→output pixel homography.
+
+    ``padding_mode``: Kornia's ("zeros", "border", "reflection", or "fill" with
+    ``fill`` one value or one per channel). Shape: (B, C, H, W) uint8 / float →
+    (B, C, *out_hw) float32 (uint8 in; values stay in [0, 255]) or the input float dtype.
+    """
+    from kornia.geometry.transform import warp_perspective
+
+    out_dtype = images.dtype if images.is_floating_point() else torch.float32
+    x = images.to(torch.float32)
+    fill_value = None
+    if padding_mode == "fill":
+        fill_value = torch.tensor(fill or (0.0,), dtype=torch.float32).to(x.device, non_blocking=True)
+    out = warp_perspective(x, matrix.to(device=x.device, dtype=torch.float32), dsize=(int(out_hw[0]), int(out_hw[1])),
+                           mode=interpolation, padding_mode=padding_mode, align_corners=True, fill_value=fill_value)
+    if interpolation == "bicubic" and not images.is_floating_point():
+        out = out.clamp_(0.0, float(torch.iinfo(images.dtype).max))  # torchvision clamps integer images
+    return out.to(out_dtype)
+
+
+def box_matrix(top, left, box_h, box_w, out_hw: HW) -> torch.Tensor:
+    """(B, 3, 3) taking the box (top, left, box_h, box_w) of the input onto an
+    ``out_hw`` output (crop, then resize); all (B,) float tensors."""
+    sy, sx = out_hw[0] / box_h, out_hw[1] / box_w
+    zero = torch.zeros_like(sx)
+    return _affine(sx, zero, (0.5 - left) * sx - 0.5, zero, sy, (0.5 - top) * sy - 0.5)
+
+
+def _affine(a, b, c, d, e, f) -> torch.Tensor:
+    """(B, 3, 3) [[a, b, c], [d, e, f], [0, 0, 1]] from (B,) tensors."""
+    zero, one = torch.zeros_like(a), torch.ones_like(a)
+    return torch.stack([a, b, c, d, e, f, zero, zero, one], dim=-1).reshape(-1, 3, 3)
+
+
+def _draw(key: AugKey, slot: int, count: int = 1, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
+    """(B, count) float32 uniform draws of this transform's ``slot``."""
+    k = key.child(slot)
+    return uniform(k.seed, k.epoch, k.sample_ids, k.tag, count, low, high)
+
+
+def _int_between(u: torch.Tensor, low, high) -> torch.Tensor:
+    """Integers uniform in [low, high) from uniforms ``u`` in [0, 1) (float32 result);
+    ``high`` an int or a tensor on ``u``'s device (no host-to-device copy either way)."""
+    v = torch.floor(low + u * (high - low))
+    return torch.minimum(v, high - 1) if torch.is_tensor(high) else v.clamp(max=high - 1)
+
+
+def _ones(key: AugKey) -> torch.Tensor:
+    return torch.ones(key.sample_ids.shape[0], dtype=torch.float32, device=key.sample_ids.device)
+
+
+# ---------------------------------------------------------------- argument checks
+
+def _setup_size(size, name: str = "size") -> HW:
+    if isinstance(size, str):
+        raise TypeError(f"{name} should be an int or a sequence of two ints (got {size!r})")
+    if isinstance(size, numbers.Number):
+        size = (int(size), int(size))
+    elif isinstance(size, Sequence) and len(size) == 1:
+        size = (int(size[0]), int(size[0]))
+    elif not isinstance(size, Sequence) or len(size) != 2:
+        raise ValueError("Please provide only two dimensions (h, w) for size.")
+    if min(size) <= 0:
+        raise ValueError(f"{name} should be positive (got {tuple(size)})")
+    return int(size[0]), int(size[1])
+
+
+def _setup_angle(x, name: str, req_sizes: Sequence[int] = (2,)) -> list[float]:
+    if isinstance(x, numbers.Number):
+        if x < 0:
+            raise ValueError(f"If {name} is a single number, it must be positive.")
+        return [-float(x), float(x)]
+    if not isinstance(x, Sequence) or len(x) not in req_sizes:
+        msg = " or ".join(str(s) for s in req_sizes)
+        raise ValueError(f"{name} should be a sequence of length {msg}.")
+    return [float(d) for d in x]
+
+
+def _check_range(x, name: str) -> tuple[float, float]:
+    if not isinstance(x, Sequence) or len(x) != 2:
+        raise TypeError(f"{name} should be a sequence of length 2 (got {x!r})")
+    if x[0] > x[1]:
+        raise ValueError(f"Scale and ratio should be of kind (min, max) (got {name}={tuple(x)})")
+    return float(x[0]), float(x[1])
+
+
+def check_interpolation(interpolation) -> str:
+    """torchvision's ``interpolation`` argument (an ``InterpolationMode``, i.e. anything
+    with a ``.value`` string, the string itself, or a Pillow integer constant) → the
+    mode name; the modes a warp can do are bilinear, nearest and bicubic."""
+    value = getattr(interpolation, "value", interpolation)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value not in _PIL_CODES:
+            raise ValueError(f"Argument interpolation should be an InterpolationMode or a corresponding Pillow "
+                             f"integer constant, but got {interpolation}.")
+        value = _PIL_CODES[value]
+    if not isinstance(value, str):
+        raise TypeError(f"Argument interpolation should be an InterpolationMode or a string, got {interpolation!r}")
+    if value.lower() not in INTERPOLATIONS:
+        raise ValueError(f"interpolation {value!r} is not supported by gpupipe's warp; "
+                         f"choose from {', '.join(INTERPOLATIONS)}")
+    return value.lower()
+
+
+def check_fill(fill) -> tuple[float, ...]:
+    """torchvision's ``fill``: a number or one per channel → a tuple of floats."""
+    if isinstance(fill, bool) or not isinstance(fill, (numbers.Number, tuple, list)):
+        raise TypeError("Got inappropriate fill arg, only Numbers, tuples and lists are allowed.")
+    values = (float(fill),) if isinstance(fill, numbers.Number) else tuple(float(v) for v in fill)
+    if not values:
+        raise ValueError("fill should be a number or a non-empty sequence of numbers")
+    return values
+
+
+class GeometricTransform(Transform):
+    """A transform that is one homography per sample. Subclasses implement
+    ``make_params`` (from the input size only: ``Compose`` calls it on a placeholder
+    of the right shape), ``output_size`` and ``matrix``.
+
+    How it samples, which ``Compose`` reads to decide what fuses into one warp:
+    ``samples_outside`` (does it read outside its input?), and if so ``warp_padding``
+    (Kornia's padding mode) and ``fill``; ``interpolation`` (None: it samples exactly on pixel
+    centres, flips and integer crops, so any mode gives the same); ``fusable``.
+    """
+
+    samples_outside = True
+    warp_padding = "zeros"
+    fill: tuple[float, ...] | None = None
+    interpolation: str | None = "bilinear"
+    fusable = True
+
+    def output_size(self, in_hw: HW) -> HW:
+        return in_hw
+
+    def matrix(self, params: dict[str, torch.Tensor], in_hw: HW) -> torch.Tensor:
+        raise NotImplementedError
+
+    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        in_hw = (int(images.shape[-2]), int(images.shape[-1]))
+        mode = self.warp_padding if self.samples_outside else "border"
+        return warp(images, self.matrix(params, in_hw), self.output_size(in_hw), mode,
+                    self.interpolation or "bilinear", self.fill)
+
+    def set_fill(self, fill) -> None:
+        """torchvision's ``fill`` for the area outside the input: 0 is Kornia's zeros."""
+        self.fill = check_fill(fill)
+        self.warp_padding = "zeros" if all(v == 0 for v in self.fill) else "fill"
