@@ -39,9 +39,21 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def prose(text: str) -> list[str]:
+    """The page's lines with fenced code blocks blanked (a ``# comment`` there is no heading)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            out.append("")
+        else:
+            out.append("" if fenced else line)
+    return out
+
+
 def tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
     """``(heading, header cells, rows)`` for every Markdown table, under its nearest heading."""
-    out, heading, lines, i = [], "", text.splitlines(), 0
+    out, heading, lines, i = [], "", prose(text), 0
     while i < len(lines):
         line = lines[i]
         if line.startswith("#"):
@@ -155,7 +167,7 @@ def test_every_shipped_config_is_mentioned():
 
 def _anchors(page: Path) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
-    headings = [line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")]
+    headings = [line.lstrip("#").strip() for line in prose(page.read_text()) if line.startswith("#")]
     return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
