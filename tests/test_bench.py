@@ -73,10 +73,10 @@ def tiny_data(tmp_path_factory) -> Path:
 
 def test_runner_writes_json_and_plot_for_every_loader(tiny_data: Path, tmp_path: Path, capsys):
     compare = "baseline,webdataset" + (",dali" if HAS_DALI else "")
-    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    out = tmp_path / "r.json"
     code = main(["bench", str(tiny_data / "shards") + "/", "--compare", compare, "--workers", "0,1", "--batches", "2",
                  "--repeat", "2", "--warmup", "1", "--batch-size", "8", "--image-size", "32", "--augment", "simple",
-                 "--decode", "pil", "--device", "cpu", "--json", str(out), "--plot", str(png)])
+                 "--decode", "pil", "--device", "cpu", "--json", str(out)])
     assert code == 0, capsys.readouterr().err
     doc = json.loads(out.read_text())
     rows = doc["results"]
@@ -94,6 +94,11 @@ def test_runner_writes_json_and_plot_for_every_loader(tiny_data: Path, tmp_path:
     meta = doc["meta"]
     assert meta["environment"]["cores"] >= 1 and meta["targets"][0]["dataset"]["preset"] == "paper"
     assert any("GPU" in n for n in meta["notes"]) or meta["environment"].get("gpu")
+    pytest.importorskip("matplotlib")
+    from gpupipe.bench.plot import main as plot_main
+
+    png = tmp_path / "r.png"
+    assert plot_main([str(out), str(out), "-o", str(png)]) == 0  # one panel per set, docs combined
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -142,7 +147,8 @@ def test_unsupported_transform_is_one_line(tiny_data: Path, tmp_path: Path, caps
 
 
 def test_make_data_command(tmp_path: Path, capsys):
-    assert main(["bench", "--make-data", "imagenet", "--images", "3", "--root", str(tmp_path / "d"), "--seed", "2"]) == 0
+    root = str(tmp_path / "d")
+    assert main(["bench", "--make-data", "imagenet", "--images", "3", "--root", root, "--seed", "2"]) == 0
     summary = json.loads((tmp_path / "d" / "dataset.json").read_text())
     assert summary["images"] == 3 and (tmp_path / "d" / "shards" / "index.json").exists()
     assert "imagenet JPEGs" in capsys.readouterr().out

@@ -132,8 +132,9 @@ def _pipeline(shards: list[str], index: list[str], steps: tuple[Step, ...], *, i
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=seed,
                   prefetch_queue_depth=2)
     def pipe():
-        jpegs, labels = fn.readers.webdataset(paths=shards, index_paths=index, ext=["jpg", "cls"], random_shuffle=True,
-                                              initial_fill=1024, missing_component_behavior="skip", name="reader")
+        jpegs, labels = fn.readers.webdataset(paths=shards, index_paths=index, ext=["jpg", "cls"],
+                                              random_shuffle=True, initial_fill=1024,
+                                              missing_component_behavior="skip", name="reader")
         img = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
         size = tuple(image_size)
         img = fn.resize(img, size=list(size), antialias=True, interp_type=types.INTERP_LINEAR)
@@ -157,13 +158,30 @@ def dali_batches(shards: list[str], index: list[str], steps: Iterable[Step], *, 
     steps = tuple(steps)
     check_dali(steps)
     gpu = torch.device(device).type == "cuda"
-    pipe = _pipeline(shards, index, steps, image_size=image_size, batch_size=batch_size, threads=max(1, threads), gpu=gpu,
-                     seed=seed)
+    pipe = _pipeline(shards, index, steps, image_size=image_size, batch_size=batch_size, threads=max(1, threads),
+                     gpu=gpu, seed=seed)
     try:
         while True:
             images, _ = pipe.run()
-            dense = images.as_tensor()
-            out = torch.from_dlpack(dense) if gpu else torch.from_numpy(np.array(dense))
+            out = _to_torch(images.as_tensor(), gpu)
             yield int(out.shape[0])
     finally:
         del pipe
+
+
+def _to_torch(dense, gpu: bool):
+    """The batch as a torch tensor: a copy on the CPU (DALI reuses its buffer), zero-copy
+    DLPack on the GPU, or the DALI plugin's copy where this DALI has no DLPack export."""
+    import torch
+
+    if not gpu:
+        return torch.from_numpy(np.array(dense))
+    try:
+        return torch.from_dlpack(dense)
+    except (TypeError, AttributeError, RuntimeError):
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        dtype = torch.float32 if "FLOAT" in str(dense.dtype) else torch.uint8
+        out = torch.empty(dense.shape(), dtype=dtype, device="cuda")
+        feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream())
+        return out
