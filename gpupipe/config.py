@@ -36,6 +36,7 @@ __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "S
 SPLITS = ("train", "val", "test", "predict")
 LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NEEDS_FLOAT = frozenset({"Normalize", "ColorJitter"})
 _EVAL_SAFE = frozenset({"Resize", "CenterCrop", "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale"})
 
 
@@ -383,14 +384,15 @@ def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> Tra
 
 
 def _check_pipeline(specs: Sequence[TransformSpec], path: str) -> None:
-    """Catch the one mistake YAML makes easy: normalising uint8 0-255 images."""
+    """Catch the mistake YAML makes easy: colour ops or Normalize on uint8 0-255 images
+    (a config pipeline starts from the decoder's uint8; ColorJitter works in [0, 1])."""
     cast = False
     for i, spec in enumerate(specs):
         if spec.name in ("ToDtype", "ToTensor"):
             cast = True
-        elif spec.name == "Normalize" and not cast:
-            raise ConfigError(f"{path}[{i}] (Normalize): images are uint8 0-255 here; put a ToDtype "
-                              f"(dtype: float32) before Normalize")
+        elif spec.name in _NEEDS_FLOAT and not cast:
+            raise ConfigError(f"{path}[{i}] ({spec.name}): images are uint8 0-255 here; put a ToDtype "
+                              f"(dtype: float32) before {spec.name}")
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

@@ -10,6 +10,8 @@ a config file never imports arbitrary code.
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from typing import Any, Iterator, Sequence
 
 from gpupipe.config import parse_config, read_yaml
@@ -40,11 +42,16 @@ def run(args: argparse.Namespace) -> int:
 
     data_flag = "--config" if isinstance(raw, dict) and "data" in raw else "--data"
     cli_args = ["fit", data_flag, str(args.config), *args.overrides]
+    for name in ("lightning.pytorch", "lightning.fabric"):  # Lightning prints its own lines, once
+        logging.getLogger(name).propagate = False
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads args=, not the gpupipe command line
     try:
         LightningCLI(ImageClassifier, GpuDataModule, subclass_mode_model=False, subclass_mode_data=False,
                      args=cli_args, save_config_kwargs={"overwrite": True})
     except SystemExit as exc:  # jsonargparse has printed what was wrong
         return exc.code if isinstance(exc.code, int) else 2
+    finally:
+        sys.argv = argv
     return 0
 
 

@@ -43,12 +43,20 @@ def test_eval_splits_keep_only_deterministic_steps_and_centre_crop():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_shipped_configs_load(path, monkeypatch):
+def test_shipped_configs_load_and_keep_the_image_range(path, monkeypatch):
+    """Every shipped config loads, and its pipeline maps uint8 images to the range Normalize
+    promises (not near-constant images from a cast in the wrong place)."""
+    import torch
+
+    from gpupipe.augment.base import AugKey
+
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
     cfg = load_config(path)
     assert cfg.source.train is not None
-    assert cfg.transforms("train") is None or len(cfg.augment) > 0
+    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    out = cfg.transforms("train")(images, AugKey(0, 0, torch.arange(8))).float()
+    assert out.min() < -1.5 and out.max() > 1.5, (out.min(), out.max())  # ImageNet-normalised 0..1 spans ~-2.1..2.6
 
 
 def test_shipped_configs_exist():
@@ -74,6 +82,8 @@ def test_shipped_configs_exist():
     ({"augment": [{"name": "RandomHorizontalFlip", "p": 1.5}]}, r"augment\[0\] \(RandomHorizontalFlip\): p should be"),
     ({"augment": [{"name": "ToDtype", "dtype": "float8"}]}, r"augment\[0\] \(ToDtype\): dtype: unknown 'float8'"),
     ({"augment": [{"name": "Normalize", "mean": [0.5], "std": [0.5]}]}, r"augment\[0\] \(Normalize\): .*ToDtype"),
+    ({"augment": [{"name": "RandomHorizontalFlip"}, {"name": "ColorJitter", "brightness": 0.2}]},
+     r"augment\[1\] \(ColorJitter\): images are uint8 0-255 here; put a ToDtype"),
     ({"augment": "fancy"}, r"augment: unknown preset 'fancy'"),
     ({"augment": [{"p": 0.5}]}, r"augment\[0\]: expected a mapping with 'name'"),
     ({"source": 3}, r"source: expected a URL"),
