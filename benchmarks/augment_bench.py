@@ -1,15 +1,19 @@
-"""Augmentation cost per batch: gpupipe fused vs gpupipe sequential vs Kornia's
-AugmentationSequential, for the two transform sets of the docs (issue 4's measure).
+"""Augmentation cost per batch: gpupipe fused vs gpupipe sequential (the reference
+path) vs Kornia's AugmentationSequential, for the two transform sets of the docs
+(issue 4's measure), and ColorJitter alone (gpupipe's vs Kornia's).
 
     .venv/bin/python benchmarks/augment_bench.py --out .bench/augment.json
+    .venv/bin/python benchmarks/augment_bench.py --sets jitter:64:256 complex:256:256 --repeat 5
 
 Input is a decoded uint8 batch (B, 3, S, S) — what the decoder hands over (resize
-already done there). Median of --repeat timed calls after one warm-up. Not a test.
+already done there); for ``jitter`` a float batch in [0, 1]. Median of --repeat timed
+calls after one warm-up; the load average is recorded (the CPU may be shared). Not a test.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -42,6 +46,20 @@ def kornia_seq(kind: str):
     return K.AugmentationSequential(*ops)
 
 
+def jitter_row(b: int, s: int, dev: torch.device, repeat: int, sync) -> dict[str, float]:
+    """ColorJitter(0.2 x4) alone on a float batch: gpupipe's (fused), its reference, Kornia's."""
+    import kornia.augmentation as K
+
+    x = torch.rand(b, 3, s, s, device=dev)
+    key = T.AugKey(seed=0, epoch=0, sample_ids=torch.arange(b, device=dev))
+    ours = T.ColorJitter(0.2, 0.2, 0.2, 0.2)
+    params = ours.make_params(x, key)
+    kj = K.ColorJitter(0.2, 0.2, 0.2, 0.2)
+    return {"gpupipe_fused_ms": timed(lambda: (ours(x, key), sync()), repeat),
+            "gpupipe_reference_ms": timed(lambda: (ours.apply_reference(x, params), sync()), min(repeat, 3)),
+            "kornia_ms": timed(lambda: (kj(x), sync()), repeat)}
+
+
 def timed(fn, repeat: int) -> float:
     fn()
     runs = []
@@ -54,19 +72,24 @@ def timed(fn, repeat: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sets", nargs="*", default=["simple:64:128", "complex:256:256"], help="kind:batch:size")
+    ap.add_argument("--sets", nargs="*", default=["simple:64:128", "jitter:64:256", "complex:256:256"],
+                    help="kind:batch:size, kind in simple, complex, jitter")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=".bench/augment.json")
     args = ap.parse_args()
     dev = torch.device(args.device)
-    result = {"device": str(dev), "threads": torch.get_num_threads(), "sets": {}}
+    result = {"device": str(dev), "threads": torch.get_num_threads(), "loadavg_before": os.getloadavg(), "sets": {}}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for spec in args.sets:
         kind, b, s = spec.split(":")
         b, s = int(b), int(s)
+        if kind == "jitter":
+            result["sets"][spec] = row = jitter_row(b, s, dev, args.repeat, sync)
+            print(spec, {n: round(v, 1) for n, v in row.items()}, flush=True)
+            continue
         x = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=dev).contiguous(memory_format=torch.channels_last)
         key = T.AugKey(seed=0, epoch=0, sample_ids=torch.arange(b, device=dev))
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
         row = {}
         for name, pipe in (("gpupipe_fused", ours(kind, True)), ("gpupipe_sequential", ours(kind, False))):
             pipe = pipe.to(dev)
@@ -75,6 +98,7 @@ def main() -> None:
         row["kornia_sequential_ms"] = timed(lambda: (k(x.float() / 255), sync()), args.repeat)
         result["sets"][spec] = row
         print(spec, {n: round(v, 1) for n, v in row.items()}, flush=True)
+    result["loadavg_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 

@@ -3,12 +3,13 @@
     .venv/bin/python benchmarks/probes.py ipc          # worker -> main hand-off of 5 MB batches
     .venv/bin/python benchmarks/probes.py fork  SHARDS  # DALI CPU decode with an idle DataLoader worker alive
     .venv/bin/python benchmarks/probes.py idct  SHARDS  # DALI CPU decode, exact vs fast IDCT
-    .venv/bin/python benchmarks/probes.py augment       # geometry fused vs sequential; ColorJitter costs
+    .venv/bin/python benchmarks/probes.py augment       # geometry and colour: fused vs sequential; ColorJitter vs Kornia
 
 SHARDS: a shard folder, e.g. .bench/decode-data-5000-250/shards/ (made by decode_bench.py). Not tests.
 """
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -90,6 +91,8 @@ def idct(shards: str) -> None:
 
 
 def augment() -> None:
+    import statistics
+
     import gpupipe.transforms as T
 
     b, s = 64, 256
@@ -97,24 +100,34 @@ def augment() -> None:
     xf = torch.rand(b, 3, s, s)
     key = T.AugKey(0, 0, torch.arange(b))
 
-    def ms(fn) -> float:
+    def ms(fn, repeat: int = 3) -> float:  # median of ``repeat`` calls after a warm-up
         fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
+        runs = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs) * 1e3
 
     geo = [T.RandomAffine(20), T.RandomHorizontalFlip(), T.RandomVerticalFlip(), T.RandomPerspective(0.5, p=0.5)]
-    print(f"{b}x3x{s}x{s}: 4 geometric ops fused {ms(lambda: T.Compose(geo)(x, key)):.0f} ms, "
-          f"sequential {ms(lambda: T.Compose(geo, fuse=False)(x, key)):.0f} ms")
+    print(f"{b}x3x{s}x{s}, {torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}; medians of 3 ms")
+    print(f"4 geometric ops fused {ms(lambda: T.Compose(geo)(x, key)):.0f}, "
+          f"sequential {ms(lambda: T.Compose(geo, fuse=False)(x, key)):.0f}")
     for ro in (True, False):
         cj = T.ColorJitter(0.2, 0.2, 0.2, 0.2, random_order=ro)
-        print(f"ColorJitter(0.2 x4) random_order={ro}: {ms(lambda: cj(xf, key)):.0f} ms")
+        print(f"ColorJitter(0.2 x4) random_order={ro}: fused {ms(lambda: cj(xf, key)):.0f}")
+    cj = T.ColorJitter(0.2, 0.2, 0.2, 0.2)
+    params = cj.make_params(xf, key)
+    print(f"ColorJitter(0.2 x4) reference (op by op, 1 call): {ms(lambda: cj.apply_reference(xf, params), 1):.0f}")
     hue = T.ColorJitter(hue=0.2)
-    print(f"hue alone: {ms(lambda: hue(xf, key)):.0f} ms")
+    print(f"hue alone: fused {ms(lambda: hue(xf, key)):.0f}, reference {ms(lambda: hue.apply_reference(xf, hue.make_params(xf, key))):.0f}")
+    tail = [T.ToDtype(torch.float32), T.RepeatChannels(3), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)]
+    print(f"ToDtype+RepeatChannels+Normalize: fused {ms(lambda: T.Compose(tail)(x, key)):.0f}, "
+          f"sequential {ms(lambda: T.Compose(tail, fuse=False)(x, key)):.0f}")
     import kornia.augmentation as K
 
     kj = K.ColorJitter(0.2, 0.2, 0.2, 0.2)
-    print(f"Kornia ColorJitter(0.2 x4): {ms(lambda: kj(xf)):.0f} ms")
+    print(f"Kornia ColorJitter(0.2 x4): {ms(lambda: kj(xf)):.0f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ asserted 2e-5 there, and 2e-5 / min(std) = 1e-4 after an ImageNet Normalize.
 """
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -171,6 +173,40 @@ def test_fused_color_keeps_its_contract():
         Compose([Normalize(MEAN, STD), RepeatChannels(3)])(x, key)
     with pytest.raises(ValueError, match=r"RepeatChannels\(3\) needs 1 or 3 channels, got 2"):
         Compose([ToDtype(), RepeatChannels(3)])(x[:, :2], key)
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch, caplog):
+    from gpupipe.augment import colorfuse
+
+    def broken():
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+        return run
+
+    monkeypatch.setattr(colorfuse, "_compiled_slice", broken)
+    monkeypatch.setattr(colorfuse, "_compile_failed", [])
+    x, key = _uint8(4), _key(4)
+    ops = [ToDtype(), ColorJitter(0.3, 0.3, 0.3, 0.1), Normalize(MEAN, STD)]
+    with caplog.at_level("WARNING", logger="gpupipe.augment.colorfuse"):
+        out = Compose(ops, compile=True)(x, key)
+        Compose(ops, compile=True)(x, key)
+    assert torch.equal(out, Compose(ops)(x, key))
+    assert [r.message for r in caplog.records if "running it eagerly" in r.message] != []
+    assert len([r for r in caplog.records if "running it eagerly" in r.message]) == 1  # warned once
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="Inductor needs a C compiler")
+def test_compiled_colour_pass_agrees():
+    from gpupipe.augment import colorfuse
+
+    if colorfuse._compile_failed:
+        pytest.skip(f"torch.compile unavailable here: {colorfuse._compile_failed[0]}")
+    x, key = _uint8(4, h=16, w=16), _key(4)
+    ops = [ToDtype(), ColorJitter(0.3, 0.3, 0.3, 0.1), RepeatChannels(3), Normalize(MEAN, STD)]
+    compiled = Compose(ops, compile=True)
+    torch.testing.assert_close(compiled(x, key), Compose(ops)(x, key), atol=ATOL_NORMALIZED, rtol=0)
+    assert not colorfuse._compile_failed
 
 
 @pytest.mark.gpu

@@ -32,6 +32,8 @@ these ~1e-7 differences do not grow into jumps; tests assert 2e-5 on [0, 1] valu
 """
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,8 @@ from .base import Transform
 
 __all__ = ["PointwiseTransform", "Spec", "Affine", "Repeat", "Blend", "Hue", "Step", "run_steps", "slice_size", "out_channels", "hue_shift_", "LUMA",
            "BRIGHTNESS", "CONTRAST", "SATURATION"]
+
+log = logging.getLogger(__name__)
 
 LUMA = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 BRIGHTNESS, CONTRAST, SATURATION = 0, 1, 2
@@ -306,8 +310,28 @@ def slice_size(images: torch.Tensor, pixels: int = 1 << 17) -> int:
     return max(1, pixels // max(1, int(images.shape[-2] * images.shape[-1])))
 
 
+@functools.cache
+def _compiled_slice():
+    """``_run_slice`` through ``torch.compile`` (Inductor: C++ with the system compiler
+    on the CPU, Triton on CUDA), built on first use."""
+    return torch.compile(_run_slice, dynamic=False)
+
+
+_compile_failed: list[str] = []  # the first failure's message; compilation is not tried again
+
+
+def _run_compiled(images: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, owned: bool) -> torch.Tensor:
+    if not _compile_failed:
+        try:
+            return _compiled_slice()(images, steps, out_dtype, owned)
+        except Exception as exc:  # no compiler, unsupported backend...: eager is always there
+            _compile_failed.append(f"{type(exc).__name__}: {exc}")
+            log.warning("torch.compile of the fused colour pass failed, running it eagerly: %s", _compile_failed[0])
+    return _run_slice(images, steps, out_dtype, owned)
+
+
 def run_steps(images: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, *, owned: bool = False,
-              slice_samples: int | None = None) -> torch.Tensor:
+              slice_samples: int | None = None, compile: bool = False) -> torch.Tensor:
     """Execute ``steps`` on ``images`` (B, C, H, W), any dtype; returns ``out_dtype``
     (``images`` itself where there is nothing to do).
 
@@ -315,7 +339,13 @@ def run_steps(images: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, *
     :func:`slice_size`): every step is per sample, so slicing changes nothing but where
     the data lives while it is worked on. ``owned``: the caller hands ``images`` over
     (a temporary nobody else holds), so a float32 slice may be written in place.
+    ``compile``: run the whole batch through ``torch.compile`` (opt-in: the first call
+    per step structure and shape compiles for tens of seconds, later ones fuse every
+    step into a few loops, ~3x faster on a 2-core CPU at 64 x 256²); a failure to
+    compile logs a warning once and falls back to eager.
     """
+    if compile:
+        return _run_compiled(images, steps, out_dtype, owned)
     B, C, H, W = images.shape
     step_b = slice_samples or slice_size(images)
     if step_b >= B:

@@ -35,20 +35,23 @@ class Compose(Transform):
     :class:`GeometricTransform` is one matrix per sample and one warp, each run of
     consecutive :class:`PointwiseTransform` (ToDtype, ColorJitter, RandomGrayscale,
     RepeatChannels, Normalize) one fused colour pass; ``fuse=False``: one transform
-    after another, each by its ``apply_reference`` (the reference path). Params: the
-    children's, keyed ``"{i}.{name}"``.
+    after another, each by its ``apply_reference`` (the reference path). ``compile``:
+    colour passes through ``torch.compile`` (opt-in, never required; see
+    :func:`~gpupipe.augment.colorfuse.run_steps`). Params: the children's, keyed
+    ``"{i}.{name}"``.
 
     Shape: (B, C, H, W) → whatever the last transform returns (float32 once a
     geometric transform has touched a uint8 batch).
     """
 
-    def __init__(self, transforms: Sequence[Transform], *, fuse: bool = True):
+    def __init__(self, transforms: Sequence[Transform], *, fuse: bool = True, compile: bool = False):
         super().__init__()
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):
                 raise TypeError(f"transforms[{i}] should be a gpupipe Transform (got {type(t).__name__})")
         self.transforms = torch.nn.ModuleList(transforms)
         self.fuse = bool(fuse)
+        self.compile = bool(compile)
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         params: dict[str, torch.Tensor] = {}
@@ -90,7 +93,7 @@ class Compose(Transform):
         for i in run:
             more, spec = self.transforms[i].steps(self._child_params(params, i), spec)
             steps += more
-        return run_steps(images, steps, spec.dtype, owned=owned)
+        return run_steps(images, steps, spec.dtype, owned=owned, compile=self.compile)
 
     def _apply_warp(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor]) -> torch.Tensor:
         """One warp for the geometric transforms ``run`` (indices), sizes tracked through it."""
