@@ -119,6 +119,17 @@ def test_after_a_warp_and_on_channels_last(device):
     torch.testing.assert_close(pipe.apply(x, params), ref, atol=ATOL_NORMALIZED, rtol=0)
 
 
+def test_luma_gemv_and_plane_paths_agree():
+    from gpupipe.augment.colorfuse import LUMA, _weighted_channels
+
+    x = torch.rand(2, 3, 512, 1024, generator=torch.Generator().manual_seed(5))  # 2^20 pixels: the GEMV path
+    ref = (LUMA[0] * x[:, 0] + LUMA[1] * x[:, 1] + LUMA[2] * x[:, 2]).unsqueeze(1)
+    for image in (x, x.contiguous(memory_format=torch.channels_last), x[:, :, :8]):  # GEMV, GEMV, planes
+        for weights in (list(LUMA), torch.tensor(LUMA)):
+            torch.testing.assert_close(_weighted_channels(image, weights), ref[:, :, :image.shape[2]],
+                                       atol=1e-6, rtol=0)
+
+
 def test_slices_change_nothing():
     jitter = ColorJitter(0.4, 0.4, 0.4, 0.2)
     x = torch.rand(10, 3, 8, 8, generator=torch.Generator().manual_seed(2))

@@ -152,22 +152,36 @@ def _target(w: _Work) -> torch.Tensor | None:
 
 def _luma(w: _Work) -> torch.Tensor:
     """(B, 1, H, W) luma of the image ``x·scale + shift`` (the image itself with 1 channel)."""
-    x, B, (H, W) = w.x, w.x.shape[0], w.x.shape[-2:]
+    x = w.x
     if w.channels == 1:
         return _axpb(x, w.scale, w.shift) if w.pending() else x
-    luma = _luma_weights(x)
-    weights = (luma * w.scale.reshape(-1)) if isinstance(w.scale, torch.Tensor) else luma * w.scale  # (1|3,)
-    weights = weights.expand(3)
-    if x.shape[1] == 1:  # a pending Repeat: every channel is x
-        gray = x * weights.sum()
-    elif x.is_contiguous():
-        gray = torch.matmul(weights.reshape(1, 3), x.view(B, 3, H * W)).view(B, 1, H, W)
-    else:  # channels_last (anything else is made so by the reshape)
-        gray = torch.matmul(x.permute(0, 2, 3, 1).reshape(B, H * W, 3), weights.reshape(3, 1))
-        gray = gray.view(B, H, W, 1).permute(0, 3, 1, 2)
+    if isinstance(w.scale, torch.Tensor):
+        weights = _luma_weights(x) * w.scale.reshape(-1)  # (1|3,) on the device
+        weights = weights.expand(3)
+    else:
+        weights = [v * w.scale for v in LUMA]  # Python floats: no tensor, no copy
+    gray = x * sum(weights) if x.shape[1] == 1 else _weighted_channels(x, weights)  # 1: a pending Repeat
     if isinstance(w.shift, torch.Tensor):
-        return gray.add_((luma * w.shift.reshape(-1)).sum())
+        return gray.add_((_luma_weights(x) * w.shift.reshape(-1)).sum())
     return gray if _is(w.shift, 0.0) else gray.add_(w.shift * sum(LUMA))
+
+
+def _weighted_channels(x: torch.Tensor, weights) -> torch.Tensor:
+    """(B, 1, H, W) sum of the 3 channels times ``weights`` (3 floats or a (3,) tensor).
+    A large batch is one GEMV (reads the image once); a small one three plane ops, as
+    a small GEMV costs milliseconds of BLAS thread start-up on a busy CPU."""
+    B, _, H, W = x.shape
+    if B * H * W < 1 << 20:
+        r, g, b = x.unbind(dim=1)
+        if isinstance(weights, torch.Tensor):
+            return (r * weights[0]).addcmul_(g, weights[1]).addcmul_(b, weights[2]).unsqueeze(1)
+        return (r * weights[0]).add_(g, alpha=weights[1]).add_(b, alpha=weights[2]).unsqueeze(1)
+    if not isinstance(weights, torch.Tensor):
+        weights = torch.tensor(weights, dtype=x.dtype).to(x.device, non_blocking=True)
+    if x.is_contiguous():
+        return torch.matmul(weights.reshape(1, 3), x.view(B, 3, H * W)).view(B, 1, H, W)
+    xl = x.permute(0, 2, 3, 1).reshape(B, H * W, 3)  # channels_last: a view (anything else: a copy)
+    return torch.matmul(xl, weights.reshape(3, 1)).view(B, H, W, 1).permute(0, 3, 1, 2)
 
 
 def _reference(w: _Work, f: torch.Tensor, kind: int | torch.Tensor) -> torch.Tensor | None:
@@ -176,7 +190,7 @@ def _reference(w: _Work, f: torch.Tensor, kind: int | torch.Tensor) -> torch.Ten
         return None
     if isinstance(kind, int) and kind == CONTRAST and w.channels == 3 and not w.pending():
         means = w.x.mean(dim=(-2, -1))  # (B, 3): the mean luma is the luma of the channel means
-        return (1 - f) * (means @ _luma_weights(means)).reshape(-1, 1, 1, 1)
+        return (1 - f) * (means * _luma_weights(means)).sum(-1).reshape(-1, 1, 1, 1)  # no tiny BLAS call
     gray = _luma(w)
     mean = gray.mean(dim=(-2, -1), keepdim=True)
     if isinstance(kind, int):
