@@ -130,12 +130,21 @@ def _luma_weights(like: torch.Tensor) -> torch.Tensor:
 def _axpb(x: torch.Tensor, scale, shift, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x * scale + shift`` (floats or tensors; Python floats never become tensors, so
     no host-to-device copy), written to ``out`` when given (may be ``x``)."""
+    scale, shift = _per_sample_channel(scale, x), _per_sample_channel(shift, x)
     if isinstance(shift, torch.Tensor) and isinstance(scale, torch.Tensor):
         return torch.addcmul(shift, x, scale, out=out)
     if isinstance(shift, torch.Tensor):
         return torch.add(shift, x, alpha=scale, out=out)
     y = torch.mul(x, scale, out=out)
     return y if _is(shift, 0.0) else y.add_(shift)
+
+
+def _per_sample_channel(v, x: torch.Tensor):
+    """A (1, C, 1, 1) factor as (B, C, 1, 1): CPU kernels broadcast a per-(sample,
+    channel) factor about 2x faster than one broadcast over the batch too."""
+    if isinstance(v, torch.Tensor) and v.dim() == 4 and v.shape[0] == 1 and v.shape[1] > 1 < x.shape[0]:
+        return v.expand(x.shape[0], -1, -1, -1).contiguous()
+    return v
 
 
 def _image_shape(w: _Work) -> tuple[int, ...]:
