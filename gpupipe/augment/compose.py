@@ -106,8 +106,9 @@ class Compose(Transform):
             m = t.matrix(self._child_params(params, i), hw)
             matrix = m if matrix is None else m @ matrix
             hw = t.output_size(hw)
-        padding, fill, interpolation = _sampling([self.transforms[i] for i in run])
-        return warp(images, matrix, hw, padding, interpolation, fill)
+        members = [self.transforms[i] for i in run]
+        padding, fill, interpolation = _sampling(members)
+        return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t in members))
 
 
 def _kind(t: Transform) -> str | None:

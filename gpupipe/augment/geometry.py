@@ -155,6 +155,8 @@ class RandomPerspective(GeometricTransform):
     ``end`` (B, 4, 2) float32 output corners (TL, TR, BR, BL; x, y). ``interpolation``
     and ``fill`` as torchvision's."""
 
+    affine = False
+
     def __init__(self, distortion_scale: float = 0.5, p: float = 0.5, interpolation="bilinear", fill=0):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)

@@ -35,22 +35,26 @@ _PIL_CODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # Pillow's constants, 
 
 
 def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: str = "zeros",
-         interpolation: str = "bilinear", fill: tuple[float, ...] | None = None) -> torch.Tensor:
+         interpolation: str = "bilinear", fill: tuple[float, ...] | None = None, affine: bool = False) -> torch.Tensor:
     """Warp each sample by its (B, 3, 3) input→output pixel homography.
 
     ``padding_mode``: Kornia's ("zeros", "border", "reflection", or "fill" with
-    ``fill`` one value or one per channel). Shape: (B, C, H, W) uint8 / float →
-    (B, C, *out_hw) float32 (uint8 in; values stay in [0, 255]) or the input float dtype.
+    ``fill`` one value or one per channel). ``affine``: the matrices' last rows are
+    (0, 0, 1), so Kornia's ``warp_affine`` (an ``affine_grid``, ~15% cheaper on the CPU)
+    does. Shape: (B, C, H, W) uint8 / float → (B, C, *out_hw) float32 (uint8 in; values
+    stay in [0, 255]) or the input float dtype.
     """
-    from kornia.geometry.transform import warp_perspective
+    from kornia.geometry.transform import warp_affine, warp_perspective
 
     out_dtype = images.dtype if images.is_floating_point() else torch.float32
     x = images.to(torch.float32)
     fill_value = None
     if padding_mode == "fill":
         fill_value = torch.tensor(fill or (0.0,), dtype=torch.float32).to(x.device, non_blocking=True)
-    out = warp_perspective(x, matrix.to(device=x.device, dtype=torch.float32), dsize=(int(out_hw[0]), int(out_hw[1])),
-                           mode=interpolation, padding_mode=padding_mode, align_corners=True, fill_value=fill_value)
+    m = matrix.to(device=x.device, dtype=torch.float32)
+    fn = warp_affine if affine else warp_perspective
+    out = fn(x, m[:, :2] if affine else m, dsize=(int(out_hw[0]), int(out_hw[1])), mode=interpolation,
+             padding_mode=padding_mode, align_corners=True, fill_value=fill_value)
     if interpolation == "bicubic" and not images.is_floating_point():
         out = out.clamp_(0.0, float(torch.iinfo(images.dtype).max))  # torchvision clamps integer images
     return out.to(out_dtype)
@@ -158,7 +162,8 @@ class GeometricTransform(Transform):
     How it samples, which ``Compose`` reads to decide what fuses into one warp:
     ``samples_outside`` (does it read outside its input?), and if so ``warp_padding``
     (Kornia's padding mode) and ``fill``; ``interpolation`` (None: it samples exactly on pixel
-    centres, flips and integer crops, so any mode gives the same); ``fusable``.
+    centres, flips and integer crops, so any mode gives the same); ``fusable``;
+    ``affine`` (a matrix without perspective).
     """
 
     samples_outside = True
@@ -166,6 +171,7 @@ class GeometricTransform(Transform):
     fill: tuple[float, ...] | None = None
     interpolation: str | None = "bilinear"
     fusable = True
+    affine = True  # the matrix's last row is (0, 0, 1)
 
     def output_size(self, in_hw: HW) -> HW:
         return in_hw
@@ -177,7 +183,7 @@ class GeometricTransform(Transform):
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         mode = self.warp_padding if self.samples_outside else "border"
         return warp(images, self.matrix(params, in_hw), self.output_size(in_hw), mode,
-                    self.interpolation or "bilinear", self.fill)
+                    self.interpolation or "bilinear", self.fill, self.affine)
 
     def set_fill(self, fill) -> None:
         """torchvision's ``fill`` for the area outside the input: 0 is Kornia's zeros."""
