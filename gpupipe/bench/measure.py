@@ -108,7 +108,8 @@ def environment() -> dict[str, Any]:
 
     env: dict[str, Any] = {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
                            "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
-                           "cpu": _cpu_model(), "torch": torch.__version__}
+                           "cpu": _cpu_model(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                           "loadavg_at_end": [round(v, 2) for v in os.getloadavg()]}
     for module, attr in (("nvidia.dali", "__version__"), ("webdataset", "__version__"), ("PIL", "__version__"),
                          ("kornia", "__version__"), ("torchvision", "__version__"), ("numpy", "__version__")):
         try:
