@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from gpupipe.batch import EncodedBatch, pack
-from gpupipe.errors import ConfigError, PlanError, WorkerError
+from gpupipe.errors import ConfigError, GpupipeError, PlanError, WorkerError
 from gpupipe.plan import (PlanSpec, Progress, check_resumable, chunk_spans, plan_identity, rank_chunks,
                           steps_per_rank, worker_chunks)
 from gpupipe.sources import ResolvedSource, Source, expand_pattern, resolve
@@ -314,8 +314,9 @@ class EncodedLoader:
                 try:
                     batch = next(it, None)
                 except Exception as exc:  # a dead worker shows as a reset pipe, a timeout or torch's RuntimeError
-                    if not _dead_workers(it, wait_s=2.0):
-                        raise
+                    if isinstance(exc, GpupipeError) or not getattr(it, "_workers", None) \
+                            or not _dead_workers(it, wait_s=2.0):
+                        raise  # an error a worker sent (re-raised here), or no worker died
                     raise self._worker_died(it, chunks, received, exc) from exc
                 self.stats.wait_s += time.perf_counter() - t0
                 if batch is None:

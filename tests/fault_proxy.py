@@ -39,6 +39,7 @@ import random
 import socket
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
@@ -95,6 +96,7 @@ class FaultProxy:
         self.drip_bytes, self.drip_interval_s = drip_bytes, drip_interval_s
         self.alternates = dict(alternates or {})
         self.counts: dict[str, int] = dict.fromkeys(("requests", "forwarded", *ALL_FAULTS), 0)
+        self.first_at: dict[str, float] = {}
         self.url = ""
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -140,9 +142,11 @@ class FaultProxy:
         self.stop()
 
     def count(self, name: str) -> None:
-        """Add one to ``counts[name]``."""
+        """Add one to ``counts[name]`` (and note in ``first_at[name]`` the
+        ``time.monotonic()`` of the first)."""
         with self._lock:
             self.counts[name] = self.counts.get(name, 0) + 1
+            self.first_at.setdefault(name, time.monotonic())
 
     def draw_fault(self, method: str) -> str | None:
         """Return the fault for one request with ``method``, or None to forward it."""
