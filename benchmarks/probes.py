@@ -128,6 +128,27 @@ def augment() -> None:
 
     kj = K.ColorJitter(0.2, 0.2, 0.2, 0.2)
     print(f"Kornia ColorJitter(0.2 x4): {ms(lambda: kj(xf)):.0f}")
+    _yiq_vs_hsv_hue()
+
+
+def _yiq_vs_hsv_hue() -> None:
+    """How far a hue shift done as a rotation in YIQ (one 3x3 matrix per sample, one pass)
+    lands from torchvision's HSV definition (Kornia's adjust_hue), on [0, 1] values."""
+    import math
+
+    from gpupipe.augment.colorfn import adjust_hue
+
+    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 3, 32, 32, generator=g)
+    for bound in (0.05, 0.2):
+        shift = (torch.rand(64, generator=g) * 2 - 1) * bound
+        angle = -2 * math.pi * shift
+        c, s, o, z = torch.cos(angle), torch.sin(angle), torch.ones(64), torch.zeros(64)
+        rot = torch.stack([o, z, z, z, c, -s, z, s, c], -1).view(64, 3, 3)
+        m = torch.linalg.inv(to_yiq) @ rot @ to_yiq
+        err = (torch.einsum("bij,bjhw->bihw", m, x).clamp(0, 1) - adjust_hue(x, shift)).abs()
+        print(f"YIQ rotation vs HSV hue, shifts within +-{bound}: max {err.max():.3f}, mean {err.mean():.4f}")
 
 
 if __name__ == "__main__":
