@@ -12,16 +12,21 @@ here on a single float32 buffer, in place:
 * ``Blend`` is torchvision's brightness / contrast / saturation, all of them
   ``clamp(f·x + (1-f)·ref)`` with ref = 0, the mean luma, the luma; ``kind`` is one
   of them for the whole batch or a (B,) tensor choosing per sample. One blend costs
-  one luma GEMV (saturation only), one fused multiply-add over the image and one clamp.
-* ``Hue`` rotates HSV hue exactly (torchvision's definition, not a YIQ approximation)
-  with the closed form ``c_n = V - V·S·clamp(min(k, 4 - k), 0, 1)``,
-  ``k = (n + 6h) mod 6``, n = 5, 3, 1 for R, G, B: value and chroma are kept, no
-  HSV image is built, no per-pixel ``where`` over channels.
+  one luma (a GEMV; brightness needs none, contrast only channel means), one fused
+  multiply-add over the image and one clamp. The clamps are why consecutive blends are
+  not composed into one colour matrix: torchvision clamps after each op.
+* ``Hue`` rotates HSV hue exactly (torchvision's definition; a YIQ rotation would be
+  one matrix but lands up to 0.27 away on [0, 1] even for shifts within ±0.05, see
+  docs/benchmarks.md): value and chroma are kept and each channel is
+  ``min + chroma·clamp(d - 1, 0, 1)``, d the circular distance from the new hue to the
+  channel's centre; no HSV image is built.
 
 Why this is faster than the op-by-op path in eager PyTorch on a CPU: a 50 MB
 allocation costs more than the arithmetic done in it (page faults), and this path
 allocates the working buffer once (plus one luma plane and a few hue planes).
-Each step is still its own few kernels; fusing those would need a compiler.
+Each step is still its own few kernels: single-threaded, the batch goes through in
+cache-sized slices (:func:`slice_size`); ``compile=True`` hands the whole pass to
+``torch.compile``, which fuses the kernels (opt-in, see :func:`run_steps`).
 
 Agreement with the sequential reference (each op by itself, Kornia's
 ``adjust_brightness_accumulative`` / ``adjust_hue`` and torchvision's blend formulas)
@@ -40,13 +45,14 @@ import torch
 
 from .base import Transform
 
-__all__ = ["PointwiseTransform", "Spec", "Affine", "Repeat", "Blend", "Hue", "Step", "run_steps", "slice_size", "out_channels", "hue_shift_", "LUMA",
-           "BRIGHTNESS", "CONTRAST", "SATURATION"]
+__all__ = ["PointwiseTransform", "Spec", "Affine", "Repeat", "Blend", "Hue", "Step", "run_steps", "slice_size",
+           "out_channels", "hue_shift_", "LUMA", "BRIGHTNESS", "CONTRAST", "SATURATION"]
 
 log = logging.getLogger(__name__)
 
 LUMA = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 BRIGHTNESS, CONTRAST, SATURATION = 0, 1, 2
+
 
 @dataclass(frozen=True)
 class Affine:
