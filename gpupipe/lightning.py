@@ -154,6 +154,15 @@ class _SplitLoader:
     def __len__(self) -> int:
         return len(self.gpu)
 
+    # Lightning saves a loader's state_dict as of when *it* asks, which may be after it fetched
+    # ahead; the exact position rides in GpuDataModule.state_dict instead. These two tell
+    # Lightning the loader is resumable (no "not resumable" warning) and carry nothing.
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        pass
+
     def __iter__(self) -> Iterator[Any]:
         trainer = self.dm._trainer_or_none()
         if self.split == "train" and trainer is not None:
