@@ -14,8 +14,9 @@ Usage::
                      [--max-pixels N] [--storage-option KEY=VALUE ...]   (gpupipe/validate.py; exit 1: bad samples)
     gpupipe preview --config FILE [--split S] [--n N] [--out PNG] [--epoch N] [--seed-offset N]
                     [--compare]   (gpupipe/preview.py)
-    gpupipe bench SOURCE [--batch-size N] [--image-size PX] [--decode BACKEND] [--device DEV]
-                         [--workers N] [--epochs N] [--json] [--storage-option KEY=VALUE ...]
+    gpupipe bench CONFIG.yaml... | SOURCE [--compare baseline,webdataset,dali] [--workers 0,1,2]
+                  [--batches N] [--repeat R] [--json [PATH]] [--plot PNG]   (gpupipe/bench/cli.py)
+    gpupipe bench --make-data paper|imagenet --images N --root DIR
 
 Each subcommand is an entry of ``_COMMANDS``: ``name -> (help, add_arguments, run)``, where
 ``add_arguments(parser)`` declares its options and ``run(args) -> int`` does the work and
