@@ -170,6 +170,16 @@ def test_same_key_same_output_in_any_batch(device):
                                atol=1e-5, rtol=0)
 
 
+def test_pipelines_pickle_and_keep_their_output():
+    import pickle
+
+    pipe = Compose([RandomAffine(10, interpolation="nearest", fill=(1, 2, 3)), ToDtype(torch.float32, input_range=255.0),
+                    ColorJitter(0.3, 0.3, 0.3, 0.2), RandomGrayscale(0.3), Normalize(MEAN, STD)], compile=False)
+    x, key = _uint8(5), _key(5)
+    again = pickle.loads(pickle.dumps(pipe))
+    assert torch.equal(again(x, key), pipe(x, key))
+
+
 def test_fused_color_keeps_its_contract():
     x, key = _uint8(4), _key(4)
     ops = [ToDtype(torch.float16), ColorJitter(0.3, 0.3, 0.3, 0.1), Normalize(MEAN, STD)]
