@@ -48,6 +48,10 @@ class BlockCache:
         except FileNotFoundError:
             return None
 
+    def discard(self, key: str) -> None:
+        """Remove one entry (its bytes turned out bad); a missing entry is fine."""
+        _remove(self._path(key))
+
     def put(self, key: str, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         try:

@@ -455,7 +455,7 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
             raise ConfigError(f"{path}: {value!r} is not one of {choices}") from None
     if origin is tuple:
         return _tuple(value, args, path)
-    if origin is not None and isinstance(origin, type) and issubclass(origin, Mapping) or hint is Secrets:
+    if isinstance(origin, type) and issubclass(origin, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
         return value

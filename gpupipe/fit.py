@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -86,8 +87,6 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 
 def _check_class(path: str, value: str) -> None:
-    import re
-
     for name in re.findall(r"[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+", value):
         if not name.startswith(ALLOWED_CLASS_PREFIXES):
             raise ConfigError(f"{path}: class path {name!r} is not allowed (a config never imports arbitrary code); "

@@ -18,7 +18,6 @@ most ``FetchConfig.refetch`` times, after dropping the damaged blocks from the c
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -206,10 +205,7 @@ class Fetcher:
         if self._cache is None:
             return
         for _, _, b, v in self._blocks([(r, version)]):
-            try:
-                os.remove(self._cache._path(BlockCache.key(b.url, b.start, b.stop, v)))
-            except FileNotFoundError:
-                pass
+            self._cache.discard(BlockCache.key(b.url, b.start, b.stop, v))
 
     def read_fresh(self, r: ByteRange, version: str = "") -> list[bytes] | StorageError:
         """``r`` again, block by block as :meth:`read_many` cut it, bypassing (and
