@@ -4,6 +4,7 @@ Usage::
 
     gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
                            [--max-pixels N] [--image-column NAME] [--label-column NAME]
+                           [--classes A,B,C | --classes-from URL]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--storage-option KEY=VALUE ...]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
@@ -84,6 +85,10 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip images declaring more pixels than this (default 178956970)")
     p.add_argument("--image-column", metavar="NAME", help="Parquet image-bytes column (default: detected)")
     p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/class/target)")
+    p.add_argument("--classes", type=lambda t: t.split(","), metavar="A,B,C",
+                   help="the class list, in label order (default: the source's classes, sorted)")
+    p.add_argument("--classes-from", metavar="URL",
+                   help="take the class list from another split's index.json (or its folder, or a classes.txt)")
     _storage_arguments(p)
     _storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -97,7 +102,8 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     shuffle=not args.no_shuffle, max_pixels=args.max_pixels, progress=not args.quiet,
                     storage_options=dict(args.storage_options),
                     dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
-                    image_column=args.image_column, label_column=args.label_column)
+                    image_column=args.image_column, label_column=args.label_column, classes=args.classes,
+                    classes_from=args.classes_from)
     print(report.summary())
     print(f"wrote {args.dst.rstrip('/')}/index.json")
     return 0

@@ -25,13 +25,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
+from gpupipe.classes import agreed_classes, check_class_names
 from gpupipe.dataset import StreamConfig
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.errors import ConfigError
 from gpupipe.storage import FetchConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
-           "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "preset"]
+           "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "preset", "split_classes"]
 
 SPLITS = ("train", "val", "test", "predict")
 LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
@@ -89,17 +90,22 @@ class AugmentPlace(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SourceConfig:
-    """Where each split's shards are: a URL pattern (braces, globs), or a list of them."""
+    """Where each split's shards are: a URL pattern (braces, globs), or a list of them.
+    ``classes``: the dataset's class list, in label order (``None``: the one the splits'
+    indexes agree on)."""
 
     train: str | tuple[str, ...] | None = None
     val: str | tuple[str, ...] | None = None
     test: str | tuple[str, ...] | None = None
     predict: str | tuple[str, ...] | None = None
+    classes: tuple[str, ...] | None = None
     storage_options: Secrets = field(default_factory=Secrets)
 
     def __post_init__(self) -> None:
         if not isinstance(self.storage_options, Secrets):
             object.__setattr__(self, "storage_options", Secrets(self.storage_options))
+        if self.classes is not None:
+            object.__setattr__(self, "classes", check_class_names(self.classes, "source.classes"))
 
 
 @dataclass(frozen=True)
@@ -199,13 +205,21 @@ class PipelineConfig:
         train = split == "train"
         stream = replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train)
         batch_size = self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size)
-        return GpuLoader(list(urls) if isinstance(urls, tuple) else urls, batch_size=batch_size,
-                         decode=self.decode_for(split), augment=self.transforms(split) if augment else None,
-                         device=device if device is not None else self.loader.device, shuffle=stream.shuffle,
-                         seed=self.seed, num_workers=self.loader.num_workers if num_workers is None else num_workers,
-                         storage_options=dict(self.source.storage_options), drop_last=stream.drop_last, rank=rank,
-                         world_size=world_size, stream=stream, prefetch=self.loader.prefetch,
-                         mix=self.mix_for(split) if augment else None)
+        loader = GpuLoader(list(urls) if isinstance(urls, tuple) else urls, batch_size=batch_size,
+                           decode=self.decode_for(split), augment=self.transforms(split) if augment else None,
+                           device=device if device is not None else self.loader.device, shuffle=stream.shuffle,
+                           seed=self.seed, num_workers=self.loader.num_workers if num_workers is None else num_workers,
+                           storage_options=dict(self.source.storage_options), drop_last=stream.drop_last, rank=rank,
+                           world_size=world_size, stream=stream, prefetch=self.loader.prefetch,
+                           mix=self.mix_for(split) if augment else None)
+        if self.source.classes is not None:  # the split's index must number classes as declared
+            agreed_classes({split: split_classes(loader)}, self.source.classes, self.split_urls())
+        return loader
+
+    def split_urls(self) -> dict[str, str]:
+        """Each configured split's URL (the first, for a list), for messages."""
+        urls = {s: getattr(self.source, s) for s in SPLITS}
+        return {s: u if isinstance(u, str) else u[0] for s, u in urls.items() if u}
 
     def checked_split(self, split: str) -> str:
         _check_split(split)
@@ -219,6 +233,12 @@ class PipelineConfig:
         del out["stream"]["on_error"], out["decode"]["seed"]  # derived from decode.on_error and seed
         out["source"]["storage_options"] = {k: "***" for k in self.source.storage_options}
         return out
+
+
+def split_classes(loader) -> tuple[str, ...]:
+    """The class list in a :class:`~gpupipe.loader.GpuLoader`'s index (``()``: none listed)."""
+    manifest = loader.encoded.source.manifest
+    return manifest.classes if manifest is not None else ()
 
 
 def _check_split(split: str) -> None:

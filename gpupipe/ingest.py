@@ -23,8 +23,9 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
+from gpupipe.classes import check_class_names, describe
 from gpupipe.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
 from gpupipe.formats.imageheader import probe
@@ -36,7 +37,7 @@ from gpupipe.sources import Source, expand_pattern, resolve
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands
 from gpupipe.types import ByteRange
 
-__all__ = ["CLASSES_NAME", "IngestReport", "ingest", "index", "inspect"]
+__all__ = ["CLASSES_NAME", "IngestReport", "ingest", "class_list", "index", "inspect"]
 
 log = logging.getLogger(__name__)
 
@@ -89,30 +90,38 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            storage_options: Mapping[str, Any] | None = None,
            dst_storage_options: Mapping[str, Any] | None = None, seed: int = 0, shuffle: bool = True,
            max_pixels: int | None = 178_956_970, progress: bool = True,
-           image_column: str | None = None, label_column: str | None = None) -> IngestReport:
+           image_column: str | None = None, label_column: str | None = None,
+           classes: Sequence[str] | None = None, classes_from: str | None = None) -> IngestReport:
     """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
 
     ``src``: a folder ``<class>/<image>`` (classes sorted by name give the label index), or a
     ``.parquet`` file, a folder of them or a glob. ``dst_storage_options=None`` reuses
     ``storage_options`` when ``dst`` has the same protocol. Samples get keys
     ``<class>/<stem>_<NNNNNNNN>`` and fields ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}``.
-    Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments.
+
+    ``classes`` (or ``classes_from``: an ``index.json``, its folder or a ``classes.txt``, see
+    :func:`class_list`) fixes the class list and so the numbering, e.g. val's from train's
+    index; a class of the source that is not in it is refused. Raises ``StorageError`` for a
+    missing source and ``ConfigError`` for bad arguments.
     """
     start = time.perf_counter()
     if shard_size < 1 or workers < 1:
         raise ConfigError(f"ingest: shard_size and workers must be >= 1, got {shard_size} and {workers}")
     fs, root = open_filesystem(src, storage_options)
     _check_not_inside(src, dst)
+    dst_options = _dst_options(src, dst, storage_options, dst_storage_options)
+    given = _given_classes(classes, classes_from, _options_like(classes_from, (dst, dst_options),
+                                                                (src, storage_options)))
     skipped: list[tuple[str, str]] = []
     kind, paths = _list_source(fs, src, root)
     rng = _rng(seed)
     if kind == "parquet":
         classes, total, items = _parquet_items(fs, paths, rng, shuffle=shuffle, workers=workers,
-                                               image_column=image_column, label_column=label_column)
+                                               image_column=image_column, label_column=label_column, given=given)
     else:
-        classes, total, items = _folder_items(fs, root, paths, rng, skipped, shuffle=shuffle, workers=workers)
-    sink = ShardSink(dst, shard_size=shard_size, classes=classes,
-                     storage_options=_dst_options(src, dst, storage_options, dst_storage_options))
+        classes, total, items = _folder_items(fs, root, paths, rng, skipped, shuffle=shuffle, workers=workers,
+                                              given=given)
+    sink = ShardSink(dst, shard_size=shard_size, classes=classes, storage_options=dst_options)
     from tqdm import tqdm
 
     with tqdm(total=total, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
@@ -138,6 +147,14 @@ def _dst_options(src: str, dst: str, src_options, dst_options):
     if dst_options is not None:
         return dst_options
     return src_options if _protocol(src) == _protocol(dst) else None
+
+
+def _options_like(url: str | None, *known: tuple[str, Mapping[str, Any] | None]) -> Mapping[str, Any] | None:
+    """The storage options of the first ``(url, options)`` on ``url``'s protocol."""
+    for other, options in known:
+        if url is not None and _protocol(url) == _protocol(other):
+            return options
+    return None
 
 
 def _check_not_inside(src: str, dst: str) -> None:
@@ -180,10 +197,13 @@ def _list_source(fs, src: str, root: str) -> tuple[str, list | dict]:
     return "folder", found
 
 
-def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bool,
-                  workers: int) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
+def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bool, workers: int,
+                  given: tuple[str, ...] | None) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
     """Classes, the number of images, and the images read concurrently in (shuffled) order."""
     files, classes, rejected = scan_image_folder(root, found)
+    if given is not None:
+        _refuse_unlisted(classes, given, "class folder")
+        classes = given
     for path, reason in rejected:
         _skip(skipped, path, reason)
     label_of = {c: i for i, c in enumerate(classes)}
@@ -201,7 +221,8 @@ def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bo
 
 
 def _parquet_items(fs, paths: list[str], rng, *, shuffle: bool, workers: int, image_column: str | None,
-                   label_column: str | None) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
+                   label_column: str | None, given: tuple[str, ...] | None
+                   ) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
     """Classes, the number of rows, and the rows: row groups in (permuted) order, read
     ``workers`` at a time, then mixed by a bounded shuffle buffer."""
     from gpupipe.formats.parquet import plan_parquet, read_row_group
@@ -211,16 +232,77 @@ def _parquet_items(fs, paths: list[str], rng, *, shuffle: bool, workers: int, im
     if shuffle:
         groups = [groups[i] for i in rng.permutation(len(groups))]
     batches = _ordered_map(lambda g: read_row_group(fs, plan, g), groups, workers, workers)
-    classes = plan.classes
+    classes, number = _parquet_numbering(plan.classes, given)
 
     def items() -> Iterator[_Item]:
         for row in itertools.chain.from_iterable(batches):
-            name = classes[row.label] if row.label is not None and 0 <= row.label < len(classes) else str(row.label)
-            error = "" if row.label is not None else f"null in label column {plan.label_column!r}"
-            yield _Item(row.name, name, row.stem, row.index, row.label, row.data if not error else None, error)
+            label = number(row.label) if row.label is not None else None
+            name = classes[label] if label is not None and 0 <= label < len(classes) else str(row.label)
+            error = "" if label is not None else (
+                f"null in label column {plan.label_column!r}" if row.label is None else
+                f"label {row.label} is not a class number of the given list ({describe(classes)})")
+            yield _Item(row.name, name, row.stem, row.index, label, row.data if not error else None, error)
 
     out = shuffle_buffer(items(), _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items()
     return classes, plan.num_rows, out
+
+
+def _parquet_numbering(found: tuple[str, ...], given: tuple[str, ...] | None
+                       ) -> tuple[tuple[str, ...], Callable[[int], int | None]]:
+    """The class list, and each row label's number in it (``None``: not a class of the list).
+    Named labels (strings, or integers with class-name metadata) are renumbered by name;
+    bare integers are kept and must fall inside the given list."""
+    if given is None:
+        return found, lambda label: label
+    if found:
+        _refuse_unlisted(found, given, "label")
+        number = {i: given.index(c) for i, c in enumerate(found)}
+        return given, number.get
+    return given, lambda label: label if 0 <= label < len(given) else None
+
+
+def _refuse_unlisted(found: Sequence[str], given: tuple[str, ...], what: str) -> None:
+    missing = [c for c in found if c not in given]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"ingest: {what} {missing[0]!r}{more} is not in the given class list ({describe(given)}); "
+                          "add it to the list (--classes), or leave those images out")
+
+
+def _given_classes(classes: Sequence[str] | None, classes_from: str | None,
+                   options: Mapping[str, Any] | None) -> tuple[str, ...] | None:
+    if classes is not None and classes_from is not None:
+        raise ConfigError("ingest: give the class list or where to read it from (--classes or --classes-from), "
+                          "not both")
+    if classes_from is not None:
+        return class_list(classes_from, storage_options=options)
+    return None if classes is None else check_class_names(classes, "ingest: --classes")
+
+
+def class_list(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The class list at ``url``: an ``index.json`` (its ``classes``), a folder holding one,
+    or a text file with one class name a line (``classes.txt``)."""
+    fs, path = open_filesystem(url, storage_options)
+    path = path.rstrip("/")
+    if not path.endswith((".json", ".txt")) and fs.isdir(path):
+        path = f"{path}/{MANIFEST_NAME}"
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        raise StorageError("no such file; give an index.json, the folder that holds one, or a classes.txt",
+                           url=url) from None
+    if path.endswith(".json"):
+        classes = Manifest.from_json(data, source=url).classes
+    else:
+        classes = _class_lines(data)
+    if not classes:
+        raise ConfigError(f"--classes-from {url}: lists no classes (an index of unlabelled or Parquet-integer "
+                          "data); give the names with --classes a,b,c")
+    return check_class_names(classes, f"--classes-from {url}")
+
+
+def _class_lines(data: bytes) -> tuple[str, ...]:
+    return tuple(line.strip() for line in data.decode("utf-8").splitlines() if line.strip())
 
 
 def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahead: int) -> Iterator[_R]:
@@ -345,10 +427,9 @@ def _index_shards(fetcher: Fetcher, folder: str, paths: list[str], sizes: list[i
 
 def _read_classes(fs, folder: str) -> tuple[str, ...]:
     try:
-        text = fs.cat_file(f"{folder}/{CLASSES_NAME}").decode("utf-8")
+        return _class_lines(fs.cat_file(f"{folder}/{CLASSES_NAME}"))
     except FileNotFoundError:
         return ()
-    return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
 # ---------------------------------------------------------------- inspect

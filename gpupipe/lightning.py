@@ -19,7 +19,8 @@ from typing import Any, Iterator, Mapping, Optional, Union
 import lightning.pytorch as pl
 import torch
 
-from gpupipe.config import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config
+from gpupipe.classes import agreed_classes, describe
+from gpupipe.config import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
 from gpupipe.errors import ConfigError
 
 __all__ = ["GpuDataModule"]
@@ -54,6 +55,7 @@ class GpuDataModule(pl.LightningDataModule):
         self.save_hyperparameters(self.config.to_dict())  # storage option values redacted
         self._loaders: dict[str, _SplitLoader] = {}
         self._pending_state: Mapping | None = None
+        self._classes: tuple[str, ...] | None = None  # known after setup()
 
     # -- loaders -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -61,9 +63,33 @@ class GpuDataModule(pl.LightningDataModule):
         for split in wanted.get(stage, SPLITS):
             if split not in self._loaders and getattr(self.config.source, split) is not None:
                 self._loaders[split] = _SplitLoader(self, split)
+        self._classes = self._check_classes()
         if "train" in self._loaders and self._pending_state is not None:
             self._loaders["train"].gpu.load_state_dict(self._pending_state)
             self._pending_state = None
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The dataset's class list (label order): ``source.classes``, else the one the splits'
+        indexes agree on; ``()`` when neither names any. Reads the indexes if ``setup`` has not."""
+        if self._classes is None:
+            self.setup("fit" if self.config.source.train is not None else "validate")
+        return self._classes or ()
+
+    @property
+    def num_classes(self) -> Optional[int]:
+        """``len(classes)``, or ``None`` when the data does not say."""
+        return len(self.classes) or None
+
+    def _check_classes(self) -> tuple[str, ...]:
+        """One class list across the splits built so far; a mix must have as many classes."""
+        found = {split: split_classes(loader.gpu) for split, loader in self._loaders.items()}
+        classes = agreed_classes(found, self.config.source.classes, self.config.split_urls())
+        mix = self.config.mix
+        if mix is not None and classes and mix.args.get("num_classes") != len(classes):
+            raise ConfigError(f"mix.num_classes: {mix.args.get('num_classes')}, but the data has {describe(classes)}; "
+                              f"set mix.num_classes: {len(classes)}")
+        return classes
 
     def _loader(self, split: str) -> "_SplitLoader":
         if split not in self._loaders:
