@@ -186,6 +186,10 @@ def _orientation_cases() -> dict[str, tuple[bytes, Expect]]:
     exif[0x0112] = 6
     tiff = exif.tobytes().removeprefix(b"Exif\0\0")  # a PNG eXIf chunk holds the TIFF block alone
     out["png-exif-6"] = (png_bytes(stored, colour=2, exif=tiff), Expect("ok", size, upright, lossless=True))
+    if features.check("webp"):  # WebP EXIF chunks are written both with the "Exif\0\0" prefix and without
+        for name, payload in (("webp-exif-6", exif.tobytes()), ("webp-exif-6-tiff", tiff)):
+            data = _save(stored, "WEBP", lossless=True, exif=payload)
+            out[name] = (data, Expect("ok", size, upright, lossless=True))
     # two Exif APP1 segments (non-conformant, seen from some editors): the first one counts,
     # as in the header check (whose upright size places crop boxes) and in Pillow
     data = out["exif-6"][0]
@@ -245,3 +249,57 @@ def _patch_sof(data: bytes, width: int, height: int) -> bytes:
 def _scan_start(data: bytes) -> int:
     at = data.index(b"\xff\xda")
     return at + 2 + struct.unpack_from(">H", data, at + 2)[0]
+
+
+def odd_files() -> dict[str, bytes]:
+    """Real-world odd files, each distinct (its own random pixels), most of which pass the
+    header checks: the formats DALI decodes badly or not at all (RLE, 1- and 4-bit BMP,
+    16-bit and animated PNG, animated / lossless / EXIF WebP, lossless, arithmetic-coded
+    and 12-bit JPEG) and damage only a decoder can find (corrupt PNG IDAT and CRC, a
+    truncated RLE stream, garbage entropy data, a scan cut short before its EOI)."""
+    rng = np.random.default_rng([SEED, 3])
+
+    def rgb(w: int = 64, h: int = 48) -> Image.Image:
+        return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+    def animated(fmt: str) -> bytes:
+        buf = io.BytesIO()
+        rgb().save(buf, fmt, save_all=True, append_images=[rgb(), rgb()])
+        return buf.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    jpeg = _save(rgb(), "JPEG", quality=90)
+    sof, scan = jpeg.index(b"\xff\xc0"), _scan_start(jpeg)
+    noise = rng.integers(0, 255, len(jpeg) - scan - 2, dtype=np.uint8).tobytes().replace(b"\xff", b"\xfe")
+    png = _save(rgb(), "PNG")
+    idat = png.index(b"IDAT")
+    out = {
+        "bmp-rle8": _rle8_bmp(rng), "bmp-1bit": _save(rgb().convert("1"), "BMP"),
+        "bmp-4bit": _save(rgb().convert("P", palette=Image.Palette.ADAPTIVE, colors=16), "BMP"),
+        "png-16bit": _save(Image.fromarray(rng.integers(0, 65536, (48, 64), dtype=np.uint16)), "PNG"),
+        "png-animated": animated("PNG"), "gif": _save(rgb().convert("P"), "GIF"),
+        "jpeg-cmyk": _save(rgb().convert("CMYK"), "JPEG"), "jpeg-progressive": _save(rgb(), "JPEG", progressive=True),
+        "jpeg-lossless-sof3": jpeg[:sof] + b"\xff\xc3" + jpeg[sof + 2:],
+        "jpeg-arithmetic-sof9": jpeg[:sof] + b"\xff\xc9" + jpeg[sof + 2:],
+        "jpeg-12bit": jpeg[:sof + 4] + b"\x0c" + jpeg[sof + 5:],
+        "jpeg-garbage-entropy": jpeg[:scan] + noise + b"\xff\xd9",
+        "jpeg-cut-with-eoi": jpeg[:scan + (len(jpeg) - scan) // 3] + b"\xff\xd9",
+        "png-corrupt-idat": png[:idat + 24] + rng.integers(0, 256, 40, dtype=np.uint8).tobytes() + png[idat + 64:],
+        "png-bad-crc": png[:idat + 4] + bytes([png[idat + 4] ^ 0xFF]) + png[idat + 5:],
+        "bmp-rle8-truncated": _rle8_bmp(rng)[:-30] + bytes(30),
+    }
+    if features.check("webp"):
+        out.update({"webp-animated": animated("WEBP"), "webp-lossless": _save(rgb(), "WEBP", lossless=True),
+                    "webp-exif-6": _save(rgb(), "WEBP", exif=exif.tobytes())})
+    return out
+
+
+def _rle8_bmp(rng: np.random.Generator, w: int = 64, h: int = 48) -> bytes:
+    """An 8-bit palette BMP compressed with BI_RLE8 (Pillow reads it but does not write it)."""
+    palette = b"".join(bytes([i, (i * 7) % 256, (i * 13) % 256, 0]) for i in range(256))
+    runs = b"".join(b"".join(bytes([8, int(v)]) for v in rng.integers(0, 256, w // 8)) + b"\x00\x00"
+                    for _ in range(h)) + b"\x00\x01"
+    offset = 14 + 40 + len(palette)
+    dib = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 8, 1, len(runs), 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", offset + len(runs), 0, 0, offset) + dib + palette + runs

@@ -96,12 +96,15 @@ def make(backend):
 
 # -- helpers --------------------------------------------------------------------------------
 
-def encode(images: list[tuple[str, bytes]], *, ids: list[int] | None = None, epoch: int = 0) -> EncodedBatch:
-    """An EncodedBatch of (key, bytes); PNGs travel as ``png`` fields, the rest as ``jpg``."""
+def encode(images: list[tuple[str, bytes]], *, ids: list[int] | None = None, epoch: int = 0,
+           labels: list[int] | None = None, valid: list[bool] | None = None) -> EncodedBatch:
+    """An EncodedBatch of (key, bytes); PNGs travel as ``png`` fields, the rest as ``jpg``;
+    every label 3 unless ``labels`` are given."""
     ids = list(range(len(images))) if ids is None else ids
-    samples = [Sample(key=key, fields={"png" if data.startswith(b"\x89PNG") else "jpg": data, "cls": b"3"},
-                      sample_id=i, label=3) for (key, data), i in zip(images, ids)]
-    return pack(samples, [True] * len(samples), epoch=epoch)
+    labels = [3] * len(images) if labels is None else labels
+    samples = [Sample(key=key, fields={"png" if data.startswith(b"\x89PNG") else "jpg": data, "cls": b"%d" % y},
+                      sample_id=i, label=y) for (key, data), i, y in zip(images, ids, labels)]
+    return pack(samples, [True] * len(samples) if valid is None else valid, epoch=epoch)
 
 
 def hwc(images: torch.Tensor) -> np.ndarray:
@@ -342,12 +345,45 @@ def test_skip_replaces_bad_images_deterministically(make, backend, caplog):
         assert_same_decode(out.images[j], clean.images[k], backend.device, f"good image {images[j][0]}")
 
 
-def test_skip_with_no_good_image_keeps_the_shape(make):
-    """Nothing to copy: the batch is zeros, all invalid, and every image counted."""
+def test_skip_with_no_good_image_and_nothing_before_raises(make):
+    """Nothing genuine to fill the batch with: every image counted, then a DecodeError naming
+    a sample, rather than zeros under labels that belong to no image."""
     dec = make(image_size=(48, 64), on_error="skip")
-    out = dec.decode(encode([(n, case(n)[0]) for n in ("bad-html", "bad-random", "bad-truncated-50")]))
-    assert out.images.shape == (3, 3, 48, 64) and not out.valid.any()
-    assert not out.images.any() and dec.stats.skipped == 3
+    with pytest.raises(DecodeError, match="bad-html"):
+        dec.decode(encode([(n, case(n)[0]) for n in ("bad-html", "bad-random", "bad-truncated-50")]))
+    assert dec.stats.skipped == 3
+
+
+def test_skip_with_no_good_image_uses_the_last_good_one(make):
+    """A wholly bad batch after a good one: the last good image stands in, with its label."""
+    dec = make(image_size=(48, 64), on_error="skip")
+    first = dec.decode(encode([("a", NATURAL[0]), ("b", NATURAL[1])], labels=[5, 7]))
+    bad = encode([(n, case(n)[0]) for n in ("bad-html", "bad-random")], ids=[2, 3], labels=[1, 1])
+    out = dec.decode(bad)
+    assert out.images.shape == (2, 3, 48, 64) and not out.valid.any()
+    assert out.labels.tolist() == [7, 7] and out.sample_ids.tolist() == [2, 3]
+    for i in range(2):
+        assert torch.equal(out.images[i].cpu(), first.images[1].cpu())
+
+
+def test_replaced_slot_carries_its_replacements_label(make):
+    """A bad image's slot gets another sample's pixels *and* that sample's label; ``valid``
+    and ``sample_ids`` still say which sample was lost."""
+    data = [("a", NATURAL[0]), ("bad", case("bad-random")[0]), ("b", NATURAL[1]), ("empty", b"")]
+    out = make(image_size=(48, 64), on_error="skip").decode(encode(data, labels=[0, 1, 2, -1]))
+    assert out.valid.tolist() == [True, False, True, False]
+    assert out.labels.tolist() == [0, 2, 2, 0] and out.sample_ids.tolist() == [0, 1, 2, 3]
+    assert torch.equal(out.images[1], out.images[2]) and torch.equal(out.images[3], out.images[0])
+
+
+def test_padding_repeat_of_a_bad_image_is_not_counted_again(make):
+    """End-of-epoch padding (valid False) repeats a sample delivered elsewhere: a bad one is
+    filled but neither counted nor raised a second time."""
+    data = [("a", NATURAL[0]), ("pad-of-bad", case("bad-random")[0])]
+    for policy in ("skip", "raise"):
+        dec = make(image_size=(48, 64), on_error=policy)
+        out = dec.decode(encode(data, labels=[4, 9], valid=[True, False]))
+        assert dec.stats.skipped == 0 and out.labels.tolist() == [4, 4]
 
 
 def test_garbage_entropy_data(make, backend):

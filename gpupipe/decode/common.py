@@ -19,8 +19,8 @@ from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
 from gpupipe.types import ErrorPolicy
 
-__all__ = ["Checked", "prepare", "account", "assemble", "check_batch", "crop_boxes", "random_resized_crop_box", "replacements", "record_bad",
-           "upright_size"]
+__all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
+           "random_resized_crop_box", "replacements", "record_bad", "upright_size"]
 
 log = logging.getLogger(__name__)
 _TAG_CROP = 3
@@ -30,13 +30,15 @@ _TAG_CROP = 3
 class Checked:
     """The pre-decode verdict on a batch: headers of good images, reasons for bad ones.
 
-    ``placeholder[i]`` marks samples the stream already replaced (no bytes): they
-    are filled like bad images but not counted again.
+    ``uncounted[i]`` marks samples that are not deliveries of their own: placeholders the
+    stream already counted (no bytes) and end-of-epoch padding (a repeat of a sample
+    delivered elsewhere). When bad, they are filled like bad images but neither counted
+    nor raised again.
     """
 
     headers: list[ImageHeader | None]
     reasons: list[str | None]
-    placeholder: list[bool]
+    uncounted: list[bool]
 
     def good(self) -> list[int]:
         return [i for i, r in enumerate(self.reasons) if r is None]
@@ -46,10 +48,9 @@ def check_batch(batch, max_pixels: int | None) -> Checked:
     """Magic bytes, header dimensions, ``max_pixels`` and completeness of every image."""
     headers: list[ImageHeader | None] = []
     reasons: list[str | None] = []
-    placeholder: list[bool] = []
+    uncounted = [not bool(v) for v in batch.valid.tolist()]
     for i in range(len(batch.keys)):
         data = batch.image(i)
-        placeholder.append(len(data) == 0 and not bool(batch.valid[i]))
         try:
             header = probe(data, max_pixels=max_pixels)
             check_complete(data, header)
@@ -59,13 +60,13 @@ def check_batch(batch, max_pixels: int | None) -> Checked:
             continue
         headers.append(header)
         reasons.append(None)
-    return Checked(headers, reasons, placeholder)
+    return Checked(headers, reasons, uncounted)
 
 
 def record_bad(checked: Checked, i: int, reason: str, policy: ErrorPolicy, stats, key: str) -> None:
     """Mark image ``i`` bad: raise under ``raise``, else count and log it."""
     checked.reasons[i] = reason
-    if checked.placeholder[i]:
+    if checked.uncounted[i]:
         return
     if policy is ErrorPolicy.RAISE:
         raise DecodeError(f"cannot decode sample {key!r}: {reason}")
@@ -164,25 +165,55 @@ def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, co
     return boxes
 
 
-def assemble(pixels: dict[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
-             epoch: int, image_size: tuple[int, int] | None = None):
-    """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch,
-    filling bad positions from their replacements."""
-    from gpupipe.decode import DecodedBatch
+class StandIn:
+    """The last good image a decoder delivered, with its label: what fills a batch in
+    which no image at all could be decoded (a batch keeps its shape, and every slot a
+    genuine (pixels, label) pair)."""
 
-    repl = replacements(checked.reasons)
+    def __init__(self) -> None:
+        self.pixels: torch.Tensor | None = None
+        self.label = None
+
+    def keep(self, pixels: torch.Tensor, label: torch.Tensor) -> None:
+        self.pixels, self.label = pixels.clone(), label.clone()
+
+    def take(self, shape, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pixels is None or tuple(self.pixels.shape) != tuple(shape):
+            raise DecodeError(f"no image of the batch holding {key!r} could be decoded, and no earlier image of "
+                              "this size can stand in for them; check the data with `gpupipe validate`")
+        return self.pixels, self.label
+
+
+def assemble(pixels: dict[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
+             image_size: tuple[int, int] | None, stand_in: StandIn):
+    """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch and
+    :func:`finish` it."""
     shapes = {tuple(p.shape) for p in pixels.values()}
     if len(shapes) > 1:
         raise DecodeError(f"decoded images have different sizes {sorted(shapes)[:3]}; set decode image_size")
     h, w, _ = shapes.pop() if shapes else (*(image_size or (1, 1)), 3)  # nothing decoded: keep the shape
     out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=device)
-    for i in range(len(batch)):
-        src = i if i in pixels else repl.get(i)
-        if src is not None:
-            p = pixels[src]
-            out[i] = p if isinstance(p, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(p))
-    valid = batch.valid.clone()
-    for i in repl:
-        valid[i] = False
-    return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=batch.labels, valid=valid,
-                        sample_ids=batch.sample_ids, keys=batch.keys, epoch=epoch)
+    for i, p in pixels.items():
+        out[i] = p if isinstance(p, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(p))
+    return finish(out, checked, batch, stand_in)
+
+
+def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn):
+    """The decoded batch from (B, H, W, 3) uint8 rows in which the good images are set.
+
+    Every bad row takes the pixels *and the label* of its replacement (the next good
+    image of the batch, cyclically; the stand-in when none is good), so each slot is a
+    genuine pair; ``valid`` is False there, and ``sample_ids``/``keys`` still name the
+    sample that was lost.
+    """
+    from gpupipe.decode import DecodedBatch
+
+    labels, valid = batch.labels.clone(), batch.valid.clone()
+    good = checked.good()
+    if good:
+        stand_in.keep(out[good[-1]], labels[good[-1]])
+    for i, src in replacements(checked.reasons).items():
+        pixels, label = (out[src], labels[src]) if src is not None else stand_in.take(out.shape[1:], batch.keys[i])
+        out[i], labels[i], valid[i] = pixels, label, False
+    return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=labels, valid=valid,
+                        sample_ids=batch.sample_ids, keys=batch.keys, epoch=batch.epoch)

@@ -1,20 +1,26 @@
 """The DALI backend: nvJPEG on a GPU (``mixed``), DALI's CPU decoders without one.
 
 One pipeline per decoder, built in the training process on first use (never in a
-DataLoader worker). Encoded bytes go in through ``external_source`` as zero-copy
-numpy views of the batch buffer; each sample's crop box goes in beside it and
-``fn.resize`` crops and resizes in one interpolation. Bad images are replaced at
-the input by a good image of the same batch, so the output is always one dense
-(B, H, W, 3) tensor, handed to torch without a copy (DLPack on the GPU, the numpy
-buffer on the CPU) and viewed as NCHW channels_last.
+DataLoader worker). DALI gets only what it decodes well: 8-bit baseline, extended and
+progressive JPEGs (nvJPEG decodes nothing else on the GPU anyway). PNG, WebP, BMP, GIF
+and the rarer JPEG kinds (lossless, arithmetic-coded, 12-bit) go to Pillow, which also
+applies every EXIF orientation the header check reads (DALI ignores WebP's) — so the
+crop boxes, planned on the upright image, land where they were meant to.
 
-If DALI still fails on a batch that passed the header checks (broken entropy
-data), the pipeline is rebuilt, each image of the batch is tried alone, the ones
-that fail are handled by ``on_error`` and the batch is decoded again — one bad
-image never costs the others.
+Encoded bytes go in through ``external_source`` as zero-copy numpy views of the batch
+buffer; each sample's crop box goes in beside it and ``fn.resize`` crops and resizes in
+one interpolation. Rows DALI does not decode are fed a JPEG of the same batch, so the
+output is always one dense (B, H, W, 3) tensor (DLPack on the GPU, the numpy buffer on
+the CPU); those rows are then overwritten with Pillow's pixels or, for bad images, with
+their replacement's pixels and label (:func:`gpupipe.decode.common.finish`).
+
+If DALI still fails on a batch that passed the header checks, the pipeline is rebuilt,
+each JPEG of the batch is tried alone, the ones DALI refuses are tried with Pillow before
+they count as bad, and the batch is decoded again — one bad image never costs the others.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -23,12 +29,21 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import account, prepare, record_bad, replacements
+from gpupipe.decode.common import StandIn, account, finish, prepare
+from gpupipe.decode.pil import decode_many, pool
 from gpupipe.errors import DecodeError
+from gpupipe.formats.imageheader import ImageHeader
 
-__all__ = ["DaliDecoder"]
+__all__ = ["DaliDecoder", "decodes_well"]
 
-_PILLOW_FORMATS = ("gif",)  # DALI's decoders refuse these; they take the Pillow path
+log = logging.getLogger(__name__)
+
+_DALI_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
+
+
+def decodes_well(header: ImageHeader) -> bool:
+    """Whether DALI gets this image: an 8-bit baseline/extended/progressive JPEG."""
+    return header.format == "jpeg" and header.sof in _DALI_SOF and header.bit_depth == 8
 
 
 class DaliDecoder:
@@ -39,6 +54,8 @@ class DaliDecoder:
         self.stats = DecodeStats()
         self._pipe = None
         self._max_batch = 0
+        self._pool = pool(config)
+        self._stand_in = StandIn()
 
     # -- pipeline ------------------------------------------------------------------------------
     def _build(self, max_batch: int):
@@ -81,8 +98,12 @@ class DaliDecoder:
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
-        side = self._decode_with_pillow(batch, checked, boxes)
-        out = self._decode_checked(batch, checked, boxes, set(side))
+        good = checked.good()
+        jpegs = [i for i in good if decodes_well(checked.headers[i])]
+        side = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
+                           self.stats)
+        out, refused = self._decode_jpegs(batch, jpegs, boxes)
+        side.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         if out is None:  # nothing for DALI in this batch
             h, w = next(iter(side.values())).shape[:2] if side else (self.config.image_size or (1, 1))
             out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=self.device)
@@ -91,58 +112,42 @@ class DaliDecoder:
                 raise DecodeError(f"decoded images have different sizes {tuple(pixels.shape)} and "
                                   f"{tuple(out.shape[1:])}; set decode image_size")
             out[i] = torch.from_numpy(pixels).to(out.device)
-        valid = batch.valid.clone()
-        for i in replacements(checked.reasons):
-            valid[i] = False
+        result = finish(out, checked, batch, self._stand_in)
         account(self.stats, batch, t0)
-        return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=batch.labels, valid=valid,
-                            sample_ids=batch.sample_ids, keys=batch.keys, epoch=batch.epoch)
+        return result
 
-    def _decode_with_pillow(self, batch, checked, boxes) -> dict[int, np.ndarray]:
-        """Formats DALI does not decode (GIF) go through the Pillow path, image by image."""
-        from gpupipe.decode.pil import decode_one
-
-        size = None if self.config.resize is ResizeMode.NONE else self.config.image_size
-        side = {}
-        for i in checked.good():
-            if checked.headers[i].format in _PILLOW_FORMATS:
-                try:
-                    side[i] = decode_one(batch.image(i), boxes[i], size)
-                except Exception as exc:  # noqa: BLE001 — untrusted bytes
-                    record_bad(checked, i, f"{type(exc).__name__}: {exc}", self.config.on_error, self.stats,
-                               batch.keys[i])
-        return side
-
-    def _decode_checked(self, batch, checked, boxes, elsewhere: set[int]) -> torch.Tensor | None:
+    def _decode_jpegs(self, batch, jpegs: list[int], boxes) -> tuple[torch.Tensor | None, dict[int, str]]:
+        """DALI on rows ``jpegs``: (B, H, W, 3) with those rows decoded (None if there are
+        none), and why DALI refused the ones it refused."""
+        if not jpegs:
+            return None, {}
         try:
-            return self._dense(batch, checked, boxes, elsewhere)
+            return self._dense(batch, jpegs, boxes), {}
         except RuntimeError:
             self._pipe = None  # DALI invalidates a pipeline after an error
-        for i in checked.good():  # find the culprits one by one
-            if i in elsewhere:
-                continue
+        refused = {}
+        for i in jpegs:  # find the culprits one by one
             try:
                 self._run([np.frombuffer(batch.image(i), np.uint8)], boxes[i:i + 1])
             except RuntimeError as exc:
                 self._pipe = None
-                record_bad(checked, i, f"DALI: {_dali_reason(exc)}", self.config.on_error, self.stats,
-                           batch.keys[i])
-        return self._dense(batch, checked, boxes, elsewhere)
+                refused[i] = f"DALI: {_dali_reason(exc)}"
+                log.info("DALI refused %s (%s); trying Pillow", batch.keys[i], refused[i])
+        kept = [i for i in jpegs if i not in refused]
+        return (self._dense(batch, kept, boxes) if kept else None), refused
 
-    def _dense(self, batch, checked, boxes, elsewhere: set[int]) -> torch.Tensor | None:
-        """Decode with bad images (and those decoded elsewhere) replaced at the input by
-        a good one; (B, H, W, 3) uint8 on the device, or None if none is left for DALI."""
-        reasons = [r if i not in elsewhere else "decoded elsewhere" for i, r in enumerate(checked.reasons)]
-        repl = replacements(reasons)
-        if repl and all(v is None for v in repl.values()):
-            return None
-        src = [repl.get(i, i) for i in range(len(batch))]
+    def _dense(self, batch, rows: list[int], boxes) -> torch.Tensor:
+        """Decode the whole batch with every row outside ``rows`` fed one of ``rows``:
+        (B, H, W, 3) uint8 on the device."""
+        chosen = set(rows)
+        src = [i if i in chosen else rows[0] for i in range(len(batch))]
         inputs = [np.frombuffer(batch.image(j), np.uint8) for j in src]
         out = self._run(inputs, boxes[src])
         return _to_torch(out, self.device, self.config)
 
     def close(self) -> None:
         self._pipe = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _to_torch(out, device: torch.device, config) -> torch.Tensor:

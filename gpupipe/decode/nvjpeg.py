@@ -1,9 +1,11 @@
 """The nvjpeg backend: ``torchvision.io.decode_jpeg(device="cuda")`` on a list of images.
 
-For machines with torchvision and a GPU but no DALI. JPEGs are decoded in one
-batched nvJPEG call (EXIF orientation applied); other formats are decoded by
-``torchvision.io.decode_image`` on the CPU and moved over. Each image is then
-cropped and resized on the GPU (bilinear, antialiased) in one interpolation.
+For machines with torchvision and a GPU but no DALI. The JPEGs DALI would get
+(:func:`gpupipe.decode.dali.decodes_well`) are decoded in one batched nvJPEG call
+(EXIF orientation applied), then cropped and resized on the GPU (bilinear,
+antialiased) in one interpolation. Other formats, and JPEGs nvJPEG refuses, are
+decoded by Pillow on the CPU (the same path, and the same orientation handling, as
+under the DALI backend) and moved over.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import account, assemble, prepare, record_bad
+from gpupipe.decode.common import StandIn, account, assemble, prepare
+from gpupipe.decode.dali import decodes_well
+from gpupipe.decode.pil import decode_many, pool
 
 __all__ = ["NvjpegDecoder"]
 
@@ -24,40 +28,37 @@ class NvjpegDecoder:
     def __init__(self, config: DecodeConfig, device: torch.device):
         self.config, self.device = config, device
         self.stats = DecodeStats()
+        self._pool = pool(config)
+        self._stand_in = StandIn()
 
-    def _decode_all(self, batch, checked) -> dict[int, torch.Tensor]:
-        from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+    def _nvjpeg(self, batch, jpegs: list[int]) -> tuple[dict[int, torch.Tensor], dict[int, str]]:
+        """{index: CHW uint8 on the device} for ``jpegs``, and why nvJPEG refused the ones it refused."""
+        from torchvision.io import ImageReadMode, decode_jpeg
 
-        good = checked.good()
-        jpegs = [i for i in good if checked.headers[i].format == "jpeg"]
-        out: dict[int, torch.Tensor] = {}
-        data = {i: torch.frombuffer(bytearray(batch.image(i)), dtype=torch.uint8) for i in good}
-        if jpegs:
+        data = [torch.frombuffer(bytearray(batch.image(i)), dtype=torch.uint8) for i in jpegs]
+        kwargs = {"mode": ImageReadMode.RGB, "device": self.device, "apply_exif_orientation": True}
+        try:
+            return dict(zip(jpegs, decode_jpeg(data, **kwargs))), {}
+        except RuntimeError:  # isolate the ones it refuses
+            pass
+        out, refused = {}, {}
+        for i, d in zip(jpegs, data):
             try:
-                decoded = decode_jpeg([data[i] for i in jpegs], mode=ImageReadMode.RGB, device=self.device,
-                                      apply_exif_orientation=True)
-                out.update(zip(jpegs, decoded))
-            except RuntimeError:  # isolate the bad ones
-                for i in jpegs:
-                    try:
-                        out[i] = decode_jpeg(data[i], mode=ImageReadMode.RGB, device=self.device,
-                                             apply_exif_orientation=True)
-                    except RuntimeError as exc:
-                        record_bad(checked, i, f"nvjpeg: {exc}", self.config.on_error, self.stats, batch.keys[i])
-        for i in good:
-            if i not in jpegs:
-                try:
-                    out[i] = decode_image(data[i], mode=ImageReadMode.RGB, apply_exif_orientation=True).to(self.device)
-                except RuntimeError as exc:
-                    record_bad(checked, i, f"torchvision: {exc}", self.config.on_error, self.stats, batch.keys[i])
-        return out
+                out[i] = decode_jpeg(d, **kwargs)
+            except RuntimeError as exc:
+                refused[i] = f"nvJPEG: {str(exc)[:200]}"
+        return out, refused
 
     def decode(self, batch) -> DecodedBatch:
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
-        chw = self._decode_all(batch, checked)
-        hwc = {}
+        good = checked.good()
+        jpegs = [i for i in good if decodes_well(checked.headers[i])]
+        hwc: dict = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
+                                self.stats)
+        chw, refused = self._nvjpeg(batch, jpegs) if jpegs else ({}, {})
+        hwc.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         for i, img in chw.items():
             if cfg.resize is not ResizeMode.NONE:
                 top, left, h, w = (int(v) for v in boxes[i])
@@ -65,9 +66,9 @@ class NvjpegDecoder:
                 img = F.interpolate(crop, size=cfg.image_size, mode="bilinear", antialias=True,
                                     align_corners=False)[0].round_().clamp_(0, 255).to(torch.uint8)
             hwc[i] = img.permute(1, 2, 0)
-        out = assemble(hwc, checked, batch, self.device, batch.epoch, cfg.image_size)
+        out = assemble(hwc, checked, batch, self.device, cfg.image_size, self._stand_in)
         account(self.stats, batch, t0)
         return out
 
     def close(self) -> None:
-        pass
+        self._pool.shutdown(wait=False, cancel_futures=True)

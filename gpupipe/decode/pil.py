@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import account, assemble, prepare, record_bad
+from gpupipe.decode.common import Checked, StandIn, account, assemble, prepare, record_bad
 
-__all__ = ["PilDecoder", "decode_one"]
+__all__ = ["PilDecoder", "decode_one", "decode_many", "pool"]
 
 
 def _to_rgb(img):
@@ -45,29 +47,45 @@ def decode_one(data, box, size: tuple[int, int] | None) -> np.ndarray:
     return np.array(img)  # a writable copy the batch can take
 
 
+def pool(config: DecodeConfig) -> ThreadPoolExecutor:
+    """The thread pool Pillow decodes on (Pillow releases the GIL)."""
+    threads = config.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
+    return ThreadPoolExecutor(threads, thread_name_prefix="gpupipe-pil")
+
+
+def decode_many(executor: ThreadPoolExecutor, batch, indices, boxes, checked: Checked, config: DecodeConfig,
+                stats: DecodeStats, earlier: Mapping[int, str] | None = None) -> dict[int, np.ndarray]:
+    """Decode images ``indices`` of ``batch`` with Pillow: {index: HWC uint8}. The ones
+    Pillow cannot decode are handed to ``on_error``; ``earlier[i]`` (why another decoder
+    refused image i) goes in front of Pillow's reason."""
+    size = None if config.resize is ResizeMode.NONE else config.image_size
+    futures = {i: executor.submit(decode_one, batch.image(i), boxes[i], size) for i in indices}
+    pixels = {}
+    for i, fut in futures.items():
+        try:
+            pixels[i] = fut.result()
+        except Exception as exc:  # noqa: BLE001 — untrusted bytes: Pillow raises many kinds (incl. DecompressionBombError)
+            reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", f"{type(exc).__name__}: {exc}")
+            if earlier and i in earlier:
+                reason = f"{earlier[i]}; Pillow: {reason}"
+            record_bad(checked, i, reason, config.on_error, stats, batch.keys[i])
+    return pixels
+
+
 class PilDecoder:
     name = "pil"
 
     def __init__(self, config: DecodeConfig, device: torch.device):
         self.config, self.device = config, device
         self.stats = DecodeStats()
-        threads = config.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpupipe-pil")
+        self._pool = pool(config)
+        self._stand_in = StandIn()
 
     def decode(self, batch) -> DecodedBatch:
         t0 = time.perf_counter()
-        cfg = self.config
-        checked, boxes = prepare(batch, cfg, self.stats)
-        size = None if cfg.resize is ResizeMode.NONE else cfg.image_size
-        good = checked.good()
-        futures = {i: self._pool.submit(decode_one, batch.image(i), boxes[i], size) for i in good}
-        pixels = {}
-        for i, fut in futures.items():
-            try:
-                pixels[i] = fut.result()
-            except Exception as exc:  # noqa: BLE001 — untrusted bytes: Pillow raises many kinds (incl. DecompressionBombError)
-                record_bad(checked, i, f"{type(exc).__name__}: {exc}", cfg.on_error, self.stats, batch.keys[i])
-        out = assemble(pixels, checked, batch, self.device, batch.epoch, cfg.image_size)
+        checked, boxes = prepare(batch, self.config, self.stats)
+        pixels = decode_many(self._pool, batch, checked.good(), boxes, checked, self.config, self.stats)
+        out = assemble(pixels, checked, batch, self.device, self.config.image_size, self._stand_in)
         account(self.stats, batch, t0)
         return out
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpupipe.errors import DecodeError
 
@@ -53,7 +53,9 @@ class ImageHeader:
     ``channels`` is as stored: 1 gray, 2 gray+alpha, 3 colour (palette images too),
     4 CMYK/YCCK (JPEG) or with alpha (PNG, WebP, 32-bit BMP). ``orientation`` is the EXIF
     orientation 1..8 (JPEG APP1, PNG eXIf, WebP EXIF), 1 when absent or invalid.
-    ``progressive`` is set for progressive JPEG frames (SOF2/6/10/14).
+    ``progressive`` is set for progressive JPEG frames (SOF2/6/10/14); ``sof`` is the JPEG
+    frame marker (0xC0 baseline, 0xC1 extended, 0xC2 progressive, 0xC3 lossless, 0xC9..0xCF
+    arithmetic-coded or hierarchical), 0 for other formats.
     """
 
     format: str
@@ -63,6 +65,7 @@ class ImageHeader:
     orientation: int = 1
     progressive: bool = False
     bit_depth: int = 8
+    sof: int = field(default=0, compare=False)  # which decoders can take it, not what it declares
 
 
 def probe(data: bytes | memoryview, *, max_pixels: int | None = None, name: str = "") -> ImageHeader:
@@ -247,8 +250,8 @@ def _walk_jpeg(view: memoryview) -> tuple[ImageHeader, int]:
                 raise DecodeError(f"JPEG: SOS marker at byte {pos - 2} before any SOF")
             if end >= len(view):
                 raise DecodeError("truncated JPEG: data ends right after the header (no scan data)")
-            width, height, channels, progressive, depth = sof
-            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth), end
+            width, height, channels, progressive, depth, marker = sof
+            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth, marker), end
         if marker in _JPEG_SOF:
             if sof is not None:
                 raise DecodeError(f"JPEG: second SOF marker at byte {pos - 2}")
@@ -279,8 +282,8 @@ def _next_marker(view: memoryview, pos: int) -> tuple[int, int] | None:
     raise DecodeError(f"JPEG: no marker within {_MAX_SKIP} bytes after byte {pos}")
 
 
-def _jpeg_sof(marker: int, body: memoryview) -> tuple[int, int, int, bool, int]:
-    """(width, height, channels, progressive, bit depth) from an SOF segment body."""
+def _jpeg_sof(marker: int, body: memoryview) -> tuple[int, int, int, bool, int, int]:
+    """(width, height, channels, progressive, bit depth, marker) from an SOF segment body."""
     if len(body) < 6:
         raise DecodeError(f"JPEG: SOF segment of {len(body)} bytes is too short")
     precision, height, width, components = struct.unpack_from(">BHHB", body, 0)
@@ -290,7 +293,7 @@ def _jpeg_sof(marker: int, body: memoryview) -> tuple[int, int, int, bool, int]:
         raise DecodeError(f"JPEG: unsupported number of components {components}")
     if not 2 <= precision <= 16:
         raise DecodeError(f"JPEG: invalid sample precision {precision}")
-    return width, height, components, marker in _JPEG_PROGRESSIVE, precision
+    return width, height, components, marker in _JPEG_PROGRESSIVE, precision, marker
 
 
 def _exif_orientation(tiff: memoryview) -> int:
