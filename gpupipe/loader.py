@@ -9,12 +9,14 @@ handed to the training loop, not the ones decoded ahead.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Mapping
 
@@ -162,15 +164,11 @@ class GpuLoader:
         self._ended = False
         decoder = self.decoder
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        producer = threading.Thread(target=self._produce, args=(decoder, side, ready, stop), daemon=True,
-                                    name="gpupipe-decode")
-        producer.start()
+        run = _Producer(self._produce, decoder, side, self.prefetch)
         try:
             while True:
                 t0 = time.perf_counter()
-                item = _get(ready, producer)
+                item = run.get()
                 self.stats.handoff_wait_s += time.perf_counter() - t0
                 if item is _END:
                     break
@@ -192,16 +190,7 @@ class GpuLoader:
             if not self._pending:
                 self.encoded.end_epoch()
         finally:
-            stop.set()
-            deadline = time.monotonic() + _JOIN_TIMEOUT_S
-            while producer.is_alive() and time.monotonic() < deadline:  # unblock a producer waiting to put
-                try:
-                    ready.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            if producer.is_alive():
-                log.warning("gpupipe: the decode thread did not stop within %.0f s; leaving it (daemon)",
-                            _JOIN_TIMEOUT_S)
+            run.stop()
             self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
 
     def _produce(self, decoder, side, ready: queue.Queue, stop: threading.Event) -> None:
@@ -261,14 +250,66 @@ def _metadata(b: EncodedBatch) -> EncodedBatch:
     return replace(b, data=b.data[:0])
 
 
-def _get(q: queue.Queue, producer: threading.Thread):
-    """The next item; raises instead of waiting forever if the producer died without a word."""
-    while True:
-        try:
-            return q.get(timeout=1.0)
-        except queue.Empty:
-            if not producer.is_alive() and q.empty():
-                raise RuntimeError("gpupipe: the decode thread ended without finishing the epoch (see the log)") from None
+class _Producer:
+    """The decode thread of one iteration, and the way to stop it.
+
+    Stopped by the iteration's ``finally`` — and, when an exception in the training
+    loop leaves the iteration suspended (its ``finally`` would only run at garbage
+    collection, after the interpreter has begun tearing down), by :func:`_stop_live`
+    as the interpreter shuts down: a daemon thread still inside a DALI or torch call
+    at teardown aborts the process ("terminate called without an active exception").
+    """
+
+    def __init__(self, target: Callable, decoder, side, prefetch: int):
+        _hook_interpreter_exit()
+        self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.event = threading.Event()
+        self.thread = threading.Thread(target=target, args=(decoder, side, self.ready, self.event), daemon=True,
+                                       name="gpupipe-decode")
+        _LIVE.add(self)
+        self.thread.start()
+
+    def get(self):
+        """The next item; raises instead of waiting forever if the thread died without a word."""
+        while True:
+            try:
+                return self.ready.get(timeout=1.0)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise RuntimeError("gpupipe: the decode thread ended without finishing the epoch "
+                                       "(see the log)") from None
+
+    def stop(self, timeout_s: float = _JOIN_TIMEOUT_S) -> None:
+        """Ask the thread to stop, unblock it if it waits to put, and wait for it."""
+        self.event.set()
+        deadline = time.monotonic() + timeout_s
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            try:
+                self.ready.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        if self.thread.is_alive():
+            log.warning("gpupipe: the decode thread did not stop within %.0f s; leaving it (daemon)", timeout_s)
+        _LIVE.discard(self)
+
+
+_LIVE: "weakref.WeakSet[_Producer]" = weakref.WeakSet()
+_HOOKED = False
+
+
+def _stop_live() -> None:
+    for run in list(_LIVE):
+        run.stop()
+
+
+def _hook_interpreter_exit() -> None:
+    """Run :func:`_stop_live` when the main thread ends, before ``atexit`` handlers (DALI's
+    among them) and before daemon threads are frozen — the hook ``concurrent.futures`` uses."""
+    global _HOOKED
+    if not _HOOKED:
+        register = getattr(threading, "_register_atexit", atexit.register)
+        register(_stop_live)
+        _HOOKED = True
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
