@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from gpupipe.batch import image_field, label_of
+from gpupipe.batch import IMAGE_EXTENSIONS, image_field, label_of
 from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, chunk_order, chunk_spans, permutation, shuffle_buffer
@@ -57,8 +57,9 @@ def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
     """The sample with its shard, id and parsed label; ShardFormatError if it has no
     image or a label that is not an integer."""
     if not image_field(s):
-        raise ShardFormatError(f"sample {s.key!r} has no image member (has {sorted(s.fields)})",
-                               shard=shard, offset=s.offset)
+        empty = [ext for ext in IMAGE_EXTENSIONS if ext in s.fields]
+        what = f"image member .{empty[0]} is empty" if empty else f"has no image member (has {sorted(s.fields)})"
+        raise ShardFormatError(f"sample {s.key!r}: {what}", shard=shard, offset=s.offset)
     return Sample(key=s.key, fields=s.fields, shard=shard, offset=s.offset, sample_id=sample_id, label=label_of(s))
 
 

@@ -7,6 +7,7 @@ import sys
 import uuid
 
 import pytest
+import torch
 
 from datagen import ids_of, write_dataset
 from gpupipe.dataset import EncodedLoader, StreamConfig
@@ -193,3 +194,29 @@ def test_forked_workers_never_finalize_the_parents_garbage(tmp_path, monkeypatch
         gc.enable()
         gc.collect()
     assert not marker.exists(), marker.read_text()
+
+
+def test_empty_image_member_is_named_and_its_slot_is_a_genuine_pair(tmp_path):
+    """A sample whose .jpg member has 0 bytes: under ``raise`` the error says it is empty;
+    under ``skip`` its slot carries a real image with that image's label (not -1)."""
+    import numpy as np
+
+    from gpupipe.errors import ShardFormatError
+    from gpupipe.loader import GpuLoader
+    from gpupipe.synth import synthetic_jpeg
+
+    url = str(tmp_path / "ds")
+    write_dataset(url, [8], image=lambda i: b"" if i == 3 else synthetic_jpeg(np.random.default_rng(i), (24, 24)))
+    strict = GpuLoader(url, batch_size=8, image_size=8, decode="pil", num_workers=0, shuffle=False, device="cpu")
+    with pytest.raises(ShardFormatError, match=r"'k0000003': image member \.jpg is empty"):
+        list(strict)
+    lenient = GpuLoader(url, batch_size=8, image_size=8, decode="pil", num_workers=0, shuffle=False, device="cpu",
+                        on_error="skip")
+    (batch,) = list(lenient)
+    ids, labels = batch.sample_ids.tolist(), batch.labels.tolist()
+    slot = ids.index(3)
+    assert not batch.valid[slot] and labels[slot] != -1
+    source = next(i for i in range(8) if i != slot and bool(batch.valid[i]) and
+                  torch.equal(batch.images[i], batch.images[slot]))
+    assert labels[slot] == labels[source] == ids[source] % 10
+    assert lenient.stats.skipped == 1
