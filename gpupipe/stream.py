@@ -172,7 +172,9 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
             crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
             span = _read_span(fetcher, next(fetched), ByteRange(url, *entry.byte_range(s.start, s.stop)),
                               entry.sha256, entry.offsets[s.start:s.stop + 1], crcs)
-            got = _deliver(span, url, first_ids[s.shard] + s.start, on_error, skips)
+            # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
+            got = _deliver(span, url, first_ids[s.shard] + s.start, on_error if s.valid else ErrorPolicy.SKIP,
+                           skips if s.valid else SkipLog())
             samples += got
             valid += [s.valid and bool(x.fields) for x in got]
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
