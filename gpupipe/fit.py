@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, metavar="FILE",
                    help="pipeline config (configs/*.yaml) or a LightningCLI file with data/model/trainer sections")
     p.epilog = ("Other options go to LightningCLI, e.g. --trainer.max_epochs 2 --trainer.accelerator cpu "
-                "--model.arch small_cnn --model.num_classes 10")
+                "--model.arch small_cnn (--model.num_classes: from the data's index.json unless given)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,13 +6,14 @@ work by using :class:`~gpupipe.lightning.GpuDataModule` from Python.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpupipe.classes import describe
 from gpupipe.errors import ConfigError
 
 __all__ = ["ImageClassifier", "ARCHITECTURES", "small_cnn"]
@@ -49,22 +50,53 @@ ARCHITECTURES: dict[str, Callable[[int], nn.Module]] = {
 
 class ImageClassifier(pl.LightningModule):
     """Cross-entropy classifier over ``(images, labels)`` batches (or dict batches with
-    ``images``/``labels``/``valid``: padding and replaced images do not count)."""
+    ``images``/``labels``/``valid``: padding and replaced images do not count).
 
-    def __init__(self, arch: str = "small_cnn", num_classes: int = 10, lr: float = 0.05,
+    ``num_classes=None`` (the default) takes the class count from the datamodule's
+    ``classes`` (:attr:`GpuDataModule.classes <gpupipe.lightning.GpuDataModule.classes>`,
+    from the indexes) at ``setup``, before the first step; a number given that disagrees
+    with the data raises :class:`ConfigError` naming both. When the data names no classes,
+    each batch's labels are checked against the head instead.
+    """
+
+    def __init__(self, arch: str = "small_cnn", num_classes: Optional[int] = None, lr: float = 0.05,
                  momentum: float = 0.9, weight_decay: float = 5e-4) -> None:
         super().__init__()
         if arch not in ARCHITECTURES:
             raise ConfigError(f"model.arch: unknown {arch!r}; choose from {', '.join(ARCHITECTURES)}")
+        if num_classes is not None and (isinstance(num_classes, bool) or num_classes < 1):
+            raise ConfigError(f"model.num_classes: must be >= 1, got {num_classes!r}")
         self.save_hyperparameters()
-        self.net = ARCHITECTURES[arch](num_classes)
+        self.net = ARCHITECTURES[arch](num_classes) if num_classes is not None else None
+        self._check_labels = True  # until setup() has matched the head against the data's classes
+
+    def setup(self, stage: str) -> None:
+        """Match the head to the data's class count (build it, when ``num_classes`` is None)."""
+        classes = _data_classes(self._trainer)
+        wanted = self.hparams.num_classes
+        if wanted is None and not classes:
+            raise ConfigError("model.num_classes: not set, and the data names no classes (its index.json lists "
+                              "none); set --model.num_classes N, or source.classes in the data config")
+        if wanted is not None and classes and wanted != len(classes):
+            raise ConfigError(f"model.num_classes is {wanted} but the data has {describe(classes)}: the head "
+                              f"must have one output per class; leave num_classes unset to take {len(classes)} "
+                              "from the data")
+        if self.net is None:
+            self.net = ARCHITECTURES[self.hparams.arch](len(classes))
+            self.save_hyperparameters({**self.hparams, "num_classes": len(classes)})  # checkpoints say the number
+        self._check_labels = not classes
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.net is None:
+            raise ConfigError("ImageClassifier: num_classes is not known yet; give num_classes, or train it with a "
+                              "datamodule whose data names its classes")
         return self.net(images.float() if not images.is_floating_point() else images)
 
     def _step(self, batch: Any, name: str) -> torch.Tensor:
         images, labels, valid = _unpack(batch)
         logits = self(images)
+        if self._check_labels:
+            _check_labels(labels, valid, logits.shape[1])
         loss = F.cross_entropy(logits[valid], labels[valid]) if valid is not None else F.cross_entropy(logits, labels)
         self.log(f"{name}_loss", loss, prog_bar=True, batch_size=len(labels), sync_dist=name != "train")
         return loss
@@ -81,6 +113,26 @@ class ImageClassifier(pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+
+
+def _data_classes(trainer) -> tuple[str, ...]:
+    """The class list the trainer's datamodule reports (``()``: none, or no datamodule)."""
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    return tuple(getattr(datamodule, "classes", None) or ())
+
+
+def _check_labels(labels: torch.Tensor, valid: torch.Tensor | None, num_classes: int) -> None:
+    """Class indices outside the head raise naming both (cross-entropy would say 'Target 5 is out
+    of bounds', or assert on a GPU). Costs a device sync: used only when the data names no classes."""
+    if labels.dim() != 1 or not labels.numel():
+        return  # mixed labels are (B, C): their width is checked by the loss
+    kept = labels[valid] if valid is not None else labels
+    low, high = (int(kept.min()), int(kept.max())) if kept.numel() else (0, 0)
+    if high >= num_classes:
+        raise ConfigError(f"label {high} in a batch, but the model has {num_classes} classes (model.num_classes): "
+                          f"set num_classes to the data's class count (more than {high})")
+    if low < 0:
+        raise ConfigError(f"label {low} in a batch: labels must be class numbers 0..{num_classes - 1}")
 
 
 def _unpack(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

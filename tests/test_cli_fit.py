@@ -99,6 +99,64 @@ def test_fit_with_a_bad_config_is_one_line(tmp_path):
     assert unknown.returncode == 2 and "unrecognized arguments: --no-such-flag" in unknown.stderr
 
 
+@pytest.fixture(scope="module")
+def six_classes(tmp_path_factory):
+    """12 images in 6 class folders, ingested: the index lists 6 classes."""
+    from gpupipe.ingest import ingest
+    from gpupipe.synth import write_image_folder
+
+    root = tmp_path_factory.mktemp("six")
+    write_image_folder(str(root / "img"), num_images=12, num_classes=6, size=(24, 24))
+    ingest(str(root / "img"), str(root / "shards"), shard_size=6, progress=False)
+    path = root / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"source": {"train": str(root / "shards"), "val": str(root / "shards")},
+                                    "decode": {"image_size": [16, 16]},
+                                    "augment": "simple", "loader": {"batch_size": 4, "num_workers": 0}}))
+    return path
+
+
+FIT_BRIEFLY = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu", "--trainer.enable_progress_bar", "false",
+               "--trainer.limit_train_batches", "2"]
+
+
+def test_fit_takes_the_class_count_from_the_index(six_classes, tmp_path):
+    import torch
+
+    from gpupipe.models import ImageClassifier
+
+    run = gpupipe("fit", "--config", str(six_classes), *FIT_BRIEFLY, "--trainer.default_root_dir", str(tmp_path),
+                  cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (ckpt,) = tmp_path.rglob("*.ckpt")
+    assert torch.load(ckpt, weights_only=False)["hyper_parameters"]["num_classes"] == 6
+    model = ImageClassifier.load_from_checkpoint(ckpt)
+    assert model.net[-1].out_features == 6 and model.hparams.num_classes == 6
+    (hparams,) = [p for p in tmp_path.rglob("hparams.yaml") if "num_classes" in p.read_text()]
+    assert yaml.safe_load(hparams.read_text())["num_classes"] == 6
+
+
+def test_fit_refuses_a_head_that_disagrees_with_the_data(six_classes, tmp_path):
+    run = gpupipe("fit", "--config", str(six_classes), *FIT_BRIEFLY, "--model.num_classes", "4",
+                  "--trainer.default_root_dir", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 2, run.stderr[-3000:]
+    error = run.stderr.strip().splitlines()[-1]
+    assert error.startswith("gpupipe: error: model.num_classes is 4 but the data has 6 classes [class_00, "), error
+    assert "Traceback" not in run.stderr and not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_labels_outside_the_head_are_named_when_the_data_has_no_class_list():
+    import torch
+
+    from gpupipe.models import ImageClassifier
+
+    model = ImageClassifier(num_classes=3)
+    images = torch.zeros(2, 3, 16, 16)
+    with pytest.raises(ConfigError, match=r"label 3 in a batch, but the model has 3 classes"):
+        model.training_step((images, torch.tensor([0, 3])), 0)
+    with pytest.raises(ConfigError, match="num_classes is not known yet"):
+        ImageClassifier()(images)
+
+
 def test_demo_runs_a_config(pipeline_file, tmp_path):
     run = gpupipe("demo", "--root", str(tmp_path / "demo"), "--images", "40", "--size", "32", "--epochs", "2",
                   "--config", str(pipeline_file), cwd=tmp_path)
