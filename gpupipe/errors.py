@@ -12,6 +12,9 @@ __all__ = [
     "ShardFormatError",
     "DecodeError",
     "StorageError",
+    "StorageAuthError",
+    "StorageEndpointError",
+    "StorageNotFoundError",
     "PlanError",
     "MissingDependencyError",
     "WorkerError",
@@ -51,6 +54,20 @@ class StorageError(GpupipeError, OSError):
     def __init__(self, message: str, *, url: str = ""):
         super().__init__(f"{url}: {message}" if url else message)
         self.url = url
+
+
+class StorageAuthError(StorageError):
+    """No credentials were found, or storage refused them (403): not retried; the
+    message says which variable or storage option to set."""
+
+
+class StorageEndpointError(StorageError):
+    """The storage endpoint cannot be reached: unknown host name, connection refused,
+    network unreachable, or no connection within the connect timeout."""
+
+
+class StorageNotFoundError(StorageError):
+    """The bucket or object does not exist (404): not retried."""
 
 
 class PlanError(GpupipeError):

@@ -9,7 +9,12 @@ manifest's offsets that is one GET per block, and no HEAD before it. Transient
 failures (5xx including S3 SlowDown, 429, connection reset, timeouts, a body
 shorter than asked) are retried with capped exponential backoff and full
 jitter; a block is only ever returned whole, so bytes are never joined wrongly.
-A 403, a 404 or a missing bucket fails at once with the URL in the message.
+What cannot get better by waiting fails at once, with the URL and what to set
+(:mod:`gpupipe.storage_faults`): no credentials, a 403, a 404, a missing bucket, and
+— until the endpoint has answered once — an unknown host or a refused connection.
+For ``s3://`` the client makes one attempt per call (the ``Fetcher`` is the one
+retry layer) and gives up connecting after ``CONNECT_TIMEOUT_S``; both are defaults
+that a user's ``config_kwargs`` overrides.
 Bytes that arrive whole but wrong (a flipped byte, an object replaced between
 two reads) are caught by the stream's per-sample checksums, which then ask for
 each damaged sample again with :meth:`Fetcher.read_fresh` (past the cache), at
@@ -22,19 +27,24 @@ import random
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from gpupipe.cache import BlockCache
 from gpupipe.errors import ConfigError, StorageError
+from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
 from gpupipe.types import ByteRange
 
-__all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient", "refuse_commands"]
+__all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient", "refuse_commands",
+           "storage_errors"]
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
 _REFUSED_PROTOCOLS = ("pipe",)  # webdataset-style shell commands are never run
+_S3_PROTOCOLS = ("s3", "s3a")
+_CONNECT_TIMEOUT_TRIES = 3  # attempts for a connect timeout before the endpoint has ever answered
 
 
 @dataclass(frozen=True)
@@ -89,8 +99,11 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
     protocol = url.split("://", 1)[0] if "://" in url else "file"
     if protocol in _REFUSED_PROTOCOLS:
         raise ConfigError(f"source: {protocol}: URLs (shell commands) are refused; give a storage URL")
+    options = dict(storage_options or {})
+    if protocol in _S3_PROTOCOLS:
+        options = _s3_defaults(options)
     try:
-        return fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}.get(protocol, protocol)
         raise ConfigError(f"{protocol}:// URLs need an extra package ({exc.name or exc}): pip install 'gpupipe[{extra}]'") from None
@@ -100,19 +113,32 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
         raise
 
 
+def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with botocore making one attempt per call (gpupipe retries) and a
+    ``CONNECT_TIMEOUT_S`` connect timeout, unless ``config_kwargs`` already sets them."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    return {**options, "config_kwargs": config}
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Whether a failed request is worth retrying."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-    if isinstance(status, int):
-        return status == 429 or status >= 500
-    text = str(exc)
-    if any(code in text for code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "NoSuchKey")):
-        return False
-    module = type(exc).__module__ or ""
-    return isinstance(exc, (OSError, TimeoutError, ConnectionError, _ShortRead)) or module.split(".")[0] in (
-        "aiohttp", "botocore", "aiobotocore", "asyncio", "fsspec", "requests", "urllib3")
+    """Whether a failed request is worth retrying (see :func:`gpupipe.storage_faults.classify`)."""
+    return classify(exc).transient
+
+
+@contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Within the block, a storage backend's exception becomes the ``StorageError`` for
+    ``url`` that says what to do (for direct filesystem calls, outside a ``Fetcher``)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:  # classified; a bug (Fault.OTHER) keeps its own type
+        if classify(exc) is Fault.OTHER:
+            raise
+        raise storage_error(exc, url) from exc
 
 
 class _ShortRead(OSError):
@@ -130,6 +156,7 @@ class Fetcher:
         self._jitter = random.Random()  # timing only; never touches data order
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self.answered = False  # has a request succeeded (so the endpoint is right)?
 
     @classmethod
     def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig()) -> "Fetcher":
@@ -186,19 +213,39 @@ class Fetcher:
         cfg = self.config
         for n in range(cfg.retries + 1):
             try:
-                return attempt()
-            except Exception as exc:  # classified below; unexpected kinds re-raise at once
-                if not is_transient(exc):
-                    raise StorageError(f"{type(exc).__name__}: {exc}", url=url) from exc
-                with self._lock:
-                    self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
-                if n == cfg.retries:
-                    raise StorageError(f"gave up after {n + 1} attempts; last error {type(exc).__name__}: {exc}", url=url) from exc
-                with self._lock:
-                    self.stats.retries += 1
+                result = attempt()
+                self.answered = True
+                return result
+            except Exception as exc:  # classified in give_up; a bug is not retried
+                error = self.give_up(exc, url, attempts=n + 1)
+                if error is not None:
+                    raise error from exc
                 delay = self._jitter.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
                 log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
                 time.sleep(delay)
+
+    def give_up(self, exc: BaseException, url: str, *, attempts: int) -> StorageError | None:
+        """After ``attempts`` tries of a request for ``url`` failed, the last with ``exc``:
+        the ``StorageError`` to raise, or ``None`` to retry (counted in :attr:`stats`).
+
+        An endpoint that has not answered yet (:attr:`answered`) is most likely
+        misconfigured: an unknown host or a refused connection fails at once, a connect
+        timeout after ``_CONNECT_TIMEOUT_TRIES`` tries. Once it has answered, the same
+        faults are a restart or a blip and get every retry."""
+        fault = classify(exc)
+        if fault.transient or (fault.endpoint and self.answered):
+            limit = self.config.retries + 1
+            if fault is Fault.CONNECT_TIMEOUT and not self.answered:
+                limit = min(limit, _CONNECT_TIMEOUT_TRIES)
+        else:
+            limit = 1
+        with self._lock:
+            if limit > 1:
+                self.stats.errors[type(exc).__name__] = self.stats.errors.get(type(exc).__name__, 0) + 1
+            if attempts < limit:
+                self.stats.retries += 1
+                return None
+        return storage_error(exc, url, fault=fault, attempts=attempts)
 
     def forget(self, r: ByteRange, version: str = "") -> None:
         """Drop the cached blocks of ``r`` (as :meth:`read_many` cut it): their bytes were bad."""

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from gpupipe.formats.tar import TarShardWriter
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from gpupipe.storage import open_filesystem
+from gpupipe.storage import Fetcher, open_filesystem
 
 __all__ = ["ShardSink"]
 
@@ -25,8 +25,9 @@ class ShardSink:
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         self.fs, self.root = open_filesystem(dst, storage_options)
-        self.root = self.root.rstrip("/")
-        self.fs.makedirs(self.root, exist_ok=True)
+        self.root, self.url = self.root.rstrip("/"), dst.rstrip("/")
+        self._io = Fetcher(self.fs)  # writes retried, and their errors worded, as reads are
+        self._io.call(self.url, "makedirs", True)
         self.shard_size, self.prefix, self.classes = shard_size, prefix, classes
         self.entries: list[ShardEntry] = []
         self._buf: io.BytesIO | None = None
@@ -46,7 +47,7 @@ class ShardSink:
         self._writer.close()
         data = self._buf.getvalue()
         name = f"{self.prefix}-{len(self.entries):06d}.tar"
-        self.fs.pipe_file(f"{self.root}/{name}", data)
+        self._io.call(f"{self.url}/{name}", "pipe_file", data)
         offsets = tuple(self._writer.offsets)
         self.entries.append(ShardEntry(name=name, num_samples=len(offsets) - 1, size=len(data),
                                        sha256=hashlib.sha256(data).hexdigest(), offsets=offsets,
@@ -56,7 +57,7 @@ class ShardSink:
     def close(self) -> Manifest:
         self._flush()
         manifest = Manifest(shards=tuple(self.entries), classes=tuple(self.classes))
-        self.fs.pipe_file(f"{self.root}/{MANIFEST_NAME}", manifest.to_json().encode())
+        self._io.call(f"{self.url}/{MANIFEST_NAME}", "pipe_file", manifest.to_json().encode())
         return manifest
 
     def __enter__(self) -> "ShardSink":
