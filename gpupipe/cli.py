@@ -21,7 +21,8 @@ Usage::
 
 Each subcommand is an entry of ``_COMMANDS``: ``name -> (help, add_arguments, run)``, where
 ``add_arguments(parser)`` declares its options and ``run(args) -> int`` does the work and
-prints. Errors gpupipe raises on purpose (and ``OSError``, e.g. a missing source) become one
+prints. Errors gpupipe raises on purpose, ``OSError`` (e.g. a missing source) and the storage
+backends' own errors (botocore's "Unable to locate credentials", worded with what to set) become one
 line ``gpupipe: error: <message>`` on stderr and exit code 2, without a traceback. Storage
 options are passed on, never printed.
 """
@@ -289,10 +290,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():  # log lines above the progress bar, not through it
             return _COMMANDS[args.command][2](args)
-    except (GpupipeError, OSError) as exc:
+    except GpupipeError as exc:
         return _fail(str(exc) or type(exc).__name__)
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
+    except Exception as exc:  # a storage backend's own error (botocore, s3fs, aiohttp), or a bug
+        return _fail(_storage_message(exc))
+
+
+def _storage_message(exc: Exception) -> str:
+    """One line for an error of storage (worded with what to set) or of the OS; a bug re-raises."""
+    from gpupipe.storage_faults import from_backend, storage_error
+
+    if from_backend(exc):
+        return str(storage_error(exc, ""))
+    if isinstance(exc, OSError):
+        return str(exc) or type(exc).__name__
+    raise exc
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> int:

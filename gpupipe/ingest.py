@@ -34,7 +34,7 @@ from gpupipe.formats.writer import ShardSink
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.plan import shuffle_buffer
 from gpupipe.sources import Source, expand_pattern, resolve
-from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands
+from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
 from gpupipe.types import ByteRange
 
 __all__ = ["CLASSES_NAME", "IngestReport", "ingest", "class_list", "index", "inspect"]
@@ -113,7 +113,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     given = _given_classes(classes, classes_from, _options_like(classes_from, (dst, dst_options),
                                                                 (src, storage_options)))
     skipped: list[tuple[str, str]] = []
-    kind, paths = _list_source(fs, src, root)
+    with storage_errors(src):  # a storage backend's error becomes one line naming src
+        kind, paths = _list_source(fs, src, root)
     rng = _rng(seed)
     if kind == "parquet":
         classes, total, items = _parquet_items(fs, paths, rng, shuffle=shuffle, workers=workers,

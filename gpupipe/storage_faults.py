@@ -9,6 +9,7 @@ Exception texts from the backends carry no secrets; storage options are never re
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import socket
 from enum import Enum
@@ -17,11 +18,12 @@ from typing import Iterator
 from gpupipe.errors import (StorageAuthError, StorageEndpointError, StorageError,
                             StorageNotFoundError)
 
-__all__ = ["Fault", "classify", "storage_error", "CONNECT_TIMEOUT_S"]
+__all__ = ["Fault", "classify", "storage_error", "from_backend", "CONNECT_TIMEOUT_S"]
 
 CONNECT_TIMEOUT_S = 3.0  # default for s3:// (botocore's own is 60 s); see gpupipe.storage.open_filesystem
 
-_BACKENDS = ("aiohttp", "botocore", "aiobotocore", "asyncio", "fsspec", "requests", "urllib3", "s3fs")
+_BACKENDS = ("aiohttp", "botocore", "aiobotocore", "asyncio", "fsspec", "requests", "urllib3", "s3fs", "gcsfs",
+             "adlfs", "google")
 _CREDENTIAL_TYPES = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
                      "DefaultCredentialsError")
 _DENIED_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -121,6 +123,12 @@ def _classify_one(e: BaseException) -> Fault | None:
     if status is not None:
         return Fault.TRANSIENT if status == 429 or status >= 500 else Fault.OTHER
     return None
+
+
+def from_backend(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) was raised by a storage client library."""
+    return any((type(e).__module__ or "").split(".")[0] in _BACKENDS and not isinstance(e, asyncio.CancelledError)
+               for e in _chain(exc))
 
 
 def storage_error(exc: BaseException, url: str, *, fault: Fault | None = None, attempts: int = 1) -> StorageError:

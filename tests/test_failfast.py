@@ -193,3 +193,54 @@ def test_endpoint_faults_are_retried_once_the_endpoint_has_answered(tmp_path):
     with pytest.raises(StorageEndpointError, match="connection refused"):
         fresh.size(url)
     assert fresh.stats.retries == 0
+
+
+# -- the command line: one line, exit 2 ---------------------------------------------------------
+_CLI_SCRIPT = """
+import contextlib, io, json, sys
+from gpupipe.cli import main
+from gpupipe.synth import write_image_folder
+images, url, endpoint, out = sys.argv[1:5]
+write_image_folder(images, num_images=2, num_classes=2, size=(64, 64))
+opt = ["--storage-option", "endpoint_url=" + endpoint]
+cases = {"ingest to s3": ["ingest", images, url, "--quiet", "--dst-storage-option", "endpoint_url=" + endpoint],
+         "ingest from s3": ["ingest", url, out, "--quiet", *opt], "inspect": ["inspect", url, *opt],
+         "index": ["index", url, "--quiet", *opt], "validate": ["validate", url, *opt]}
+for name, argv in cases.items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    print(json.dumps({"case": name, "code": code, "stderr": err.getvalue()}))
+"""
+
+
+def test_cli_without_credentials_prints_one_line_for_every_storage_command(s3_bucket, tmp_path):
+    url = s3_bucket.url("ds/")
+    out = subprocess.run([sys.executable, "-c", _CLI_SCRIPT, str(tmp_path / "images"), url, s3_bucket.endpoint,
+                          str(tmp_path / "out")], env=no_aws_env(tmp_path), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 5, out.stderr[-3000:]  # a traceback (botocore's, 63 lines) ends the script early
+    for r in results:
+        lines = r["stderr"].splitlines()
+        assert r["code"] == 2 and len(lines) == 1, r
+        assert lines[0].startswith(f"gpupipe: error: {url.rstrip('/')}") and "AWS_ACCESS_KEY_ID" in lines[0], r
+
+
+def test_cli_words_a_raw_storage_error_and_lets_a_bug_through(monkeypatch, capsys):
+    from botocore.exceptions import NoCredentialsError
+
+    import gpupipe.cli as cli
+
+    def fail(exc):
+        def run(args):
+            raise exc
+        return run
+
+    monkeypatch.setitem(cli._COMMANDS, "inspect", ("", cli._inspect_arguments, fail(NoCredentialsError())))
+    assert cli.main(["inspect", "s3://b/x"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no credentials found" in err[0] and "AWS_ACCESS_KEY_ID" in err[0]
+    monkeypatch.setitem(cli._COMMANDS, "inspect", ("", cli._inspect_arguments, fail(ZeroDivisionError("bug"))))
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["inspect", "s3://b/x"])
