@@ -369,7 +369,8 @@ def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = N
     urls = expand_pattern(url)
     refuse_commands(urls)
     fs, _ = open_filesystem(urls[0], storage_options)
-    paths = _shard_paths(fs, urls)
+    with storage_errors(urls[0]):
+        paths = _shard_paths(fs, urls)
     folders = {posixpath.dirname(p) for p in paths}
     if len(folders) != 1:
         raise ConfigError(f"index: the shards must share one folder (for its {MANIFEST_NAME}); "
