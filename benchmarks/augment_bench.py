@@ -33,7 +33,7 @@ def ours(kind: str, fuse: bool) -> T.Compose:
     if kind == "complex":
         geo += [T.RandomVerticalFlip(0.5), T.RandomPerspective(0.5, p=0.5)]
     colour = [T.ColorJitter(0.2, 0.2, 0.2, 0.2)] if kind == "complex" else []
-    return T.Compose([*geo, T.ToDtype(torch.float32, input_range=255.0), *colour, T.Normalize(MEAN, STD)], fuse=fuse)
+    return T.Compose([*geo, T.ToDtype(torch.float32), *colour, T.Normalize(MEAN, STD)], fuse=fuse)
 
 
 def kornia_seq(kind: str):

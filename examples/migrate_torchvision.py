@@ -7,10 +7,10 @@ builds it from the ``Compose`` itself; without torchvision this script builds th
 pipeline explicitly and prints the mapping, saying so. Either way it then runs the pipeline
 on a batch and shows that the same (seed, epoch, sample ids) give the same result.
 
-Notes on the mapping: ``ToTensor`` becomes ``ToDtype(float32, input_range=255)`` and moves to
-just before the first colour op (gpupipe's colour ops work on floats in [0, 1]); geometric
-ops fuse into one warp; PIL-only steps (``ToImage``, ``PILToTensor``) disappear, since the
-decoder already gives tensors.
+Notes on the mapping: every step keeps its place and meaning (``ColorJitter`` before
+``ToTensor`` works on uint8, as torchvision's; ``ToTensor`` takes uint8 to float in [0, 1]);
+geometric ops fuse into one warp, colour, cast and normalize into one pass; PIL-only steps
+(``ToImage``, ``PILToTensor``) disappear, since the decoder already gives tensors.
 
 Run::
 
@@ -35,8 +35,8 @@ TORCHVISION = """T.Compose([
 MAPPING = (  # torchvision step -> the gpupipe step that replaces it
     ("T.RandomResizedCrop(224, scale=(0.08, 1.0))", "G.RandomResizedCrop(224, scale=(0.08, 1.0))"),
     ("T.RandomHorizontalFlip()", "G.RandomHorizontalFlip(0.5)"),
-    ("T.ToTensor()  (moved before ColorJitter)", "G.ToDtype(torch.float32, input_range=255.0)"),
     ("T.ColorJitter(0.4, 0.4, 0.4, 0.1)", "G.ColorJitter(0.4, 0.4, 0.4, 0.1)"),
+    ("T.ToTensor()", "G.ToTensor()"),
     ("T.Normalize(MEAN, STD)", "G.Normalize(MEAN, STD)"),
 )
 
@@ -55,8 +55,7 @@ def from_torchvision_if_installed() -> G.Compose | None:
 def explicit() -> G.Compose:
     """The same pipeline written with gpupipe.transforms directly."""
     return G.Compose([G.RandomResizedCrop(224, scale=(0.08, 1.0)), G.RandomHorizontalFlip(0.5),
-                      G.ToDtype(torch.float32, input_range=255.0), G.ColorJitter(0.4, 0.4, 0.4, 0.1),
-                      G.Normalize(MEAN, STD)])
+                      G.ColorJitter(0.4, 0.4, 0.4, 0.1), G.ToTensor(), G.Normalize(MEAN, STD)])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,7 @@ def make_model() -> nn.Module:
 
 def make_loader(shards: str, workers: int) -> GpuLoader:
     augment = T.Compose([T.RandomResizedCrop(32, scale=(0.5, 1.0)), T.RandomHorizontalFlip(),
-                         T.ToDtype(torch.float32, input_range=255.0), T.ColorJitter(0.2, 0.2),
+                         T.ToDtype(torch.float32), T.ColorJitter(0.2, 0.2),
                          T.Normalize(list(T.IMAGENET_MEAN), list(T.IMAGENET_STD))])
     return GpuLoader(shards, batch_size=32, image_size=40, augment=augment, seed=0, num_workers=workers,
                      rank=0, world_size=1, on_error="skip")

@@ -1,7 +1,8 @@
 """gpupipe: encoded images from any storage → GPU decode (DALI/nvJPEG) → GPU batch augmentation.
 
 ``import gpupipe`` is light: torch, DALI, Lightning and Kornia are imported only
-when the object that needs them is first used.
+when the object that needs them is first used (``gpupipe.transforms`` included: the
+submodule is imported on first access, as torchvision's are).
 """
 from __future__ import annotations
 
@@ -27,10 +28,14 @@ _LAZY = {
     "index": "gpupipe.ingest:index",
 }
 
-__all__ = ["__version__", *_LAZY]
+_SUBMODULES = ("transforms",)  # ``gpupipe.transforms.Compose`` after a plain ``import gpupipe``, as in torchvision
+
+__all__ = ["__version__", *_LAZY, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"gpupipe.{name}")  # the import binds it as an attribute too
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'gpupipe' has no attribute {name!r}")

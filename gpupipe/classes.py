@@ -5,15 +5,16 @@ A label in a shard is a number; what it means is the class list in the split's
 lists from their own folders, so a val folder that lacks a class numbers the others
 differently. :func:`agreed_classes` is the check that such splits are never trained and
 validated together: every split's list must equal the declared ``source.classes`` (when
-given) and each other's. :func:`check_class_names` validates a list given by hand.
+given) and each other's. :func:`class_list` reads the list another split was ingested with
+(``gpupipe ingest --classes-from``), :func:`check_class_names` validates one given by hand.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from gpupipe.errors import ConfigError
+from gpupipe.errors import ConfigError, StorageError
 
-__all__ = ["agreed_classes", "check_class_names", "describe"]
+__all__ = ["agreed_classes", "check_class_names", "class_list", "class_lines", "describe", "refuse_unlisted"]
 
 _SHOWN = 8  # class names shown in a message before "..."
 
@@ -91,3 +92,39 @@ def _index_of(split: str, urls: Mapping[str, str]) -> str:
 def _way_out(split: str, urls: Mapping[str, str], option: str) -> str:
     return (f"Re-ingest the {split} split with that numbering: gpupipe ingest <{split} images> "
             f"{urls.get(split) or f'<{split} shards>'} {option}")
+
+
+def refuse_unlisted(found: Sequence[str], given: tuple[str, ...], what: str) -> None:
+    """Raise naming the first of ``found`` (classes of a source) that ``given`` lacks."""
+    missing = [c for c in found if c not in given]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConfigError(f"ingest: {what} {missing[0]!r}{more} is not in the given class list ({describe(given)}); "
+                          "add it to the list (--classes), or leave those images out")
+
+
+def class_list(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The class list at ``url``: an ``index.json`` (its ``classes``), a folder holding one,
+    or a text file with one class name a line (``classes.txt``)."""
+    from gpupipe.manifest import MANIFEST_NAME, Manifest
+    from gpupipe.storage import open_filesystem
+
+    fs, path = open_filesystem(url, storage_options)
+    path = path.rstrip("/")
+    if not path.endswith((".json", ".txt")) and fs.isdir(path):
+        path = f"{path}/{MANIFEST_NAME}"
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        raise StorageError("no such file; give an index.json, the folder that holds one, or a classes.txt",
+                           url=url) from None
+    classes = Manifest.from_json(data, source=url).classes if path.endswith(".json") else class_lines(data)
+    if not classes:
+        raise ConfigError(f"--classes-from {url}: lists no classes (an index of unlabelled or Parquet-integer "
+                          "data); give the names with --classes a,b,c")
+    return check_class_names(classes, f"--classes-from {url}")
+
+
+def class_lines(data: bytes) -> tuple[str, ...]:
+    """The names in a ``classes.txt``: one a line, blank lines ignored."""
+    return tuple(line.strip() for line in data.decode("utf-8").splitlines() if line.strip())

@@ -4,7 +4,7 @@ Usage::
 
     gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
                            [--max-pixels N] [--image-column NAME] [--label-column NAME]
-                           [--classes A,B,C | --classes-from URL]
+                           [--classes A,B,C | --classes-from URL] [--val-fraction F]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--storage-option KEY=VALUE ...]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
@@ -90,6 +90,9 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
                    help="the class list, in label order (default: the source's classes, sorted)")
     p.add_argument("--classes-from", metavar="URL",
                    help="take the class list from another split's index.json (or its folder, or a classes.txt)")
+    p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
+                   help="carve a validation split: DST/train/ and DST/val/, each input in val with probability F, "
+                        "a pure function of --seed and its path (default 0: no split)")
     _storage_arguments(p)
     _storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -104,9 +107,9 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     storage_options=dict(args.storage_options),
                     dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
                     image_column=args.image_column, label_column=args.label_column, classes=args.classes,
-                    classes_from=args.classes_from)
+                    classes_from=args.classes_from, val_fraction=args.val_fraction)
     print(report.summary())
-    print(f"wrote {args.dst.rstrip('/')}/index.json")
+    print("wrote " + ", ".join(report.indexes))
     return 0
 
 

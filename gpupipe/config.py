@@ -267,7 +267,7 @@ def preset(name: str) -> tuple[TransformSpec, ...]:
     to the output size; ImageNet normalisation, float32)."""
     from gpupipe.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-    tail = [TransformSpec("ToDtype", {"dtype": "float32", "input_range": 255.0}),
+    tail = [TransformSpec("ToDtype", {"dtype": "float32"}),
             TransformSpec("RepeatChannels", {"num_channels": 3}),
             TransformSpec("Normalize", {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)})]
     sets = {

@@ -13,6 +13,7 @@ import argparse
 import logging
 import re
 import sys
+import warnings
 from typing import Any, Iterator, Sequence
 
 from gpupipe.config import parse_config, read_yaml
@@ -21,6 +22,7 @@ from gpupipe.errors import ConfigError
 __all__ = ["add_arguments", "run", "check_class_paths", "ALLOWED_CLASS_PREFIXES"]
 
 ALLOWED_CLASS_PREFIXES = ("lightning.pytorch.callbacks.", "lightning.pytorch.loggers.", "gpupipe.")
+_NO_VAL_WARNING = "You defined a `validation_step` but have no `val_dataloader`"
 _CLASS_KEYS = ("class_path", "callbacks", "logger", "plugins", "strategy", "profiler")
 
 
@@ -33,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     raw = read_yaml(args.config)
-    parse_config(raw, origin=args.config)  # the pipeline's errors, with key paths, before Lightning starts
+    pipeline = parse_config(raw, origin=args.config)  # the pipeline's errors, with key paths, before Lightning starts
     check_class_paths(raw)
     check_overrides(args.overrides)
     from lightning.pytorch.cli import LightningCLI
@@ -47,8 +49,11 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(name).propagate = False
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads args=, not the gpupipe command line
     try:
-        LightningCLI(ImageClassifier, GpuDataModule, subclass_mode_model=False, subclass_mode_data=False,
-                     args=cli_args, save_config_kwargs={"overwrite": True})
+        with warnings.catch_warnings():
+            if pipeline.source.val is None:  # a train-only dataset is fine: no "no val_dataloader" warning
+                warnings.filterwarnings("ignore", message=_NO_VAL_WARNING)
+            LightningCLI(ImageClassifier, GpuDataModule, subclass_mode_model=False, subclass_mode_data=False,
+                         args=cli_args, save_config_kwargs={"overwrite": True})
     except SystemExit as exc:  # jsonargparse has printed what was wrong
         return exc.code if isinstance(exc.code, int) else 2
     finally:

@@ -13,6 +13,7 @@ same inputs and seed give byte-identical shards.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
-from gpupipe.classes import check_class_names, describe
+from gpupipe.classes import check_class_names, class_lines, class_list, describe, refuse_unlisted
 from gpupipe.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
 from gpupipe.formats.imageheader import probe
@@ -37,7 +38,7 @@ from gpupipe.sources import Source, expand_pattern, resolve
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
 from gpupipe.types import ByteRange
 
-__all__ = ["CLASSES_NAME", "IngestReport", "ingest", "class_list", "index", "inspect"]
+__all__ = ["CLASSES_NAME", "IngestReport", "ingest", "in_val_split", "index", "inspect"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class IngestReport:
     classes: tuple[str, ...]
     skipped: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    splits: dict[str, int] = field(default_factory=dict)  # samples per carved split ({} without one)
+    indexes: list[str] = field(default_factory=list)  # the index.json files written
 
     def summary(self, max_skipped: int = 10) -> str:
         """A few lines for people: counts, size, speed, and the first skipped inputs."""
@@ -67,6 +70,8 @@ class IngestReport:
         lines = [f"{self.num_samples} samples in {self.num_shards} shards ({self.bytes / 2**20:.1f} MiB), "
                  f"{len(self.classes)} classes, {len(self.skipped)} skipped, "
                  f"{self.seconds:.1f} s ({rate:.0f} samples/s)"]
+        if self.splits:
+            lines.append("  split: " + ", ".join(f"{name} {n}" for name, n in self.splits.items()))
         lines += [f"  skipped {path}: {reason}" for path, reason in self.skipped[:max_skipped]]
         if len(self.skipped) > max_skipped:
             lines.append(f"  ... and {len(self.skipped) - max_skipped} more skipped")
@@ -91,7 +96,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            dst_storage_options: Mapping[str, Any] | None = None, seed: int = 0, shuffle: bool = True,
            max_pixels: int | None = 178_956_970, progress: bool = True,
            image_column: str | None = None, label_column: str | None = None,
-           classes: Sequence[str] | None = None, classes_from: str | None = None) -> IngestReport:
+           classes: Sequence[str] | None = None, classes_from: str | None = None,
+           val_fraction: float = 0.0) -> IngestReport:
     """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
 
     ``src``: a folder ``<class>/<image>`` (classes sorted by name give the label index), or a
@@ -100,13 +106,19 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``<class>/<stem>_<NNNNNNNN>`` and fields ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}``.
 
     ``classes`` (or ``classes_from``: an ``index.json``, its folder or a ``classes.txt``, see
-    :func:`class_list`) fixes the class list and so the numbering, e.g. val's from train's
-    index; a class of the source that is not in it is refused. Raises ``StorageError`` for a
-    missing source and ``ConfigError`` for bad arguments.
+    :func:`~gpupipe.classes.class_list`) fixes the class list and so the numbering, e.g. val's from train's
+    index; a class of the source that is not in it is refused.
+
+    ``val_fraction`` > 0 carves a validation split: ``dst/train/`` and ``dst/val/`` each get
+    shards, ``index.json`` and ``classes.txt`` (one class list). Whether an input goes to val
+    is :func:`in_val_split` of ``seed`` and its path under ``src``: the same on every run.
+    Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments.
     """
     start = time.perf_counter()
     if shard_size < 1 or workers < 1:
         raise ConfigError(f"ingest: shard_size and workers must be >= 1, got {shard_size} and {workers}")
+    if not 0 <= val_fraction < 1:
+        raise ConfigError(f"ingest: val_fraction must be in [0, 1) (e.g. 0.1 for 10% validation), got {val_fraction}")
     fs, root = open_filesystem(src, storage_options)
     _check_not_inside(src, dst)
     dst_options = _dst_options(src, dst, storage_options, dst_storage_options)
@@ -122,16 +134,44 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     else:
         classes, total, items = _folder_items(fs, root, paths, rng, skipped, shuffle=shuffle, workers=workers,
                                               given=given)
-    sink = ShardSink(dst, shard_size=shard_size, classes=classes, storage_options=dst_options)
+    splits = ("train", "val") if val_fraction else ("",)
+    sinks = {s: ShardSink(f"{dst.rstrip('/')}/{s}" if s else dst, shard_size=shard_size, classes=classes,
+                          storage_options=dst_options) for s in splits}
+    base = root.rstrip("/") if kind == "folder" else posixpath.commonpath([posixpath.dirname(p) for p in paths])
+
+    def sink_of(item: _Item) -> ShardSink:
+        if not val_fraction:
+            return sinks[""]
+        return sinks["val" if in_val_split(item.name[len(base):].lstrip("/"), seed, val_fraction) else "train"]
+
     from tqdm import tqdm
 
     with tqdm(total=total, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
-        _write_items(items, sink, max_pixels=max_pixels, skipped=skipped, tick=bar.update)
+        _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update)
+    manifests = {s: _close(sink, classes) for s, sink in sinks.items()}
+    return IngestReport(sum(m.num_samples for m in manifests.values()), sum(len(m.shards) for m in manifests.values()),
+                        sum(m.total_bytes for m in manifests.values()), tuple(classes), skipped,
+                        time.perf_counter() - start, {s: m.num_samples for s, m in manifests.items() if s},
+                        [f"{dst.rstrip('/')}/{s + '/' if s else ''}{MANIFEST_NAME}" for s in manifests])
+
+
+def in_val_split(key: str, seed: int, fraction: float) -> bool:
+    """Whether the input at ``key`` (its path under the source) belongs to the validation split.
+
+    A pure function of ``(seed, key)``: a re-run gives the same split, and adding inputs never
+    moves the others between splits. Each input is in val with probability ``fraction``, so a
+    class gets ``fraction`` of its inputs in expectation (not exactly: a class of 3 images may
+    get none at 0.2).
+    """
+    digest = hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+def _close(sink: ShardSink, classes: Sequence[str]) -> Manifest:
+    """Write ``classes.txt`` (when there are classes), then the manifest, which ends the dataset."""
     if classes:
         sink.fs.pipe_file(f"{sink.root}/{CLASSES_NAME}", "".join(c + "\n" for c in classes).encode())
-    manifest = sink.close()
-    return IngestReport(manifest.num_samples, len(manifest.shards), manifest.total_bytes, tuple(classes),
-                        skipped, time.perf_counter() - start)
+    return sink.close()
 
 
 def _rng(seed: int):
@@ -203,7 +243,7 @@ def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bo
     """Classes, the number of images, and the images read concurrently in (shuffled) order."""
     files, classes, rejected = scan_image_folder(root, found)
     if given is not None:
-        _refuse_unlisted(classes, given, "class folder")
+        refuse_unlisted(classes, given, "class folder")
         classes = given
     for path, reason in rejected:
         _skip(skipped, path, reason)
@@ -256,18 +296,10 @@ def _parquet_numbering(found: tuple[str, ...], given: tuple[str, ...] | None
     if given is None:
         return found, lambda label: label
     if found:
-        _refuse_unlisted(found, given, "label")
+        refuse_unlisted(found, given, "label")
         number = {i: given.index(c) for i, c in enumerate(found)}
         return given, number.get
     return given, lambda label: label if 0 <= label < len(given) else None
-
-
-def _refuse_unlisted(found: Sequence[str], given: tuple[str, ...], what: str) -> None:
-    missing = [c for c in found if c not in given]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ConfigError(f"ingest: {what} {missing[0]!r}{more} is not in the given class list ({describe(given)}); "
-                          "add it to the list (--classes), or leave those images out")
 
 
 def _given_classes(classes: Sequence[str] | None, classes_from: str | None,
@@ -278,32 +310,6 @@ def _given_classes(classes: Sequence[str] | None, classes_from: str | None,
     if classes_from is not None:
         return class_list(classes_from, storage_options=options)
     return None if classes is None else check_class_names(classes, "ingest: --classes")
-
-
-def class_list(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[str, ...]:
-    """The class list at ``url``: an ``index.json`` (its ``classes``), a folder holding one,
-    or a text file with one class name a line (``classes.txt``)."""
-    fs, path = open_filesystem(url, storage_options)
-    path = path.rstrip("/")
-    if not path.endswith((".json", ".txt")) and fs.isdir(path):
-        path = f"{path}/{MANIFEST_NAME}"
-    try:
-        data = fs.cat_file(path)
-    except FileNotFoundError:
-        raise StorageError("no such file; give an index.json, the folder that holds one, or a classes.txt",
-                           url=url) from None
-    if path.endswith(".json"):
-        classes = Manifest.from_json(data, source=url).classes
-    else:
-        classes = _class_lines(data)
-    if not classes:
-        raise ConfigError(f"--classes-from {url}: lists no classes (an index of unlabelled or Parquet-integer "
-                          "data); give the names with --classes a,b,c")
-    return check_class_names(classes, f"--classes-from {url}")
-
-
-def _class_lines(data: bytes) -> tuple[str, ...]:
-    return tuple(line.strip() for line in data.decode("utf-8").splitlines() if line.strip())
 
 
 def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahead: int) -> Iterator[_R]:
@@ -325,7 +331,7 @@ def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahea
 _END = object()
 
 
-def _write_items(items: Iterable[_Item], sink: ShardSink, *, max_pixels: int | None,
+def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], *, max_pixels: int | None,
                  skipped: list, tick: Callable[[int], Any]) -> None:
     """Probe each item's header and write the good ones; skip (and log) the others."""
     for item in items:
@@ -339,7 +345,7 @@ def _write_items(items: Iterable[_Item], sink: ShardSink, *, max_pixels: int | N
             _skip(skipped, item.name, str(exc))
             continue
         key = f"{_sanitise(item.class_name)}/{_sanitise(item.stem)}_{item.index:08d}"
-        sink.write(key, {_EXT_OF_FORMAT[header.format]: item.data, "cls": str(item.label).encode()})
+        sink_of(item).write(key, {_EXT_OF_FORMAT[header.format]: item.data, "cls": str(item.label).encode()})
 
 
 def _sanitise(part: str) -> str:
@@ -429,7 +435,7 @@ def _index_shards(fetcher: Fetcher, folder: str, paths: list[str], sizes: list[i
 
 def _read_classes(fs, folder: str) -> tuple[str, ...]:
     try:
-        return _class_lines(fs.cat_file(f"{folder}/{CLASSES_NAME}"))
+        return class_lines(fs.cat_file(f"{folder}/{CLASSES_NAME}"))
     except FileNotFoundError:
         return ()
 

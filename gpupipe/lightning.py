@@ -56,6 +56,8 @@ class GpuDataModule(pl.LightningDataModule):
         self._loaders: dict[str, _SplitLoader] = {}
         self._pending_state: Mapping | None = None
         self._classes: tuple[str, ...] | None = None  # known after setup()
+        if self.config.source.val is None:  # a train-only dataset: Lightning skips validation
+            self.val_dataloader = _Unset(self.config, "val")
 
     # -- loaders -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -140,6 +142,19 @@ class GpuDataModule(pl.LightningDataModule):
             return self.trainer
         except RuntimeError:
             return None
+
+
+class _Unset:
+    """The loader hook of a split the config does not set. Lightning takes a hook it sees
+    through ``__wrapped__`` as the base class's for "not defined", so it runs no loop for the
+    split (no sanity check, no val loader warnings); called directly, it says what to set."""
+
+    def __init__(self, config: PipelineConfig, split: str) -> None:
+        self.config, self.split = config, split
+        self.__wrapped__ = getattr(pl.LightningDataModule, f"{split}_dataloader")
+
+    def __call__(self) -> None:
+        self.config.checked_split(self.split)  # raises: source.<split> is not set
 
 
 def _split_of(trainer) -> Optional[str]:

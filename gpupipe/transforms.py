@@ -13,48 +13,49 @@ from typing import Any, Callable
 
 from gpupipe.augment.base import AugKey, Transform
 from gpupipe.augment.color import (ColorJitter, GaussianBlur, Grayscale, Normalize, RandomErasing, RandomGrayscale,
-                                   RepeatChannels, ToDtype)
+                                   RepeatChannels, ToDtype, ToTensor)
 from gpupipe.augment.compose import Compose
+from gpupipe.augment.containers import RandomApply, RandomChoice, RandomOrder
 from gpupipe.augment.geometry import (CenterCrop, RandomAffine, RandomCrop, RandomHorizontalFlip, RandomPerspective,
                                       RandomResizedCrop, RandomRotation, RandomVerticalFlip, Resize)
 from gpupipe.augment.mix import CutMix, MixUp
+from gpupipe.augment.registry import transform_class
 
 __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",
            "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective",
            "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomErasing", "Normalize", "ToDtype",
-           "RepeatChannels", "MixUp", "CutMix", "from_torchvision", "SUPPORTED", "simple_set", "complex_set",
-           "IMAGENET_MEAN", "IMAGENET_STD"]
+           "ToTensor", "RepeatChannels", "RandomApply", "RandomChoice", "RandomOrder", "MixUp", "CutMix",
+           "from_torchvision", "TORCHVISION", "SUPPORTED", "simple_set", "complex_set", "IMAGENET_MEAN",
+           "IMAGENET_STD"]
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def simple_set(dtype=None) -> Compose:
-    """The docs' simple set after a decode to the output size: RandomAffine(20),
-    RandomHorizontalFlip(0.5), to float, repeat to 3 channels, Normalize(ImageNet)."""
+    """The docs' simple set after a decode to the output size (uint8): RandomAffine(20),
+    RandomHorizontalFlip(0.5), to float in [0, 1], repeat to 3 channels, Normalize(ImageNet)."""
     import torch
 
-    return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), ToDtype(dtype or torch.float32, input_range=255.0),
-                    RepeatChannels(3), Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))])
+    return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), ToDtype(dtype or torch.float32),
+                    RepeatChannels(3), Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))], input_dtype=torch.uint8)
 
 
 def complex_set(dtype=None) -> Compose:
-    """The docs' complex set after a decode to the output size: RandomAffine(20), both
-    flips, RandomPerspective(0.5, p=0.5), ColorJitter(0.2, 0.2, 0.2, 0.2), to float,
-    repeat to 3 channels, Normalize(ImageNet). Geometry fuses into one warp."""
+    """The docs' complex set after a decode to the output size (uint8): RandomAffine(20),
+    both flips, RandomPerspective(0.5, p=0.5), to float in [0, 1], ColorJitter(0.2, 0.2,
+    0.2, 0.2), repeat to 3 channels, Normalize(ImageNet). Geometry fuses into one warp."""
     import torch
 
     return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), RandomVerticalFlip(0.5),
-                    RandomPerspective(0.5, p=0.5), ToDtype(dtype or torch.float32, input_range=255.0),
+                    RandomPerspective(0.5, p=0.5), ToDtype(dtype or torch.float32),
                     ColorJitter(0.2, 0.2, 0.2, 0.2), RepeatChannels(3),
-                    Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))])
+                    Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))], input_dtype=torch.uint8)
 
 
-def _unsupported_if(t, **defaults: Any) -> None:
-    """Raise if ``t`` sets an option we do not implement (attribute differs from its default)."""
-    for attr, default in defaults.items():
-        value = getattr(t, attr, default)
-        if value not in (default, None) and not (attr == "fill" and value in (0, [0], (0,))):
-            raise ValueError(f"{type(t).__name__}({attr}={value!r}) is not supported by gpupipe.transforms")
+# ----------------------------------------------------------------------------- from_torchvision
+# torchvision is never imported: a transform is recognised by its class name and read through
+# its documented attributes. Each TORCHVISION entry turns one torchvision transform into a
+# gpupipe one (None: nothing to do on a batch of tensors); adding a transform is one line.
 
 
 def _size(t) -> Any:
@@ -71,99 +72,136 @@ def _fill(t) -> Any:
     return 0 if fill is None else fill
 
 
-def _interpolation(t) -> Any:
-    return getattr(t, "interpolation", "bilinear")
+def _v2(t) -> bool:
+    return type(t).__module__.startswith("torchvision.transforms.v2")
 
 
-def _crop(t):
-    return RandomCrop(_size(t), padding=getattr(t, "padding", None), pad_if_needed=getattr(t, "pad_if_needed", False),
-                      fill=_fill(t), padding_mode=getattr(t, "padding_mode", "constant"))
+def _padding(t) -> Any:
+    """v1 keeps ``padding`` as given; v2 stores it parsed as [left, right, top, bottom]."""
+    padding = t.padding
+    if padding is not None and _v2(t) and len(padding) == 4:
+        left, right, top, bottom = padding
+        return (left, top, right, bottom)
+    return padding
 
 
-def _rotation(t):
-    _unsupported_if(t, expand=False, center=None)
-    return RandomRotation(tuple(t.degrees), interpolation=_interpolation(t), fill=_fill(t))
+_READ: dict[str, Callable[[Any], Any]] = {  # attributes that need more than getattr
+    "size": _size,
+    "fill": _fill,
+    "interpolation": lambda t: getattr(t, "interpolation", "bilinear"),
+    "padding": _padding,
+    "value": lambda t: "random" if t.value is None else t.value,  # v2 stores "random" as None
+}
 
 
-def _affine(t):
-    _unsupported_if(t, center=None)
-    return RandomAffine(tuple(t.degrees), translate=t.translate, scale=t.scale,
-                        shear=None if t.shear is None else tuple(t.shear), interpolation=_interpolation(t),
-                        fill=_fill(t))
+def _same(name: str, *attrs: str, **unsupported: Any) -> Callable[[Any], Transform]:
+    """A builder: gpupipe's ``name`` with the torchvision transform's ``attrs`` as its
+    arguments of the same names; ``unsupported``: options gpupipe lacks, with the value
+    that means "not used" (any other value raises)."""
+    def build(t) -> Transform:
+        _unsupported_if(t, **unsupported)
+        kwargs = {a: _READ[a](t) if a in _READ else getattr(t, a) for a in attrs}
+        return transform_class(name)(**{a: tuple(v) if isinstance(v, list) else v for a, v in kwargs.items()})
+    return build
 
 
-def _to_dtype(t):
+def _unsupported_if(t, **defaults: Any) -> None:
+    """Raise if ``t`` sets an option we do not implement (attribute differs from its default)."""
+    for attr, default in defaults.items():
+        value = getattr(t, attr, default)
+        if value not in (default, None) and not (attr == "fill" and value in (0, [0], (0,))):
+            raise ValueError(f"{type(t).__name__}({attr}={value!r}) is not supported by gpupipe.transforms")
+
+
+def _to_dtype(t) -> Transform | None:
+    """v2 ``ToDtype`` (``scale`` False by default there) and ``ConvertImageDtype`` (always scales)."""
     import torch
 
-    dtype = t.dtype if not isinstance(t.dtype, dict) else next(iter(t.dtype.values()))
-    return ToDtype(dtype if isinstance(dtype, torch.dtype) else torch.float32, scale=bool(getattr(t, "scale", True)),
-                   input_range=255.0)
+    dtype = t.dtype
+    if isinstance(dtype, dict):  # v2: {tv_tensors.Image: torch.float32, "others": None}
+        by_name = {getattr(k, "__name__", str(k)): v for k, v in dtype.items()}
+        dtype = next((by_name[n] for n in ("Image", "Tensor", "others") if n in by_name), None)
+    if dtype is None:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{type(t).__name__}(dtype={dtype!r}): expected a torch.dtype")
+    return ToDtype(dtype, scale=bool(getattr(t, "scale", True)))
 
 
-def _to_tensor(t):
-    import torch
-
-    return ToDtype(torch.float32, scale=True, input_range=255.0)  # before it, pixels are 0..255 (uint8 or warped)
-
-
-_BUILDERS: dict[str, Callable[[Any], Transform | None]] = {
-    "Resize": lambda t: (_unsupported_if(t, max_size=None), Resize(_size(t), interpolation=_interpolation(t)))[1],
-    "CenterCrop": lambda t: CenterCrop(_size(t)),
-    "RandomCrop": _crop,
-    "RandomResizedCrop": lambda t: RandomResizedCrop(_size(t), scale=tuple(t.scale), ratio=tuple(t.ratio),
-                                                     interpolation=_interpolation(t)),
-    "RandomAffine": _affine,
-    "RandomRotation": _rotation,
-    "RandomHorizontalFlip": lambda t: RandomHorizontalFlip(t.p),
-    "RandomVerticalFlip": lambda t: RandomVerticalFlip(t.p),
-    "RandomPerspective": lambda t: RandomPerspective(t.distortion_scale, t.p, interpolation=_interpolation(t),
-                                                     fill=_fill(t)),
-    "ColorJitter": lambda t: ColorJitter(t.brightness, t.contrast, t.saturation, t.hue),
-    "RandomGrayscale": lambda t: RandomGrayscale(t.p),
-    "Grayscale": lambda t: Grayscale(t.num_output_channels),
-    "GaussianBlur": lambda t: GaussianBlur(tuple(t.kernel_size), tuple(t.sigma)),
-    "RandomErasing": lambda t: RandomErasing(t.p, tuple(t.scale), tuple(t.ratio), t.value),
-    "Normalize": lambda t: Normalize(list(t.mean), list(t.std)),
-    "ToTensor": _to_tensor,
+TORCHVISION: dict[str, Callable[[Any], Transform | None]] = {
+    "Resize": _same("Resize", "size", "interpolation", max_size=None),
+    "CenterCrop": _same("CenterCrop", "size"),
+    "RandomCrop": _same("RandomCrop", "size", "padding", "pad_if_needed", "fill", "padding_mode"),
+    "RandomResizedCrop": _same("RandomResizedCrop", "size", "scale", "ratio", "interpolation"),
+    "RandomAffine": _same("RandomAffine", "degrees", "translate", "scale", "shear", "interpolation", "fill",
+                          center=None),
+    "RandomRotation": _same("RandomRotation", "degrees", "interpolation", "fill", expand=False, center=None),
+    "RandomHorizontalFlip": _same("RandomHorizontalFlip", "p"),
+    "RandomVerticalFlip": _same("RandomVerticalFlip", "p"),
+    "RandomPerspective": _same("RandomPerspective", "distortion_scale", "p", "interpolation", "fill"),
+    "ColorJitter": _same("ColorJitter", "brightness", "contrast", "saturation", "hue"),
+    "RandomGrayscale": _same("RandomGrayscale", "p"),
+    "Grayscale": _same("Grayscale", "num_output_channels"),
+    "GaussianBlur": _same("GaussianBlur", "kernel_size", "sigma"),
+    "RandomErasing": _same("RandomErasing", "p", "scale", "ratio", "value"),
+    "Normalize": _same("Normalize", "mean", "std"),
+    "ToTensor": lambda t: ToTensor(),
     "ConvertImageDtype": _to_dtype,
     "ToDtype": _to_dtype,
-    "ToImage": lambda t: None,  # already tensors
+    "ToImage": lambda t: None,  # a batch is already a tensor
     "PILToTensor": lambda t: None,
+    "ToPureTensor": lambda t: None,
 }
-SUPPORTED = tuple(sorted(_BUILDERS))
+_CONTAINERS = ("Compose", "RandomApply", "RandomChoice", "RandomOrder")
+SUPPORTED = tuple(sorted((*TORCHVISION, *_CONTAINERS)))
 
 
 def from_torchvision(transform) -> Compose:
     """The gpupipe pipeline equivalent to a torchvision transform or ``Compose`` (v1 or v2).
 
-    Reads only documented attributes (``size``, ``degrees``, ``p``, ``mean`` …). An
-    unsupported transform (``Lambda`` included: its function cannot be read) raises
-    ``ValueError`` naming it and listing what is supported.
+    Reads only documented attributes (``size``, ``degrees``, ``p``, ``mean`` …); v1 and
+    v2 containers (``Compose``, ``RandomApply``, ``RandomChoice``, ``RandomOrder``) are
+    converted with their contents, each sample then drawing its own choice. Transforms
+    keep their torchvision order and meaning (colour ops before ``ToTensor`` work on
+    uint8, as torchvision's do). The pipeline is checked for the loader's uint8 input.
+    An unsupported transform (``Lambda`` included: its function cannot be read) raises
+    ``ValueError`` naming it and where it is.
     """
+    import torch
+
     items = list(transform.transforms) if type(transform).__name__ == "Compose" else [transform]
+    return Compose(_convert_all(items, "transforms"), input_dtype=torch.uint8)
+
+
+def _convert_all(items: list, where: str) -> list[Transform]:
+    """Each item converted; a nested ``Compose``'s steps join the list (so they may fuse)."""
     out: list[Transform] = []
     for i, t in enumerate(items):
-        name = type(t).__name__
-        builder = _BUILDERS.get(name)
-        if builder is None:
-            hint = " (for a grayscale-to-RGB Lambda use gpupipe.transforms.RepeatChannels(3))" if name == "Lambda" else ""
-            raise ValueError(f"transforms[{i}]: {name} is not supported{hint}; supported: {', '.join(SUPPORTED)}")
-        built = builder(t)
-        if built is not None:
+        if type(t).__name__ == "Compose":
+            out += _convert_all(list(t.transforms), f"{where}[{i}].transforms")
+        elif (built := _convert(t, f"{where}[{i}]")) is not None:
             out.append(built)
-    return Compose(_cast_before_colour(out))
+    return out
 
 
-_COLOUR = (ColorJitter, RandomGrayscale, Grayscale, GaussianBlur)
+def _one(t, where: str) -> Transform:
+    """One alternative of a RandomChoice / RandomOrder: a single transform (a Compose for several)."""
+    if type(t).__name__ == "Compose":
+        steps = _convert_all(list(t.transforms), f"{where}.transforms")
+    else:
+        steps = [built] if (built := _convert(t, where)) is not None else []
+    return steps[0] if len(steps) == 1 else Compose(steps)
 
 
-def _cast_before_colour(ts: list[Transform]) -> list[Transform]:
-    """torchvision runs colour ops on uint8 images before ``ToTensor``; here colour ops
-    work on floats in [0, 1], so the cast moves to just before the first of them
-    (the results differ from torchvision's by its uint8 rounding between ops)."""
-    cast = next((i for i, t in enumerate(ts) if isinstance(t, ToDtype)), None)
-    first = next((i for i, t in enumerate(ts) if isinstance(t, _COLOUR)), None)
-    if cast is None or first is None or first > cast:
-        return ts
-    moved = ts[:first] + [ts[cast]] + [t for i, t in enumerate(ts[first:], first) if i != cast]
-    return moved
+def _convert(t, where: str) -> Transform | None:
+    name = type(t).__name__
+    if name == "RandomApply":
+        return RandomApply(_convert_all(list(t.transforms), f"{where}.transforms"), p=t.p)
+    if name in ("RandomChoice", "RandomOrder"):
+        inner = [_one(c, f"{where}.transforms[{i}]") for i, c in enumerate(t.transforms)]
+        return RandomChoice(inner, p=getattr(t, "p", None)) if name == "RandomChoice" else RandomOrder(inner)
+    builder = TORCHVISION.get(name)
+    if builder is None:
+        hint = " (for a grayscale-to-RGB Lambda use gpupipe.transforms.RepeatChannels(3))" if name == "Lambda" else ""
+        raise ValueError(f"{where}: {name} is not supported{hint}; supported: {', '.join(SUPPORTED)}")
+    return builder(t)

@@ -108,7 +108,7 @@ def test_complex_colour_run_casts_once(dtype, device):
 
 def test_after_a_warp_and_on_channels_last(device):
     x = _uint8(6, device, h=20, w=24).contiguous(memory_format=torch.channels_last)
-    ops = [RandomAffine(15), RandomHorizontalFlip(), ToDtype(torch.float32, input_range=255.0),
+    ops = [RandomAffine(15), RandomHorizontalFlip(), ToDtype(torch.float32),
            ColorJitter(0.3, 0.3, 0.3, 0.1), Normalize(MEAN, STD).to(device)]
     pipe = Compose(ops)
     params = pipe.make_params(x, _key(6, device))
@@ -160,7 +160,7 @@ def test_inputs_are_never_written(device):
 
 
 def test_same_key_same_output_in_any_batch(device):
-    pipe = Compose([RandomAffine(10), ToDtype(torch.float32, input_range=255.0), ColorJitter(0.3, 0.3, 0.3, 0.2),
+    pipe = Compose([RandomAffine(10), ToDtype(torch.float32), ColorJitter(0.3, 0.3, 0.3, 0.2),
                     RandomGrayscale(0.3), Normalize(MEAN, STD).to(device)])
     x, key = _uint8(9, device), _key(9, device)
     out = pipe(x, key)
@@ -173,7 +173,7 @@ def test_same_key_same_output_in_any_batch(device):
 def test_pipelines_pickle_and_keep_their_output():
     import pickle
 
-    pipe = Compose([RandomAffine(10, interpolation="nearest", fill=(1, 2, 3)), ToDtype(torch.float32, input_range=255.0),
+    pipe = Compose([RandomAffine(10, interpolation="nearest", fill=(1, 2, 3)), ToDtype(torch.float32),
                     ColorJitter(0.3, 0.3, 0.3, 0.2), RandomGrayscale(0.3), Normalize(MEAN, STD)], compile=False)
     x, key = _uint8(5), _key(5)
     again = pickle.loads(pickle.dumps(pipe))

@@ -7,11 +7,11 @@ import io
 import numpy as np
 import pytest
 
-from gpupipe.classes import agreed_classes
+from gpupipe.classes import agreed_classes, class_list
 from gpupipe.cli import main
 from gpupipe.config import load_config
 from gpupipe.errors import ConfigError
-from gpupipe.ingest import class_list, ingest
+from gpupipe.ingest import ingest
 from gpupipe.loader import GpuLoader
 
 PIL = pytest.importorskip("PIL.Image")

@@ -101,7 +101,7 @@ def test_fit_with_a_bad_config_is_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def six_classes(tmp_path_factory):
-    """12 images in 6 class folders, ingested: the index lists 6 classes."""
+    """12 images in 6 class folders, ingested: the index lists 6 classes; a train-only config."""
     from gpupipe.ingest import ingest
     from gpupipe.synth import write_image_folder
 
@@ -109,8 +109,7 @@ def six_classes(tmp_path_factory):
     write_image_folder(str(root / "img"), num_images=12, num_classes=6, size=(24, 24))
     ingest(str(root / "img"), str(root / "shards"), shard_size=6, progress=False)
     path = root / "pipeline.yaml"
-    path.write_text(yaml.safe_dump({"source": {"train": str(root / "shards"), "val": str(root / "shards")},
-                                    "decode": {"image_size": [16, 16]},
+    path.write_text(yaml.safe_dump({"source": str(root / "shards"), "decode": {"image_size": [16, 16]},
                                     "augment": "simple", "loader": {"batch_size": 4, "num_workers": 0}}))
     return path
 
@@ -119,7 +118,7 @@ FIT_BRIEFLY = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu", "--t
                "--trainer.limit_train_batches", "2"]
 
 
-def test_fit_takes_the_class_count_from_the_index(six_classes, tmp_path):
+def test_fit_takes_the_class_count_from_the_index_and_needs_no_val(six_classes, tmp_path):
     import torch
 
     from gpupipe.models import ImageClassifier
@@ -127,6 +126,7 @@ def test_fit_takes_the_class_count_from_the_index(six_classes, tmp_path):
     run = gpupipe("fit", "--config", str(six_classes), *FIT_BRIEFLY, "--trainer.default_root_dir", str(tmp_path),
                   cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "val_dataloader" not in run.stderr and "Sanity Checking" not in run.stderr + run.stdout
     (ckpt,) = tmp_path.rglob("*.ckpt")
     assert torch.load(ckpt, weights_only=False)["hyper_parameters"]["num_classes"] == 6
     model = ImageClassifier.load_from_checkpoint(ckpt)

@@ -144,7 +144,7 @@ def test_transforms_pipeline_gets_the_batch_key_and_resumes_identically(shards):
     import gpupipe.transforms as T
 
     def pipeline():
-        return T.Compose([T.RandomAffine(20), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, input_range=255.0),
+        return T.Compose([T.RandomAffine(20), T.RandomHorizontalFlip(), T.ToDtype(torch.float32),
                           T.ColorJitter(0.2, 0.2, 0.2, 0.1), T.Normalize([0.5] * 3, [0.25] * 3)])
 
     full = {int(i): img for b in make(shards, "pil", seed=2, augment=pipeline())

@@ -143,6 +143,42 @@ def test_ingest_is_deterministic(tmp_path):
     assert runs["d"] == sorted(runs["d"], key=lambda k: k.rsplit("_", 1)[1])  # sorted source order
 
 
+def split_images(dst) -> dict[str, set[bytes]]:
+    """The image bytes in each split under ``dst``, read by the manifests' offsets."""
+    out = {}
+    for split in ("train", "val"):
+        manifest, samples = read_by_offsets(str(dst / split))
+        assert manifest.classes == CLASSES and (dst / split / "classes.txt").read_text().split() == list(CLASSES)
+        out[split] = {s.fields[f] for s in samples for f in s.fields if f != "cls"}
+        assert len(out[split]) == len(samples) == manifest.num_samples
+    return out
+
+
+def test_val_fraction_carves_a_deterministic_split(tmp_path, capsys):
+    from gpupipe.cli import main
+    from gpupipe.ingest import in_val_split
+
+    good, _ = make_image_folder(str(tmp_path / "src"))
+    report = ingest(str(tmp_path / "src"), str(tmp_path / "a"), val_fraction=0.2, seed=5, shard_size=4, progress=False)
+    first = split_images(tmp_path / "a")
+    assert first["train"] | first["val"] == set(good) and not first["train"] & first["val"]
+    assert report.splits == {"train": len(first["train"]), "val": len(first["val"])} and first["val"]
+    assert report.num_samples == len(good) and not (tmp_path / "a" / MANIFEST_NAME).exists()
+    assert main(["ingest", str(tmp_path / "src"), str(tmp_path / "b"), "--val-fraction", "0.2", "--seed", "5",
+                 "--quiet"]) == 0
+    assert f"{tmp_path / 'b'}/train/index.json, {tmp_path / 'b'}/val/index.json" in capsys.readouterr().out
+    assert split_images(tmp_path / "b") == first  # a second run: the same split
+    (tmp_path / "src" / "cat" / "new.png").write_bytes(encode("PNG", (9, 9), seed=1234))
+    ingest(str(tmp_path / "src"), str(tmp_path / "c"), val_fraction=0.2, seed=5, progress=False)
+    grown = split_images(tmp_path / "c")
+    assert first["train"] <= grown["train"] and first["val"] <= grown["val"]  # more files move none of the others
+    keys = [f"class_{i % 7}/img_{i}.jpg" for i in range(20_000)]
+    share = sum(in_val_split(k, 5, 0.2) for k in keys) / len(keys)
+    assert 0.19 < share < 0.21 and [in_val_split(k, 6, 0.2) for k in keys] != [in_val_split(k, 5, 0.2) for k in keys]
+    with pytest.raises(ConfigError, match=r"val_fraction must be in \[0, 1\)"):
+        ingest(str(tmp_path / "src"), str(tmp_path / "d"), val_fraction=1.0, progress=False)
+
+
 # ---------------------------------------------------------------- parquet
 
 

@@ -104,6 +104,19 @@ def test_augment_after_transfer_gives_the_same_batches_as_in_the_loader(data, tm
     assert model.ledger == in_loader
 
 
+def test_a_train_only_config_fits_without_validation(data, tmp_path):
+    """The documented minimal config (a URL alone is the train split) under a Trainer with its
+    default sanity check: no val loader is asked for, every sample is trained on once."""
+    dm = GpuDataModule({"source": data[0], "decode": {"image_size": [16, 16]}, "augment": "simple",
+                        "loader": {"batch_size": 4, "batch_format": "dict", "num_workers": 0}})
+    model = LedgerModel()
+    pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, default_root_dir=str(tmp_path)).fit(model, datamodule=dm)
+    assert sorted(i for _, step in model.ledger for i in step) == list(range(N_TRAIN)) and model.val_ids == []
+    with pytest.raises(ConfigError, match="source.val: not set"):
+        dm.val_dataloader()
+
+
 def test_datamodule_errors_name_the_config_key(data):
     with pytest.raises(ConfigError, match="source.test: not set"):
         GpuDataModule(pipeline(*data)).test_dataloader()

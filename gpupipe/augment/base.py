@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["AugKey", "Transform", "check_probability"]
+__all__ = ["AugKey", "Transform", "check_probability", "check_dtype"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,16 @@ class Transform(nn.Module):
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {}
 
+    def output_size(self, in_hw: tuple[int, int]) -> tuple[int, int]:
+        """The (h, w) this transform returns for an ``in_hw`` input (most keep it)."""
+        return in_hw
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype this transform returns for ``dtype`` input (torchvision v2's rule: the
+        input's, except for the casts); raises ``TypeError`` for a dtype it does not take.
+        ``Compose`` walks a pipeline with it before running it."""
+        return check_dtype(dtype, type(self).__name__)
+
     def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
@@ -59,3 +69,11 @@ def check_probability(p: float, name: str = "p") -> float:
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"{name} should be a float in [0, 1] (got {p})")
     return float(p)
+
+
+def check_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
+    """Images are uint8 (0-255) or float (0-1), as torchvision's; anything else raises."""
+    if dtype != torch.uint8 and not dtype.is_floating_point:
+        raise TypeError(f"{name} takes uint8 (0-255) or float (0-1) images, got {dtype}; "
+                        f"convert with ToDtype(torch.float32, scale=True) first")
+    return dtype

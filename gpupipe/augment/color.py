@@ -1,11 +1,12 @@
 """Colour and intensity transforms on batches, named and parameterised like
 torchvision's, with one random draw per sample from the key.
 
-Images are float (B, C, H, W) in [0, 1] for the colour ops (C = 3, or C = 1 where
-torchvision accepts grayscale); ``ToDtype`` brings uint8 (or float in [0, 255])
-there, ``Normalize`` takes them out. Parameters are drawn with
-:mod:`gpupipe.augment.keys` on the ids' device: no ``.item()``, no per-sample loop,
-no host sync.
+Images are (B, C, H, W), C = 3 (or 1 where torchvision accepts grayscale), float in
+[0, 1] or uint8 in [0, 255]: as in torchvision v2, a colour op on uint8 returns uint8
+(computed in float, clamped and truncated back, torchvision's integer rules), and
+``ToDtype(torch.float32, scale=True)`` takes uint8 to [0, 1]; ``Normalize`` needs float.
+Parameters are drawn with :mod:`gpupipe.augment.keys` on the ids' device: no
+``.item()``, no per-sample loop, no host sync.
 
 Every transform here is a :class:`~gpupipe.augment.colorfuse.PointwiseTransform`:
 besides its own ``apply`` (the sequential reference, built on the functions of
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import AugKey, Transform, check_probability
+from .base import AugKey, Transform, check_dtype, check_probability
 from .colorfn import (adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, check_image,
                       draw, rgb_to_grayscale)
 from .colorfuse import (BRIGHTNESS, CONTRAST, SATURATION, Affine, Blend, Hue, PointwiseTransform, Repeat, Spec,
@@ -31,63 +32,73 @@ from .filters import GaussianBlur, RandomErasing
 
 __all__ = [
     "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "rgb_to_grayscale",
-    "ToDtype", "Normalize", "RepeatChannels", "ColorJitter", "RandomGrayscale", "Grayscale",
+    "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "ColorJitter", "RandomGrayscale", "Grayscale",
     "GaussianBlur", "RandomErasing", "fused_color",
 ]
 
 
-def _check_spec(spec: Spec, name: str) -> None:
-    """``check_image``'s messages for a fused run's input."""
+def _check_spec(spec: Spec, name: str) -> float:
+    """``check_image``'s messages for a fused run's input; returns the top of its value
+    range (1 for float, 255 for uint8: the steps then follow torchvision's integer rules)."""
     if spec.channels not in (1, 3):
         raise ValueError(f"{name} expects a (B, C, H, W) batch with C in (1, 3), got {spec.channels} channels")
-    if not spec.dtype.is_floating_point:
-        raise TypeError(f"{name} expects float images in [0, 1], got {spec.dtype}; put ToDtype() before it")
+    check_dtype(spec.dtype, name)
+    return 1.0 if spec.dtype.is_floating_point else 255.0
 
 
 # ----------------------------------------------------------------------------- deterministic
 
 
 class ToDtype(PointwiseTransform):
-    """uint8 [0, 255] (or float in [0, ``input_range``]) → ``dtype``.
+    """torchvision v2's ``ToDtype(dtype, scale)`` on a batch.
 
-    Shape: (B, C, H, W) uint8|float → (B, C, H, W) ``dtype``. With ``scale`` a float
-    output is divided by ``input_range`` (default 255 for uint8 input, 1 for float
-    input: pass ``input_range=255.0`` after a geometric warp of uint8 images, which
-    returns float in [0, 255]). A uint8 output from float is torchvision's
-    ``x * (256 - 1e-3)`` truncation (not fusable). Differs from torchvision: ``scale``
-    defaults to True.
+    Shape: (B, C, H, W) any dtype → (B, C, H, W) ``dtype``. With ``scale`` values are
+    rescaled between the dtypes' ranges: integer → float divides by the integer maximum
+    (uint8 → [0, 1]); float → uint8 is torchvision's ``x · (256 - 1e-3)`` truncation
+    (not fusable); float → float and int → same int only cast. The input's range comes
+    from its dtype alone: every gpupipe transform keeps uint8 as uint8, as torchvision's
+    do. Differs from torchvision: ``dtype`` defaults to float32 and ``scale`` to True.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.float32, scale: bool = True,
-                 input_range: float | None = None) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, scale: bool = True) -> None:
         super().__init__()
         if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-        if input_range is not None and not input_range > 0:
-            raise ValueError(f"input_range must be positive, got {input_range}")
-        self.dtype, self.scale, self.input_range = dtype, bool(scale), input_range
+            raise ValueError(f"dtype must be a torch.dtype, got {dtype!r}")
+        self.dtype, self.scale = dtype, bool(scale)
         self.fusable = dtype.is_floating_point
 
-    def range_of(self, images: torch.Tensor | torch.dtype) -> float:
-        dtype = images if isinstance(images, torch.dtype) else images.dtype
-        if self.input_range is not None:
-            return float(self.input_range)
-        return 1.0 if dtype.is_floating_point else float(torch.iinfo(dtype).max)
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.dtype
+
+    def _divisor(self, dtype: torch.dtype) -> float:
+        """What a value of ``dtype`` is divided by on the way to a float ``self.dtype``."""
+        return 1.0 if dtype.is_floating_point or not self.scale else float(torch.iinfo(dtype).max)
 
     def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        if not self.scale or images.dtype == self.dtype and self.range_of(images) == 1.0:
+        if not self.scale or images.dtype == self.dtype:
             return images.to(self.dtype)
         if self.dtype.is_floating_point:
             work = torch.float64 if self.dtype == torch.float64 else torch.float32
-            return (images.to(work) / self.range_of(images)).to(self.dtype)
+            return (images.to(work) / self._divisor(images.dtype)).to(self.dtype)
         top = float(torch.iinfo(self.dtype).max)
-        unit = images.to(torch.float32) / self.range_of(images)
-        return unit.mul(top + 1.0 - 1e-3).clamp(0, top).to(self.dtype)
+        if not images.is_floating_point():
+            raise TypeError(f"ToDtype({self.dtype}, scale=True) from {images.dtype}: integer to integer "
+                            "rescaling is not supported; go through ToDtype(torch.float32)")
+        return images.to(torch.float32).mul(top + 1.0 - 1e-3).clamp(0, top).to(self.dtype)
 
     def steps(self, params, spec):
         out = Spec(self.dtype, spec.channels, spec.device)
-        scale = self.range_of(spec.dtype)
-        return ([Affine(1.0 / scale)] if self.scale and scale != 1.0 else []), out
+        scale = self._divisor(spec.dtype)
+        return ([Affine(1.0 / scale)] if scale != 1.0 else []), out
+
+
+class ToTensor(ToDtype):
+    """torchvision's ``ToTensor`` on a batch: uint8 (B, C, H, W) → float32 in [0, 1]
+    (``ToDtype(torch.float32, scale=True)``); float input is only cast to float32.
+    torchvision's converts a PIL image or HWC array; here images are already tensors."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.float32, scale=True)
 
 
 class Normalize(PointwiseTransform):
@@ -107,9 +118,14 @@ class Normalize(PointwiseTransform):
         self.register_buffer("std", std_t, persistent=False)
         self.inplace = inplace
 
-    def _check(self, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
         if not dtype.is_floating_point:
-            raise TypeError(f"Input tensor should be a float tensor. Got {dtype}.")
+            raise TypeError(f"Input tensor should be a float tensor. Got {dtype}. Normalize needs float "
+                            f"images in [0, 1]: put ToDtype(torch.float32, scale=True) before Normalize")
+        return dtype
+
+    def _check(self, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+        self.output_dtype(dtype)
         if len(shape) < 3 or self.mean.numel() not in (1, shape[-3]):
             raise ValueError(f"Normalize has {self.mean.numel()} channel values, images have shape {shape}")
 
@@ -149,7 +165,8 @@ class RepeatChannels(PointwiseTransform):
 
 
 class Grayscale(Transform):
-    """(B, 3, H, W) float → (B, n, H, W), n = ``num_output_channels`` in {1, 3}; torchvision's weights."""
+    """(B, 3, H, W) → (B, n, H, W), n = ``num_output_channels`` in {1, 3}; torchvision's
+    weights; uint8 stays uint8 (the luma truncated, as torchvision's)."""
 
     def __init__(self, num_output_channels: int = 1) -> None:
         super().__init__()
@@ -179,9 +196,9 @@ class RandomGrayscale(PointwiseTransform):
         return torch.where(params["apply"].to(images.device).reshape(-1, 1, 1, 1), gray, images)
 
     def steps(self, params, spec):
-        _check_spec(spec, "RandomGrayscale")
+        top = _check_spec(spec, "RandomGrayscale")
         keep = (~params["apply"].to(spec.device)).to(torch.float32)  # saturation 0 where applied, else 1
-        return [Blend(keep, SATURATION, clamp=False)], spec
+        return [Blend(keep, SATURATION, clamp=False, top=top)], spec
 
 
 # ----------------------------------------------------------------------------- ColorJitter
@@ -216,7 +233,7 @@ _JITTER_OPS = {"brightness": adjust_brightness, "contrast": adjust_contrast,
 class ColorJitter(PointwiseTransform):
     """torchvision's ColorJitter with a factor per sample and a random order per sample.
 
-    Shape: (B, 3|1, H, W) float in [0, 1] → same. Factors: brightness/contrast/
+    Shape: (B, 3|1, H, W) float in [0, 1] or uint8 → same. Factors: brightness/contrast/
     saturation ``b`` → uniform in [max(0, 1 - b), 1 + b] (or the given (min, max));
     hue ``h`` → shift uniform in [-h, h] turns. The enabled ops run in an order drawn
     per sample (``random_order=True``, torchvision's distribution); ``random_order=False``
@@ -230,7 +247,7 @@ class ColorJitter(PointwiseTransform):
     brightness and hue) and each sample keeps the one its order names.
     """
 
-    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0, random_order: bool = True) -> None:
+    def __init__(self, brightness=None, contrast=None, saturation=None, hue=None, random_order: bool = True) -> None:
         super().__init__()
         self.ranges = {
             "brightness": _check_jitter(brightness, "brightness"),
@@ -272,32 +289,33 @@ class ColorJitter(PointwiseTransform):
         return images
 
     def steps(self, params, spec):
-        _check_spec(spec, "ColorJitter")
+        top = _check_spec(spec, "ColorJitter")
         if "order" not in params:
-            steps: list[Step] = [Blend(params[n], _KIND[n]) for n in self.enabled if n != "hue"]
-            return steps + ([Hue(params["hue"])] if "hue" in self.enabled else []), spec
+            steps: list[Step] = [Blend(params[n], _KIND[n], top=top) for n in self.enabled if n != "hue"]
+            return steps + ([Hue(params["hue"], top)] if "hue" in self.enabled else []), spec
         order = params["order"].to(spec.device)
         factors = torch.stack([params[name] for name in self.enabled], dim=1).to(spec.device)
         kind_of = torch.tensor([_KIND[name] for name in self.enabled]).to(spec.device, non_blocking=True)
         kinds, slot_factor = kind_of[order], factors.gather(1, order)  # (B, n) each: the op and factor at a slot
         n = order.shape[1]
         if "hue" not in self.enabled:
-            return [Blend(slot_factor[:, s], kinds[:, s]) for s in range(n)], spec
+            return [Blend(slot_factor[:, s], kinds[:, s], top=top) for s in range(n)], spec
         hue_slot = (kinds == _KIND["hue"]).int().argmax(dim=1, keepdim=True)  # (B, 1)
         steps = []
         for j in range(n - 1):  # blend j of a sample's blends before its hue, or none
-            steps.append(_slot_blend(slot_factor, kinds, hue_slot.new_full(hue_slot.shape, j), j < hue_slot))
-        steps.append(Hue(params["hue"]))
+            steps.append(_slot_blend(slot_factor, kinds, hue_slot.new_full(hue_slot.shape, j), j < hue_slot, top))
+        steps.append(Hue(params["hue"], top))
         for j in range(n - 1):  # blend j after its hue: slot hue_slot + 1 + j
             slot = hue_slot + 1 + j
-            steps.append(_slot_blend(slot_factor, kinds, slot.clamp(max=n - 1), slot < n))
+            steps.append(_slot_blend(slot_factor, kinds, slot.clamp(max=n - 1), slot < n, top))
         return steps, spec
 
 
-def _slot_blend(slot_factor: torch.Tensor, kinds: torch.Tensor, slot: torch.Tensor, active: torch.Tensor) -> Blend:
+def _slot_blend(slot_factor: torch.Tensor, kinds: torch.Tensor, slot: torch.Tensor, active: torch.Tensor,
+                top: float) -> Blend:
     """The blend at ``slot`` (B, 1) of each sample where ``active`` (B, 1), else the identity."""
     factor = torch.where(active, slot_factor.gather(1, slot), 1.0)[:, 0]
-    return Blend(factor, torch.where(active, kinds.gather(1, slot), BRIGHTNESS)[:, 0])
+    return Blend(factor, torch.where(active, kinds.gather(1, slot), BRIGHTNESS)[:, 0], top=top)
 
 
 # ----------------------------------------------------------------------------- fused
@@ -326,5 +344,5 @@ def fused_color(images: torch.Tensor, ops: Sequence[Transform], key: AugKey) -> 
     if all(isinstance(op, PointwiseTransform) and op.fusable for op in ops):
         return Compose(ops)(images, key)
     conv = to_dtype[0]  # float32 in between, the requested dtype once at the end
-    work = ToDtype(torch.float32, conv.scale, conv.input_range)
+    work = ToDtype(torch.float32, conv.scale)
     return Compose([work, *ops[1:]])(images, key).to(conv.dtype)

@@ -20,6 +20,10 @@ here on a single float32 buffer, in place:
   docs/benchmarks.md): value and chroma are kept and each channel is
   ``min + chroma·clamp(d - 1, 0, 1)``, d the circular distance from the new hue to the
   channel's centre; no HSV image is built.
+* On uint8 input (before the cast; the buffer holds 0-255 in float32) blends and hue
+  follow torchvision v2's integer rules: clamp to [0, 255] and truncate after each op,
+  the luma floored (``top=255`` on the step), so a colour run that ends without a cast
+  returns uint8, as torchvision's ops do.
 
 Why this is faster than the op-by-op path in eager PyTorch on a CPU: a 50 MB
 allocation costs more than the arithmetic done in it (page faults), and this path
@@ -70,16 +74,21 @@ class Repeat:
 @dataclass(frozen=True)
 class Blend:
     """``clamp(f·x + (1-f)·ref, 0, 1)``; ``factor`` (B,); ``kind`` an int or (B,) int tensor;
-    ``clamp=False`` leaves the clamp out (a grayscale blend of [0, 1] values needs none)."""
+    ``clamp=False`` leaves the clamp out (a grayscale blend of [0, 1] values needs none).
+    ``top`` > 1: the values are integers in [0, top] (a uint8 image): torchvision's
+    integer blend, ``trunc(clamp(f·x + (1-f)·ref, 0, top))`` with the luma floored."""
     factor: torch.Tensor
     kind: int | torch.Tensor
     clamp: bool = True
+    top: float = 1.0
 
 
 @dataclass(frozen=True)
 class Hue:
-    """HSV hue + ``shift`` turns, (B,)."""
+    """HSV hue + ``shift`` turns, (B,). ``top`` > 1: integers in [0, top], as torchvision
+    does a uint8 hue: to [0, 1], rotate, back with ``trunc(x · (top + 1 - 1e-3))``."""
     shift: torch.Tensor
+    top: float = 1.0
 
 
 Step = Affine | Repeat | Blend | Hue
@@ -199,14 +208,17 @@ def _weighted_channels(x: torch.Tensor, weights) -> torch.Tensor:
     return torch.matmul(xl, weights.reshape(3, 1)).view(B, H, W, 1).permute(0, 3, 1, 2)
 
 
-def _reference(w: _Work, f: torch.Tensor, kind: int | torch.Tensor) -> torch.Tensor | None:
-    """``(1 - f)·ref`` for a blend: None (brightness), (B, 1, 1, 1) or (B, 1, H, W)."""
+def _reference(w: _Work, f: torch.Tensor, kind: int | torch.Tensor, integer: bool = False) -> torch.Tensor | None:
+    """``(1 - f)·ref`` for a blend: None (brightness), (B, 1, 1, 1) or (B, 1, H, W).
+    ``integer``: torchvision's integer blend, whose luma is floored."""
     if isinstance(kind, int) and kind == BRIGHTNESS:
         return None
-    if isinstance(kind, int) and kind == CONTRAST and w.channels == 3 and not w.pending():
+    if isinstance(kind, int) and kind == CONTRAST and w.channels == 3 and not w.pending() and not integer:
         means = w.x.mean(dim=(-2, -1))  # (B, 3): the mean luma is the luma of the channel means
         return (1 - f) * (means * _luma_weights(means)).sum(-1).reshape(-1, 1, 1, 1)  # no tiny BLAS call
     gray = _luma(w)
+    if integer and w.channels == 3:
+        gray = gray.floor() if gray is w.x else gray.floor_()
     mean = gray.mean(dim=(-2, -1), keepdim=True)
     if isinstance(kind, int):
         return (1 - f) * mean if kind == CONTRAST else gray.mul(1 - f)
@@ -220,7 +232,7 @@ def _reference(w: _Work, f: torch.Tensor, kind: int | torch.Tensor) -> torch.Ten
 def _blend(w: _Work, step: Blend) -> None:
     """One blend, the pending affine folded into its coefficients; leaves nothing pending."""
     f = _per_sample(step.factor, w.x)
-    ref = _reference(w, f, step.kind)
+    ref = _reference(w, f, step.kind, integer=step.top > 1)
     coef = f if _is(w.scale, 1.0) else f * w.scale
     src, dst = w.x.expand(_image_shape(w)), _target(w)
     if not _is(w.shift, 0.0):
@@ -231,7 +243,9 @@ def _blend(w: _Work, step: Blend) -> None:
         out = torch.mul(src, coef, out=dst)
     else:
         out = torch.addcmul(ref, src, coef, out=dst)
-    w.x, w.owned, w.scale, w.shift = (out.clamp_(0.0, 1.0) if step.clamp else out), True, 1.0, 0.0
+    if step.clamp:
+        out = out.clamp_(0.0, step.top)
+    w.x, w.owned, w.scale, w.shift = (out.trunc_() if step.top > 1 else out), True, 1.0, 0.0
 
 
 def _materialise(w: _Work) -> None:
@@ -280,6 +294,8 @@ def _hue(w: _Work, step: Hue) -> None:
     elif not w.x.is_contiguous():
         w.x = w.x.contiguous()
     hue_shift_(w.x, step.shift)
+    if step.top > 1:  # hue_shift_ is scale-free: x/top rotated, times (top + 1 - 1e-3), truncated
+        w.x.mul_((step.top + 1.0 - 1e-3) / step.top).trunc_().clamp_(0.0, step.top)
 
 
 def _repeat(w: _Work, step: Repeat) -> None:
@@ -299,8 +315,8 @@ def _slice(step: Step, lo: int, hi: int) -> Step:
     """The step for samples ``lo:hi`` (per-sample fields sliced, per-channel ones kept)."""
     if isinstance(step, Blend):
         kind = step.kind[lo:hi] if isinstance(step.kind, torch.Tensor) else step.kind
-        return Blend(step.factor[lo:hi], kind, step.clamp)
-    return Hue(step.shift[lo:hi]) if isinstance(step, Hue) else step
+        return Blend(step.factor[lo:hi], kind, step.clamp, step.top)
+    return Hue(step.shift[lo:hi], step.top) if isinstance(step, Hue) else step
 
 
 def out_channels(channels: int, steps: list[Step]) -> int:

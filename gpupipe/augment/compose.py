@@ -40,11 +40,20 @@ class Compose(Transform):
     :func:`~gpupipe.augment.colorfuse.run_steps`). Params: the children's, keyed
     ``"{i}.{name}"``.
 
-    Shape: (B, C, H, W) → whatever the last transform returns (float32 once a
-    geometric transform has touched a uint8 batch).
+    Dtypes follow torchvision v2: each child keeps its input's dtype and value range
+    (uint8 0-255 stays uint8 through geometry and colour) except the casts. The
+    dtype reaching each child is known from the input's (:meth:`output_dtype`), so a
+    pipeline that cannot work raises before any pixel is touched: at construction when
+    ``input_dtype`` is given (``torch.uint8`` is what a :class:`~gpupipe.GpuLoader`
+    decodes), else at the first call. Between a warp and a colour pass the fused path
+    keeps the warped uint8 values in a float32 buffer (rounded, as the uint8 result
+    would be), and the colour pass reads them as uint8.
+
+    Shape: (B, C, H, W) → whatever the last transform returns.
     """
 
-    def __init__(self, transforms: Sequence[Transform], *, fuse: bool = True, compile: bool = False):
+    def __init__(self, transforms: Sequence[Transform], *, fuse: bool = True, compile: bool = False,
+                 input_dtype: torch.dtype | None = None):
         super().__init__()
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):
@@ -52,53 +61,80 @@ class Compose(Transform):
         self.transforms = torch.nn.ModuleList(transforms)
         self.fuse = bool(fuse)
         self.compile = bool(compile)
+        if input_dtype is not None:
+            self.output_dtype(input_dtype)
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype this pipeline returns for ``dtype`` input; raises naming the first
+        child that cannot take what reaches it (and the step to put before it)."""
+        for i, t in enumerate(self.transforms):
+            try:
+                dtype = t.output_dtype(dtype)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"transforms[{i}] ({type(t).__name__}): {exc}") from None
+        return dtype
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
+        self.output_dtype(images.dtype)  # a pipeline that cannot work raises before any work
         params: dict[str, torch.Tensor] = {}
         hw, dtype = (int(images.shape[-2]), int(images.shape[-1])), images.dtype
         for i, t in enumerate(self.transforms):
             child = t.make_params(_placeholder(images, hw, dtype), key.child(i))
             params.update({f"{i}.{name}": value for name, value in child.items()})
-            if isinstance(t, GeometricTransform):
-                hw = t.output_size(hw)
-                dtype = dtype if dtype.is_floating_point else torch.float32
-            # a non-geometric child keeps shape; its output dtype is only known by running it,
-            # so later children see the dtype of the input (documented contract above)
+            hw, dtype = t.output_size(hw), t.output_dtype(dtype)
         return params
+
+    def output_size(self, in_hw: tuple[int, int]) -> tuple[int, int]:
+        for t in self.transforms:
+            in_hw = t.output_size(in_hw)
+        return in_hw
 
     def _child_params(self, params: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
         prefix = f"{i}."
         return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
 
     def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.output_dtype(images.dtype)  # a pipeline that cannot work raises before any work
         if not self.fuse:
-            for i, t in enumerate(self.transforms):
-                images = t.apply_reference(images, self._child_params(params, i))
-            return images
-        source = images
-        for kind, run in _runs(self.transforms):
+            return self.apply_reference(images, params)
+        source, runs = images, _runs(self.transforms)
+        holds = images.dtype  # the dtype whose values ``images`` holds (a float32 buffer may hold uint8 values)
+        for n, (kind, run) in enumerate(runs):
+            if kind == "pointwise":
+                images = self._apply_pointwise(images, holds, run, params, owned=not _shares_memory(images, source))
+                holds = images.dtype
+                continue
+            images = images.to(holds)
             if kind == "geometric":
-                images = self._apply_warp(images, run, params)
-            elif kind == "pointwise":
-                images = self._apply_pointwise(images, run, params, owned=not _shares_memory(images, source))
+                carry = n + 1 < len(runs) and runs[n + 1][0] == "pointwise"
+                images = self._apply_warp(images, run, params, keep_float=carry)
             else:
                 images = self.transforms[run[0]].apply(images, self._child_params(params, run[0]))
+                holds = images.dtype
+        return images.to(holds)
+
+    def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One child after another, each by its ``apply_reference``."""
+        self.output_dtype(images.dtype)
+        for i, t in enumerate(self.transforms):
+            images = t.apply_reference(images, self._child_params(params, i))
         return images
 
-    def _apply_pointwise(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor],
-                         owned: bool) -> torch.Tensor:
-        """One fused colour pass for the pointwise transforms ``run`` (indices)."""
-        spec = Spec(images.dtype, int(images.shape[1]), images.device)
+    def _apply_pointwise(self, images: torch.Tensor, holds: torch.dtype, run: list[int],
+                         params: dict[str, torch.Tensor], owned: bool) -> torch.Tensor:
+        """One fused colour pass for the pointwise transforms ``run`` (indices) on
+        ``images`` holding values of dtype ``holds``."""
+        spec = Spec(holds, int(images.shape[1]), images.device)
         steps = []
         for i in run:
             more, spec = self.transforms[i].steps(self._child_params(params, i), spec)
             steps += more
         return run_steps(images, steps, spec.dtype, owned=owned, compile=self.compile)
 
-    def _apply_warp(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One warp for the geometric transforms ``run`` (indices), sizes tracked through it."""
-        if len(run) == 1:
-            return self.transforms[run[0]].apply(images, self._child_params(params, run[0]))
+    def _apply_warp(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor],
+                    keep_float: bool = False) -> torch.Tensor:
+        """One warp for the geometric transforms ``run`` (indices), sizes tracked through it.
+        ``keep_float``: an integer batch comes back as rounded float32 (see :func:`warp`)."""
         hw = (int(images.shape[-2]), int(images.shape[-1]))
         matrix = None
         for i in run:
@@ -108,7 +144,8 @@ class Compose(Transform):
             hw = t.output_size(hw)
         members = [self.transforms[i] for i in run]
         padding, fill, interpolation = _sampling(members)
-        return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t in members))
+        return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t in members),
+                    keep_float=keep_float)
 
 
 def _kind(t: Transform) -> str | None:

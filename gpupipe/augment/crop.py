@@ -152,8 +152,7 @@ class RandomCrop(_Crop):
         rows = _symmetric(params["top"], self.size[0], images.shape[-2], images.device)  # (B, h)
         cols = _symmetric(params["left"], self.size[1], images.shape[-1], images.device)  # (B, w)
         batch = torch.arange(images.shape[0], device=images.device).view(-1, 1, 1)
-        out = images[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (B, h, w, C) → (B, C, h, w)
-        return out.to(images.dtype if images.is_floating_point() else torch.float32)
+        return images[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (B, h, w, C) → (B, C, h, w)
 
 
 def _symmetric(start: torch.Tensor, length: int, size: int, device) -> torch.Tensor:

@@ -21,7 +21,7 @@ class GaussianBlur(Transform):
 
     Kernels come from Kornia's ``get_gaussian_kernel1d`` with a (B, 1) sigma and run
     through ``filter2d_separable`` (``gaussian_blur2d`` itself reads its sigma tensor
-    on the host to check it, a device sync).
+    on the host to check it, a device sync). uint8 in → uint8 out, rounded (torchvision's).
     """
 
     def __init__(self, kernel_size, sigma=(0.1, 2.0)) -> None:
@@ -53,7 +53,8 @@ class GaussianBlur(Transform):
         sigma = params["sigma"].to(work.device, work.dtype).reshape(-1, 1)
         kx = get_gaussian_kernel1d(self.kernel_size[0], sigma)
         ky = get_gaussian_kernel1d(self.kernel_size[1], sigma)
-        return filter2d_separable(work, kx, ky, "reflect").to(images.dtype)
+        out = filter2d_separable(work, kx, ky, "reflect")
+        return out.to(images.dtype) if images.is_floating_point() else out.round_().to(images.dtype)
 
 
 class RandomErasing(Transform):
@@ -61,7 +62,8 @@ class RandomErasing(Transform):
     fraction in ``scale`` and log-uniform aspect ``ratio`` is filled with ``value``
     (a number, one per channel, or ``"random"`` for keyed standard normals). The
     10-attempt rule is vectorised: 10 candidates per sample, the first that fits
-    wins, none fitting means no erase. Any float dtype and range (usually after Normalize).
+    wins, none fitting means no erase. Any float dtype and range (usually after Normalize),
+    or uint8 (the value cast to uint8; ``"random"`` noise clamped to 0-255).
     """
 
     def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace: bool = False) -> None:
@@ -111,7 +113,8 @@ class RandomErasing(Transform):
         inside = ((rows >= top) & (rows < top + params["height"].to(dev).view(-1, 1, 1, 1))
                   & (cols >= left) & (cols < left + params["width"].to(dev).view(-1, 1, 1, 1)))
         if isinstance(self.value, str):
-            fill = params["noise"].to(dev, images.dtype).view(B, C, H, W)
+            noise = params["noise"].to(dev).view(B, C, H, W)
+            fill = noise.to(images.dtype) if images.is_floating_point() else noise.clamp(0, 255).to(images.dtype)
         else:
             vals = [float(v) for v in self.value] if isinstance(self.value, (tuple, list)) else [float(self.value)]
             if len(vals) not in (1, C):

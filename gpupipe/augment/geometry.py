@@ -21,14 +21,13 @@ Differences from torchvision, all deliberate:
 """
 from __future__ import annotations
 
-from typing import Sequence
 
 import torch
 
 from .base import check_probability
 from .crop import CenterCrop, RandomCrop, RandomResizedCrop, Resize
 from .warp import (HW, GeometricTransform, _affine, _draw, _int_between, _ones, _setup_angle, box_matrix,
-                   check_interpolation, warp)
+                   check_interpolation, check_sequence, warp)
 
 __all__ = [
     "GeometricTransform", "warp", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",
@@ -64,13 +63,11 @@ class RandomAffine(GeometricTransform):
         self.set_fill(fill)
         self.degrees = _setup_angle(degrees, "degrees")
         if translate is not None:
-            if not isinstance(translate, Sequence) or len(translate) != 2:
-                raise ValueError("translate should be a sequence of length 2.")
+            check_sequence(translate, "translate")
             if not all(0.0 <= t <= 1.0 for t in translate):
                 raise ValueError("translation values should be between 0 and 1")
         if scale is not None:
-            if not isinstance(scale, Sequence) or len(scale) != 2:
-                raise ValueError("scale should be a sequence of length 2.")
+            check_sequence(scale, "scale")
             if not all(s > 0 for s in scale):
                 raise ValueError("scale values should be positive")
         self.translate = translate

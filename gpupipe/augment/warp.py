@@ -12,8 +12,8 @@ which maps pixel ``0`` / ``W - 1`` to ``-1`` / ``1`` exactly, so a resize matche
 integer crop samples pixels exactly, and ``grid_sample``'s "reflection" reflects
 about the edge pixels' centres: torchvision's ``padding_mode="reflect"``.
 
-Dtypes: (B, C, H, W) uint8 in → (B, C, h, w) float32 out, still in [0, 255] (not
-rounded, not rescaled; clamped to it after bicubic); float32 in → float32 out;
+Dtypes, as torchvision's: (B, C, H, W) uint8 in → uint8 out (the float32 warp rounded,
+and clamped to [0, 255]: torchvision's integer path); float32 in → float32 out;
 float16 / bfloat16 are warped in float32 and cast back. channels_last input is fine.
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 from .base import AugKey, Transform
 from .keys import uniform
 
-__all__ = ["HW", "GeometricTransform", "warp", "box_matrix", "check_interpolation", "check_fill",
-           "INTERPOLATIONS"]
+__all__ = ["HW", "GeometricTransform", "warp", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
+           "check_fill", "INTERPOLATIONS"]
 
 HW = tuple[int, int]
 INTERPOLATIONS = ("bilinear", "nearest", "bicubic")
@@ -35,18 +35,21 @@ _PIL_CODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # Pillow's constants, 
 
 
 def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: str = "zeros",
-         interpolation: str = "bilinear", fill: tuple[float, ...] | None = None, affine: bool = False) -> torch.Tensor:
+         interpolation: str = "bilinear", fill: tuple[float, ...] | None = None, affine: bool = False,
+         keep_float: bool = False) -> torch.Tensor:
     """Warp each sample by its (B, 3, 3) input→output pixel homography.
 
     ``padding_mode``: Kornia's ("zeros", "border", "reflection", or "fill" with
-    ``fill`` one value or one per channel). ``affine``: the matrices' last rows are
-    (0, 0, 1), so Kornia's ``warp_affine`` (an ``affine_grid``, ~15% cheaper on the CPU)
-    does. Shape: (B, C, H, W) uint8 / float → (B, C, *out_hw) float32 (uint8 in; values
-    stay in [0, 255]) or the input float dtype.
+    ``fill`` one value or one per channel, in the images' units). ``affine``: the
+    matrices' last rows are (0, 0, 1), so Kornia's ``warp_affine`` (an ``affine_grid``,
+    ~15% cheaper on the CPU) does. Shape: (B, C, H, W) → (B, C, *out_hw), the input's
+    dtype: an integer batch is warped in float32, then rounded and clamped to its range
+    (torchvision's integer path). ``keep_float``: return that rounded float32 batch
+    instead of casting it back (``Compose`` hands it to a colour pass that would convert
+    it to float32 again).
     """
     from kornia.geometry.transform import warp_affine, warp_perspective
 
-    out_dtype = images.dtype if images.is_floating_point() else torch.float32
     x = images.to(torch.float32)
     fill_value = None
     if padding_mode == "fill":
@@ -55,9 +58,21 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
     fn = warp_affine if affine else warp_perspective
     out = fn(x, m[:, :2] if affine else m, dsize=(int(out_hw[0]), int(out_hw[1])), mode=interpolation,
              padding_mode=padding_mode, align_corners=True, fill_value=fill_value)
-    if interpolation == "bicubic" and not images.is_floating_point():
-        out = out.clamp_(0.0, float(torch.iinfo(images.dtype).max))  # torchvision clamps integer images
-    return out.to(out_dtype)
+    if images.is_floating_point():
+        return out.to(images.dtype)
+    return to_integer(out, images.dtype, clamp=interpolation == "bicubic" or padding_mode == "fill",
+                      keep_float=keep_float)
+
+
+def to_integer(x: torch.Tensor, dtype: torch.dtype, clamp: bool = True, keep_float: bool = False) -> torch.Tensor:
+    """Float values on an integer ``dtype``'s scale → that dtype, as torchvision casts a
+    resampled integer image: rounded, clamped to the dtype's range where values may leave
+    it (bicubic overshoot, a fill outside it). ``x`` is overwritten. ``keep_float``: the
+    rounded values, still float."""
+    x = x.round_()
+    if clamp:
+        x = x.clamp_(0.0, float(torch.iinfo(dtype).max))
+    return x if keep_float else x.to(dtype)
 
 
 def box_matrix(top, left, box_h, box_w, out_hw: HW) -> torch.Tensor:
@@ -107,14 +122,21 @@ def _setup_size(size, name: str = "size") -> HW:
     return int(size[0]), int(size[1])
 
 
+def check_sequence(x, name: str, req_sizes: Sequence[int] = (2,)) -> None:
+    """torchvision's ``_check_sequence_input``: not a sequence is a TypeError, a wrong length a ValueError."""
+    msg = " or ".join(str(s) for s in req_sizes)
+    if not isinstance(x, Sequence) or isinstance(x, str):
+        raise TypeError(f"{name} should be a sequence of length {msg}.")
+    if len(x) not in req_sizes:
+        raise ValueError(f"{name} should be a sequence of length {msg}.")
+
+
 def _setup_angle(x, name: str, req_sizes: Sequence[int] = (2,)) -> list[float]:
     if isinstance(x, numbers.Number):
         if x < 0:
             raise ValueError(f"If {name} is a single number, it must be positive.")
         return [-float(x), float(x)]
-    if not isinstance(x, Sequence) or len(x) not in req_sizes:
-        msg = " or ".join(str(s) for s in req_sizes)
-        raise ValueError(f"{name} should be a sequence of length {msg}.")
+    check_sequence(x, name, req_sizes)
     return [float(d) for d in x]
 
 

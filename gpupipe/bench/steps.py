@@ -20,7 +20,7 @@ __all__ = ["Step", "SETS", "SUPPORTED", "steps_of", "check_supported", "gpupipe_
 Step = tuple[str, Mapping[str, Any]]
 
 _MEAN, _STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-_TAIL: tuple[Step, ...] = (("ToDtype", {"dtype": "float32", "input_range": 255.0}),
+_TAIL: tuple[Step, ...] = (("ToDtype", {"dtype": "float32"}),
                            ("RepeatChannels", {"num_channels": 3}), ("Normalize", {"mean": _MEAN, "std": _STD}))
 SETS: Mapping[str, tuple[Step, ...]] = MappingProxyType({
     "none": (),
@@ -74,5 +74,5 @@ def gpupipe_pipeline(steps: Iterable[Step]):
         cls = getattr(T, name, None)
         if cls is None or name not in T.__all__:
             raise ConfigError(f"augment: unknown transform {name!r}")
-        built.append(cls(**kwargs) if name != "ToTensor" else T.ToDtype(torch.float32, input_range=255.0))
+        built.append(cls(**kwargs) if name != "ToTensor" else T.ToTensor())
     return T.Compose(built) if built else None
