@@ -120,7 +120,8 @@ def test_tar_members_are_read_when_there_is_no_folder(tiny_data: Path):
     shards = sorted(str(p) for p in (tiny_data / "shards").glob("*.tar"))
     from_tars, from_folder = shard_items(shards), folder_items(str(tiny_data / "images"))
     assert len(from_tars) == len(from_folder) == 40
-    path, offset, size, _ = from_tars[0]
+    path, offset, size, _, key = from_tars[0]
+    assert key.startswith("class_0") and "." not in key  # the sample key (<class>/<stem>_<n>), for messages
     with open(path, "rb") as f:
         f.seek(offset)
         assert f.read(2) == b"\xff\xd8" and size > 1000
@@ -152,3 +153,74 @@ def test_make_data_command(tmp_path: Path, capsys):
     summary = json.loads((tmp_path / "d" / "dataset.json").read_text())
     assert summary["images"] == 3 and (tmp_path / "d" / "shards" / "index.json").exists()
     assert "imagenet JPEGs" in capsys.readouterr().out
+
+
+# -- the baselines with augment none and with a bad image (issue 12) ------------------------------
+@pytest.fixture(scope="module")
+def truncated_data(tmp_path_factory) -> tuple[Path, Path]:
+    """12 JPEGs in images/ (one cut in half: 'image file is truncated') ingested to shards/."""
+    from gpupipe.ingest import ingest
+    from gpupipe.synth import write_image_folder
+
+    root = tmp_path_factory.mktemp("truncated")
+    write_image_folder(str(root / "images"), num_images=12, num_classes=2, size=(48, 48))
+    victim = sorted((root / "images").rglob("*.jpg"))[3]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    ingest(str(root / "images"), str(root / "shards"), shard_size=6, progress=False)
+    return root, victim
+
+
+def test_baselines_run_with_augment_none(tiny_data: Path, tmp_path: Path, capsys):
+    out = tmp_path / "none.json"
+    code = main(["bench", str(tiny_data / "shards") + "/", "--compare", "baseline,webdataset", "--workers", "0",
+                 "--batches", "1", "--repeat", "1", "--warmup", "1", "--batch-size", "8", "--image-size", "24",
+                 "--decode", "pil", "--device", "cpu", "--json", str(out)])  # --augment none is the default
+    assert code == 0, capsys.readouterr().err
+    rows = json.loads(out.read_text())["results"]
+    assert [r["loader"] for r in rows] == ["gpupipe", "baseline", "webdataset"] and rows[1]["images_per_s"] > 0
+
+
+def test_per_sample_pipeline_without_a_cast_gives_uint8_like_gpupipe():
+    import torch
+    from PIL import Image
+
+    from gpupipe.bench.persample import build_per_sample
+
+    img = Image.new("RGB", (40, 30), (200, 10, 3))
+    for prefer in ("auto", "pil"):
+        pipeline, _ = build_per_sample((), (24, 24), prefer)
+        x = pipeline(img, np.random.default_rng(0))
+        assert x.dtype == torch.uint8 and tuple(x.shape) == (3, 24, 24) and int(x[0, 5, 5]) == 200
+
+
+@pytest.mark.parametrize("reads", ["folder", "tar members"])
+def test_baseline_names_a_truncated_image_under_on_error_raise(truncated_data, reads):
+    from gpupipe.bench.baselines import folder_items, shard_items, torch_batches
+    from gpupipe.bench.persample import build_per_sample
+    from gpupipe.errors import DecodeError
+
+    root, victim = truncated_data
+    items = folder_items(str(root / "images")) if reads == "folder" else \
+        shard_items(sorted(str(p) for p in (root / "shards").glob("*.tar")))
+    pipeline, _ = build_per_sample((), (16, 16), "pil")
+    batches = torch_batches(items, pipeline, batch_size=4, workers=0, on_error="raise")
+    with pytest.raises(DecodeError, match="truncated") as info:
+        for _ in range(3):  # one epoch: every image once
+            next(batches)
+    where = str(victim) if reads == "folder" else f"sample '{victim.parent.name}/{victim.stem}"
+    assert where in str(info.value) and "cannot decode" in str(info.value), info.value
+    if reads == "tar members":
+        assert ".tar" in str(info.value)
+
+
+def test_bench_compare_skips_and_counts_a_truncated_image(truncated_data, tmp_path: Path, capsys):
+    root, victim = truncated_data
+    out = tmp_path / "bad.json"
+    code = main(["bench", str(root / "shards") + "/", "--compare", "baseline,webdataset", "--workers", "0",
+                 "--batches", "3", "--repeat", "1", "--warmup", "0", "--batch-size", "4", "--image-size", "16",
+                 "--decode", "pil", "--device", "cpu", "--json", str(out)])  # a SOURCE runs gpupipe with skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    rows = {r["loader"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["baseline"]["skipped"] >= 1  # 2 + 3 batches of 4: a whole epoch of 12 is read
+    assert str(victim) in err and "skipped" in err

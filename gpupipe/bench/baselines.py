@@ -11,12 +11,18 @@ same steps per sample (:mod:`gpupipe.bench.persample`), seeded per sample:
 * ``webdataset_batches``: the ``webdataset`` library over the same tar shards
   (resampled shards, a 1,000-sample shuffle buffer, Pillow decode), in a ``WebLoader``.
 
+An image that does not decode (truncated, not an image) is handled as gpupipe's
+``on_error`` for the run says: ``raise`` stops with a ``DecodeError`` naming the file, or
+the shard and sample key; ``skip`` puts the next image that decodes in its place and
+counts it (``counts["skipped"]``), so batches stay full and the timing stays comparable.
+
 The libraries are imported here, lazily: they are benchmark extras (``gpupipe[bench]``),
 never runtime dependencies.
 """
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tarfile
 import zlib
@@ -24,11 +30,13 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from gpupipe.errors import ConfigError, MissingDependencyError
+from gpupipe.errors import ConfigError, DecodeError, MissingDependencyError
 
 __all__ = ["Item", "folder_items", "shard_items", "torch_batches", "webdataset_batches"]
 
-Item = tuple[str, int, int, int]  # (path, offset, size (-1: whole file), label)
+log = logging.getLogger(__name__)
+Item = tuple[str, int, int, int, str]  # (path, offset, size (-1: whole file), label, sample key)
+_MAX_BAD_IN_A_ROW = 1000  # webdataset's stream is endless: all-bad data must not spin forever
 _IMAGE_EXT = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 
@@ -41,7 +49,7 @@ def folder_items(root: str) -> list[Item]:
     for label, c in enumerate(classes):
         for name in sorted(os.listdir(os.path.join(root, c))):
             if name.lower().endswith(_IMAGE_EXT):
-                items.append((os.path.join(root, c, name), 0, -1, label))
+                items.append((os.path.join(root, c, name), 0, -1, label, f"{c}/{name}"))
     return items
 
 
@@ -60,14 +68,29 @@ def shard_items(shards: Sequence[str]) -> list[Item]:
                     entry[0] = (path, m.offset_data, m.size)
                 elif ext == "cls":
                     entry[1] = int(tar.extractfile(m).read().decode().strip() or 0)
-            items.extend((*e[0], e[1]) for e in pending.values() if e[0] is not None)
+            items.extend((*e[0], e[1], key) for key, e in pending.items() if e[0] is not None)
     if not items:
         raise ConfigError(f"bench baseline: no images found in {len(shards)} shard(s)")
     return items
 
 
+def _decode(data: bytes):
+    """A PIL image in RGB (what ``webdataset``'s "pil" decoder gives)."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def _problem(where: str, exc: BaseException) -> str:
+    return f"cannot decode {where} ({type(exc).__name__}: {exc})"
+
+
 class _ImageDataset:
-    """Map-style dataset: read, Pillow-decode to RGB, run the per-sample pipeline."""
+    """Map-style dataset: read, Pillow-decode to RGB, run the per-sample pipeline.
+
+    Item ``i`` gives ``(tensor, label, bad, problem)``: ``bad`` is 1 and ``problem`` says why
+    when item ``i`` itself does not decode; the tensor and label are then those of the next
+    item that does (the consumer raises or counts)."""
 
     def __init__(self, items: list[Item], pipeline: Callable, seed: int):
         self.items, self.pipeline, self.seed = items, pipeline, seed
@@ -77,19 +100,42 @@ class _ImageDataset:
         return len(self.items)
 
     def __getitem__(self, i: int):
-        from PIL import Image
+        problem = ""
+        for j in range(i, i + len(self.items)):
+            path, offset, size, label, key = self.items[j % len(self.items)]
+            try:
+                img = _decode(_read(path, offset, size))
+            except Exception as exc:  # noqa: BLE001  (whatever Pillow raises for a bad image)
+                where = path if size < 0 else f"{path}: sample {key!r} (member at byte {offset})"
+                problem = problem or _problem(where, exc)
+                continue
+            return self.pipeline(img, np.random.default_rng([self.seed, self.epoch, i])), label, int(j != i), problem
+        raise DecodeError(f"bench baseline: none of the {len(self.items)} images decodes; the first: {problem}")
 
-        path, offset, size, label = self.items[i]
-        with open(path, "rb") as f:
-            if size >= 0:
-                f.seek(offset)
-            data = f.read(size if size >= 0 else -1)
-        img = Image.open(io.BytesIO(data)).convert("RGB")
-        return self.pipeline(img, np.random.default_rng([self.seed, self.epoch, i])), label
+
+def _read(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        if size >= 0:
+            f.seek(offset)
+        return f.read(size if size >= 0 else -1)
 
 
-def torch_batches(items: list[Item], pipeline: Callable, *, batch_size: int, workers: int,
-                  seed: int = 0) -> Iterator[int]:
+def _checked(bad, problems, on_error: str, counts: dict | None) -> None:
+    """Raise for the batch's first bad image (``on_error="raise"``), or count them."""
+    n = int(bad.sum())
+    if not n:
+        return
+    first = next(p for p in problems if p)
+    if on_error == "raise":
+        raise DecodeError(f"bench baseline: {first}; run `gpupipe validate` to list the bad images, "
+                          "or bench with decode.on_error: skip")
+    log.warning("bench baseline: %s (skipped)", first)
+    if counts is not None:
+        counts["skipped"] = counts.get("skipped", 0) + n
+
+
+def torch_batches(items: list[Item], pipeline: Callable, *, batch_size: int, workers: int, seed: int = 0,
+                  on_error: str = "raise", counts: dict | None = None) -> Iterator[int]:
     """torch DataLoader (shuffled, drop_last, default collate), endless over epochs."""
     import torch
 
@@ -100,25 +146,38 @@ def torch_batches(items: list[Item], pipeline: Callable, *, batch_size: int, wor
         gen = torch.Generator().manual_seed(seed * 1_000_003 + dataset.epoch)
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                              num_workers=workers, generator=gen)
-        for images, _ in loader:
+        for images, _, bad, problems in loader:
+            _checked(bad, problems, on_error, counts)
             yield len(images)
         dataset.epoch += 1
 
 
-class _WdsSample:
-    """``sample dict → (tensor, label)`` with a generator from (seed, key) (picklable)."""
+class _WdsSamples:
+    """webdataset stage: samples → ``(tensor, label, bad, problem)``, each with a generator
+    from (seed, key) (picklable). A sample whose image does not decode is left out and
+    reported with the next one that does (``bad`` of them, the first ``problem``)."""
 
     def __init__(self, pipeline: Callable, seed: int):
         self.pipeline, self.seed = pipeline, seed
 
-    def __call__(self, sample: dict):
-        rng = np.random.default_rng([self.seed, zlib.crc32(sample["__key__"].encode())])
-        return self.pipeline(sample["jpg"], rng), int(sample["cls"])
+    def __call__(self, samples: Iterator[dict]) -> Iterator[tuple]:
+        bad, problem = 0, ""
+        for sample in samples:
+            try:
+                img = _decode(sample["jpg"])
+            except Exception as exc:  # noqa: BLE001  (whatever Pillow raises for a bad image)
+                bad, problem = bad + 1, problem or _problem(f"{sample.get('__url__')}: sample {sample['__key__']!r}", exc)
+                if bad >= _MAX_BAD_IN_A_ROW:
+                    raise DecodeError(f"bench webdataset: {bad} images in a row do not decode; the first: {problem}")
+                continue
+            rng = np.random.default_rng([self.seed, zlib.crc32(sample["__key__"].encode())])
+            yield self.pipeline(img, rng), int(sample["cls"]), bad, problem
+            bad, problem = 0, ""
 
 
 def webdataset_batches(shards: Sequence[str], pipeline: Callable, *, batch_size: int, workers: int,
-                       seed: int = 0) -> Iterator[int]:
-    """webdataset: resampled shards → shuffle(1000) → decode("pil") → per-sample steps
+                       seed: int = 0, on_error: str = "raise", counts: dict | None = None) -> Iterator[int]:
+    """webdataset: resampled shards → shuffle(1000) → Pillow decode and per-sample steps
     → batched, in a ``WebLoader`` with ``workers`` processes; endless."""
     try:
         import webdataset as wds
@@ -127,7 +186,8 @@ def webdataset_batches(shards: Sequence[str], pipeline: Callable, *, batch_size:
     dataset = (wds.WebDataset(list(shards), resampled=True, shardshuffle=False, seed=seed, empty_check=False,
                               nodesplitter=None)
                .shuffle(1000)
-               .decode("pil").map(_WdsSample(pipeline, seed)).batched(batch_size, partial=False))
+               .compose(_WdsSamples(pipeline, seed)).batched(batch_size, partial=False))
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=workers)
-    for images, _ in loader:
+    for images, _, bad, problems in loader:
+        _checked(bad, problems, on_error, counts)
         yield len(images)

@@ -134,9 +134,10 @@ def _print_row(row: dict) -> None:
              "loop waiting {handoff_wait_ms:.3f}".format(**stages)) if stages else ""
     gpu = f" | GPU {row['gpu_util_percent']:.0f}%" if "gpu_util_percent" in row else ""
     mem = f", {row['gpu_max_memory_allocated_mb']:.0f} MB" if "gpu_max_memory_allocated_mb" in row else ""
+    skipped = f" | skipped {row['skipped']} bad image(s)" if row.get("skipped") else ""
     print(f"{row['set']:>10} {row['loader']:>10} w={row['workers']:<2} {row['images_per_s']:9,.0f} images/s "
           f"({row['images_per_s_min']:,.0f}-{row['images_per_s_max']:,.0f}) | CPU {row['cpu_percent']:.0f}% | "
-          f"RSS {row['peak_rss_mb']:,.0f} MB{gpu}{mem}{extra}", flush=True)
+          f"RSS {row['peak_rss_mb']:,.0f} MB{gpu}{mem}{skipped}{extra}", flush=True)
 
 
 def _write(result: dict, args: argparse.Namespace) -> None:

@@ -20,16 +20,20 @@ from gpupipe.bench.steps import Step, check_supported
 
 __all__ = ["build_per_sample", "PilPipeline"]
 
-_TENSOR_STEPS = ("ToDtype", "ToTensor", "RepeatChannels", "Normalize")
+_TENSOR_STEPS = ("ToDtype", "ToTensor", "PILToTensor", "RepeatChannels", "Normalize")
+_AS_UINT8: Step = ("PILToTensor", {})  # no cast asked for: uint8 (C, H, W), as gpupipe's decoder gives
 
 
 def build_per_sample(steps: Iterable[Step], image_size: tuple[int, int] | None,
                      prefer: str = "auto") -> tuple[Callable, str]:
     """``(pipeline, kind)``: ``kind`` says what runs ("torchvision X.Y" or "pillow+numpy").
-    A Resize to ``image_size`` (height, width) comes first, like the decoder's resize."""
+    A Resize to ``image_size`` (height, width) comes first, like the decoder's resize; without
+    a ``ToDtype``/``ToTensor`` the result is a uint8 tensor, as gpupipe's without augmentation."""
     steps = tuple(steps)
     check_supported(steps)
     full = ((("Resize", {"size": list(image_size)}),) if image_size else ()) + steps
+    if not any(name in ("ToDtype", "ToTensor") for name, _ in full):
+        full += (_AS_UINT8,)
     pil_first = tuple(s for s in full if s[0] not in _TENSOR_STEPS) + tuple(s for s in full if s[0] in _TENSOR_STEPS)
     if prefer in ("auto", "torchvision") and _torchvision_ok():
         import torchvision
@@ -225,6 +229,10 @@ def _to_dtype(img, rng, dtype="float32", scale=True, input_range=255.0, **_):
     return x / float(input_range) if scale else x
 
 
+def _pil_to_tensor(img, rng, **_):
+    return _to_dtype(img, rng, dtype="uint8", scale=False)
+
+
 def _repeat(x, rng, num_channels=3, **_):
     return x.expand(int(num_channels), -1, -1) if x.shape[0] == 1 else x
 
@@ -241,4 +249,5 @@ _OPS: dict[str, Callable] = {
     "Resize": _resize, "RandomAffine": _affine, "RandomRotation": _rotation, "RandomHorizontalFlip": _hflip,
     "RandomVerticalFlip": _vflip, "RandomPerspective": _perspective, "ColorJitter": _jitter,
     "ToDtype": _to_dtype, "ToTensor": _to_dtype, "RepeatChannels": _repeat, "Normalize": _normalize,
+    "PILToTensor": _pil_to_tensor,
 }

@@ -46,6 +46,7 @@ class Target:
     images_dir: str | None = None
     num_samples: int | None = None
     seed: int = 0
+    on_error: str = "raise"  # gpupipe's for this run; the baselines do the same with a bad image
 
 
 @dataclass(frozen=True)
@@ -105,17 +106,22 @@ def _open_baseline(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _O
     pipeline, kind = ctx["per_sample"]
     info = {"per_sample": kind, "reads": f"image folder {target.images_dir}" if target.images_dir else
             "tar members by offset (no image folder found)", "num_workers": workers}
+    counts = {"skipped": 0}
     return _Opened(lambda: torch_batches(ctx["items"], pipeline, batch_size=target.batch_size, workers=workers,
-                                         seed=target.seed), info)
+                                         seed=target.seed, on_error=target.on_error, counts=counts),
+                   info, lambda: dict(counts), lambda: counts.update(skipped=0))
 
 
 def _open_webdataset(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.bench.baselines import webdataset_batches
 
     pipeline, kind = ctx["per_sample"]
+    counts = {"skipped": 0}
     return _Opened(lambda: webdataset_batches(target.shards, pipeline, batch_size=target.batch_size,
-                                              workers=workers, seed=target.seed),
-                   {"per_sample": kind, "num_workers": workers})
+                                              workers=workers, seed=target.seed, on_error=target.on_error,
+                                              counts=counts),
+                   {"per_sample": kind, "num_workers": workers}, lambda: dict(counts),
+                   lambda: counts.update(skipped=0))
 
 
 def _open_dali(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opened:
@@ -223,8 +229,10 @@ def _row(target: Target, loader: str, workers: int, opened: _Opened, runs: _Runs
         values = [g[key] for g in runs.gpu if key in g]
         if values:
             row[key] = round(med(values), 1) if key == "gpu_util_percent" else max(values)
-    if runs.stages:
+    if runs.stages and "images" in runs.stages[0]:
         row["stages_per_image_ms"] = _stages_per_image(runs.stages)
+    if runs.stages:
+        row["skipped"] = sum(s.get("skipped", 0) for s in runs.stages)  # bad images replaced in the timed runs
     return row
 
 

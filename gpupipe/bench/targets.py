@@ -86,7 +86,7 @@ def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
                              on_error="skip", augment=gpupipe_pipeline(steps), seed=args.seed)
 
         targets.append(Target(name, shards, (size, size), batch, SETS[name], make, _images_dir(shards, args.images_dir),
-                              n, args.seed))
+                              n, args.seed, on_error="skip"))
     return targets
 
 
@@ -109,5 +109,6 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
             return cfg.make_loader("train", device=device, rank=0, world_size=1, num_workers=workers)
 
         targets.append(Target(Path(path).stem, shards, tuple(cfg.decode.image_size), cfg.loader.batch_size,
-                              steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed))
+                              steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed,
+                              on_error=str(getattr(cfg.decode.on_error, "value", cfg.decode.on_error))))
     return targets
