@@ -4,9 +4,10 @@ Usage::
 
     gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
                            [--max-pixels N] [--image-column NAME] [--label-column NAME]
-                           [--classes A,B,C | --classes-from URL] [--val-fraction F]
+                           [--classes A,B,C | --classes-from URL]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
-    gpupipe index URL [--workers N] [--storage-option KEY=VALUE ...]
+    gpupipe index URL [--workers N] [--checksums] [--image-column NAME] [--label-column NAME] [--labels URL]
+                      [--storage-option KEY=VALUE ...]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
                  [--image-size PX] [--decode BACKEND] [--augment simple|complex|none]
@@ -90,9 +91,6 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
                    help="the class list, in label order (default: the source's classes, sorted)")
     p.add_argument("--classes-from", metavar="URL",
                    help="take the class list from another split's index.json (or its folder, or a classes.txt)")
-    p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
-                   help="carve a validation split: DST/train/ and DST/val/, each input in val with probability F, "
-                        "a pure function of --seed and its path (default 0: no split)")
     _storage_arguments(p)
     _storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -107,9 +105,9 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     storage_options=dict(args.storage_options),
                     dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
                     image_column=args.image_column, label_column=args.label_column, classes=args.classes,
-                    classes_from=args.classes_from, val_fraction=args.val_fraction)
+                    classes_from=args.classes_from)
     print(report.summary())
-    print("wrote " + ", ".join(report.indexes))
+    print(f"wrote {args.dst.rstrip('/')}/index.json")
     return 0
 
 
@@ -117,18 +115,27 @@ def _ingest_run(args: argparse.Namespace) -> int:
 
 
 def _index_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="folder of *.tar shards, a brace pattern or a glob (one folder)")
+    p.add_argument("url", help="folder of *.tar shards, images or .parquet files, a brace pattern or a glob (one folder)")
     p.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent block reads (default 4)")
+    p.add_argument("--checksums", action="store_true", help="images/Parquet: read every byte once for CRC-32 checks")
+    p.add_argument("--image-column", metavar="NAME", help="Parquet image column (default: detected)")
+    p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/cls/class/target)")
+    p.add_argument("--labels", metavar="URL", help="labels file of a flat image folder (default: its labels.csv/.json)")
     _storage_arguments(p, what="the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _index_run(args: argparse.Namespace) -> int:
+    from gpupipe.indexer import index_in_place
     from gpupipe.ingest import index
 
-    manifest = index(args.url, storage_options=dict(args.storage_options), workers=args.workers,
-                     progress=not args.quiet)
-    print(f"indexed {manifest.num_samples} samples in {len(manifest.shards)} shards "
+    options = dict(args.storage_options)
+    manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,
+                              image_column=args.image_column, label_column=args.label_column, labels=args.labels,
+                              progress=not args.quiet) or index(args.url, storage_options=options,
+                                                                workers=args.workers, progress=not args.quiet)
+    units = {"tar": "shards", "folder": "images", "parquet": "row groups"}[manifest.kind]
+    print(f"indexed {manifest.num_samples} samples in {manifest.num_units} {units} "
           f"({manifest.total_bytes / 2**20:.1f} MiB), {len(manifest.classes)} classes")
     return 0
 
@@ -235,7 +242,7 @@ def _bench_run(args: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "ingest": ("turn an image folder or Parquet files into shards + index.json", _ingest_arguments, _ingest_run),
-    "index": ("write index.json for existing tar shards", _index_arguments, _index_run),
+    "index": ("write index.json for tar shards, an image folder or Parquet files", _index_arguments, _index_run),
     "inspect": ("summarise a dataset and show its first keys", _inspect_arguments, _inspect_run),
     "demo": ("generate sample images, ingest, stream and decode them, printing throughput", _demo_arguments, _demo_run),
     "bench": ("time the loader on a dataset: images/s and seconds per stage", _bench_arguments, _bench_run),

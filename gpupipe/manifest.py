@@ -10,6 +10,13 @@ older manifests load without it) ``crc32`` lists each sample's
 :func:`~gpupipe.formats.tar.sample_crc32`. A byte-range read cannot check the
 whole-shard SHA-256, so the stream checks these instead: a flipped byte or an
 object replaced under the manifest is caught per sample, never delivered.
+
+The same file describes sources read in place (version 2, with a ``kind``): an
+image folder (``"kind": "folder"``, its objects' names, sizes, labels and
+optionally CRC-32s: :class:`~gpupipe.formats.folder.ObjectTable`) or Parquet
+files (``"kind": "parquet"``, their row groups' rows and column-chunk byte
+ranges: :class:`~gpupipe.formats.rowgroups.RowGroupTable`). To the epoch plan
+each is a list of units with sample counts: a shard, an object, a row group.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from gpupipe.errors import ShardFormatError
+from gpupipe.formats.folder import ObjectTable
+from gpupipe.formats.rowgroups import RowGroupTable
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.types import TarMember
 
@@ -28,7 +37,9 @@ __all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard"]
 
 MANIFEST_NAME = "index.json"
 FORMAT = "gpupipe-manifest"
-VERSION = 1
+VERSION = 1  # tar shards; written unchanged, so older readers keep reading them
+VERSION_IN_PLACE = 2  # adds "kind": "folder" | "parquet"
+KINDS = ("tar", "folder", "parquet")
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,28 +96,66 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class Manifest:
+    """Tar ``shards``; or, for a source read in place, ``objects`` (an image folder) or
+    ``parquet`` (row groups) with ``shards`` empty. The plan's units are the shards, the
+    objects or the row groups (:meth:`sample_counts`)."""
+
     shards: tuple[ShardEntry, ...]
     classes: tuple[str, ...] = ()
+    objects: ObjectTable | None = None
+    parquet: RowGroupTable | None = None
+
+    def __post_init__(self) -> None:
+        if (self.objects is not None) + (self.parquet is not None) + bool(self.shards) > 1:
+            raise ShardFormatError("a manifest describes tar shards, an image folder or Parquet files, not several")
+
+    @property
+    def kind(self) -> str:
+        """``tar``, ``folder`` or ``parquet``."""
+        return "folder" if self.objects is not None else "parquet" if self.parquet is not None else "tar"
+
+    @property
+    def num_units(self) -> int:
+        """Shards, objects or row groups."""
+        return len(self.sample_counts())
 
     @property
     def num_samples(self) -> int:
+        if self.objects is not None:
+            return len(self.objects)
+        if self.parquet is not None:
+            return int(self.parquet.rows.sum())
         return sum(s.num_samples for s in self.shards)
 
     @property
     def total_bytes(self) -> int:
+        if self.objects is not None:
+            return int(self.objects.sizes.sum())
+        if self.parquet is not None:
+            return int(self.parquet.file_sizes.sum())
         return sum(s.size for s in self.shards)
 
     def sample_counts(self) -> tuple[int, ...]:
+        """Samples per unit, in manifest order: what the epoch plan splits."""
+        if self.objects is not None:
+            return (1,) * len(self.objects)
+        if self.parquet is not None:
+            return tuple(self.parquet.rows.tolist())
         return tuple(s.num_samples for s in self.shards)
 
     def to_json(self) -> str:
         doc = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if self.kind == "tar" else VERSION_IN_PLACE,
             "num_samples": self.num_samples,
             "classes": list(self.classes),
-            "shards": [_shard_json(s) for s in self.shards],
         }
+        if self.objects is not None:
+            doc.update(kind="folder", objects=self.objects.to_dict())
+        elif self.parquet is not None:
+            doc.update(kind="parquet", parquet=self.parquet.to_dict())
+        else:
+            doc["shards"] = [_shard_json(s) for s in self.shards]
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -114,8 +163,16 @@ class Manifest:
         """Parse and validate a manifest; any defect raises ``ShardFormatError`` naming ``source``."""
         try:
             doc = json.loads(text)
-            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-                raise ValueError(f"not a {FORMAT} v{VERSION} file (format={doc.get('format')!r}, version={doc.get('version')!r})")
+            if doc.get("format") != FORMAT or doc.get("version") not in (VERSION, VERSION_IN_PLACE):
+                raise ValueError(f"not a {FORMAT} v{VERSION} or v{VERSION_IN_PLACE} file (format={doc.get('format')!r}, "
+                                 f"version={doc.get('version')!r}); a newer gpupipe wrote it, or rerun `gpupipe index`")
+            kind = doc.get("kind", "tar")
+            if kind not in KINDS:
+                raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+            if kind != "tar":
+                return cls(shards=(), classes=tuple(str(c) for c in doc.get("classes", [])),
+                           objects=ObjectTable.from_dict(doc["objects"]) if kind == "folder" else None,
+                           parquet=RowGroupTable.from_dict(doc["parquet"]) if kind == "parquet" else None)
             shards = tuple(
                 ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
                            sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]),

@@ -1,4 +1,11 @@
-"""The epoch plan: pure functions from (seed, epoch, shard sizes, world) to work.
+"""The epoch plan: pure functions from (seed, epoch, unit sizes, world) to work.
+
+The plan sees only *units*: things with a number of samples that a reader can
+read a run of. A tar shard is a unit (a run of samples is a byte range, from the
+manifest's offsets), so is a Parquet row group (rows), and so is one object of an
+image folder (one sample). The plan never asks which kind it has; ``counts`` are
+the samples per unit, and a :class:`Span` is samples ``[start, stop)`` of a unit.
+Below, "shard" means any unit.
 
 The epoch's global sample sequence is the shards in a seeded order, each
 shard's samples in file order (so that runs of samples are byte ranges). It is
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
@@ -67,14 +75,17 @@ class PlanSpec:
         if any(c < 0 for c in self.counts):
             raise PlanError("shard sample counts must be >= 0")
 
-    @property
+    @cached_property
     def num_samples(self) -> int:
-        return sum(self.counts)
+        return int(sum(self.counts))
 
-    @property
-    def first_ids(self) -> tuple[int, ...]:
-        """Global id of each shard's first sample (manifest order)."""
-        return tuple(np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)[:-1]]).tolist()) if self.counts else ()
+    @cached_property
+    def first_ids(self) -> np.ndarray:
+        """Global id of each shard's first sample (manifest order), int64, read-only."""
+        ids = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)[:-1]]).astype(np.int64) \
+            if self.counts else np.zeros(0, np.int64)
+        ids.flags.writeable = False
+        return ids
 
 
 @dataclass(frozen=True)
@@ -161,15 +172,33 @@ def worker_chunks(chunks: Sequence[Chunk], worker_id: int, num_workers: int) -> 
     return list(chunks[worker_id::num_workers])
 
 
+_LAST_LAYOUT: list = [None]  # ((spec, epoch), (order, counts, ends)) of the latest call
+
+
+def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shard order, counts in that order and their running ends, for one epoch.
+
+    Kept for the latest (spec, epoch), matched by identity: a folder source has one
+    unit per image, and a worker asks for the spans of many chunks of one epoch — the
+    permutation of a million units is then drawn once, not once per chunk.
+    """
+    hit = _LAST_LAYOUT[0]
+    if hit is not None and hit[0][0] is spec and hit[0][1] == epoch:
+        return hit[1]
+    order = shard_order(spec, epoch)
+    counts = np.asarray(spec.counts, dtype=np.int64)[order]
+    layout = (order, counts, np.cumsum(counts))
+    _LAST_LAYOUT[0] = ((spec, epoch), layout)
+    return layout
+
+
 def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk) -> list[Span]:
     """The shard spans holding all positions of ``chunk`` (from its first batch, not its
     first unconsumed one: the shuffle window is the whole chunk)."""
     n = spec.num_samples
     if n == 0:
         return []
-    order = shard_order(spec, epoch)
-    counts = np.asarray(spec.counts, dtype=np.int64)[order]
-    ends = np.cumsum(counts)
+    order, counts, ends = _layout(spec, epoch)
     spans: list[Span] = []
     pos, stop = chunk.start, chunk.start + chunk.num_batches * spec.batch_size
     while pos < stop:

@@ -1,17 +1,27 @@
-"""Where the shards are: a URL pattern (braces, globs, a list) → shard URLs + manifest.
+"""Where the data is: a URL pattern (braces, globs, a list) → units + manifest.
 
 Accepted forms, on any fsspec filesystem (local paths, ``file://``, ``s3://``,
 ``gs://``, ``memory://``, ``http(s)://``):
 
-* a folder (``s3://bucket/train/``) or its ``index.json``: the manifest lists the shards;
+* a folder (``s3://bucket/train/``) or its ``index.json``: the manifest lists what is
+  there. Without one the folder is listed once and holds tar shards (``*.tar`` at its
+  top level), Parquet files (``**/*.parquet``), or images — in class sub-folders, or
+  flat with a ``labels.csv`` / ``labels.json`` (:mod:`gpupipe.formats.folder`);
 * ``shard-{000000..000127}.tar`` brace ranges and lists (``{a,b}``);
-* globs (``train/*.tar``; not on http, which cannot list);
+* globs (``train/*.tar``, ``table/*.parquet``; not on http, which cannot list);
 * a list of any of these.
 
-When an ``index.json`` sits beside the shards, its entries describe them
-(sizes, sample counts, offsets) and no listing or scanning happens at start.
-Without one, shards are still readable — streamed whole — and a warning says
-that splits across ranks are then by whole shard and not exact.
+When an ``index.json`` sits beside the data, its entries describe it (sizes,
+sample counts, offsets; row groups and their byte ranges; objects, labels) and no
+listing or scanning happens at start. Without one, an image folder is listed and
+Parquet footers are read at start, which gives the same exact plan (every rank
+lists for itself: the folder must not change while they start). Tar shards
+without one are still readable — streamed whole — and a warning says that splits
+across ranks are then by whole shard and not exact.
+
+To the plan every source is a list of *units* with sample counts: tar shards,
+objects (one image each) or Parquet row groups. ``ResolvedSource.shard_urls[i]``
+is the URL of unit ``i`` (for a Parquet row group, its file).
 """
 from __future__ import annotations
 
@@ -20,22 +30,35 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from gpupipe.errors import ConfigError, StorageError
+from gpupipe.formats.folder import FolderListing, NameList, classify_listing
+from gpupipe.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
 from gpupipe.types import ByteRange
 
-__all__ = ["Source", "ResolvedSource", "expand_pattern", "resolve"]
+__all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Source:
-    """A shard location and its storage options (which never appear in ``repr``)."""
+    """A data location and its storage options (which never appear in ``repr``).
+
+    For sources read in place: ``image_column`` / ``label_column`` name the Parquet
+    columns (default: detected), ``labels`` the mapping file of a flat image folder
+    (default: ``labels.csv`` or ``labels.json`` in it). An ``index.json`` written with
+    them by ``gpupipe index`` remembers them.
+    """
 
     url: str | tuple[str, ...]
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    image_column: str | None = None
+    label_column: str | None = None
+    labels: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.url, list):
@@ -44,17 +67,44 @@ class Source:
             raise ConfigError("source.url: empty; give a folder, a pattern or a list of shard URLs")
 
 
+class UnitURLs(Sequence[str]):
+    """The URL of each unit of a source read in place, made on demand from the root and
+    the names in its manifest: object ``i``, or the file of row group ``i``."""
+
+    def __init__(self, root: str, names: NameList, file_of: np.ndarray | None = None):
+        self.root, self._names, self._file_of = root.rstrip("/") + "/", names, file_of
+
+    def __len__(self) -> int:
+        return len(self._names) if self._file_of is None else len(self._file_of)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.root + self._names[int(i if self._file_of is None else self._file_of[i])]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnitURLs) and list(self) == list(other)
+
+    __hash__ = None
+
+
 @dataclass(frozen=True)
 class ResolvedSource:
-    """Shard URLs, and the manifest entries for them in the same order (or ``None``)."""
+    """The URL of each unit (a tar shard, an object, a Parquet row group's file) and the
+    manifest describing them in the same order (``None``: tar shards without one)."""
 
-    shard_urls: tuple[str, ...]
+    shard_urls: Sequence[str]
     manifest: Manifest | None
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_samples(self) -> int | None:
         return None if self.manifest is None else self.manifest.num_samples
+
+    @property
+    def kind(self) -> str:
+        """``tar``, ``folder`` or ``parquet``."""
+        return "tar" if self.manifest is None else self.manifest.kind
 
 
 def expand_pattern(pattern: str | Sequence[str]) -> list[str]:
@@ -75,11 +125,12 @@ def _has_glob(s: str) -> bool:
     return any(ch in s for ch in "*?[")
 
 
-def resolve(source: Source, fetch: FetchConfig | None = None) -> ResolvedSource:
-    """Expand the source and load the manifest beside the shards, if there is one.
+def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool = True) -> ResolvedSource:
+    """Expand the source and load the manifest beside the data, if there is one.
 
     Storage errors (missing bucket, 403) surface here, in the main process, as
     ``StorageError`` naming the URL — not later inside a DataLoader worker.
+    ``use_index=False`` ignores an ``index.json`` (``gpupipe index`` describes afresh).
     """
     urls = expand_pattern(source.url)
     fs, _ = open_filesystem(urls[0], source.storage_options)
@@ -88,27 +139,105 @@ def resolve(source: Source, fetch: FetchConfig | None = None) -> ResolvedSource:
     if len(urls) == 1 and _is_folder(fetcher, urls[0]):
         u = urls[0]
         folder = u[: -len(MANIFEST_NAME)] if u.endswith(MANIFEST_NAME) else u.rstrip("/") + "/"
-        manifest = _load_manifest(fetcher, folder + MANIFEST_NAME)
+        manifest = _load_manifest(fetcher, folder + MANIFEST_NAME) if use_index else None
         if manifest is not None:
-            return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options)
+            return _with_manifest(folder, manifest, source)
+        in_place = _listed_folder(fetcher, folder, source, warn=use_index)
+        if in_place is not None:
+            return in_place
         urls = [folder + "*.tar"]
-    shard_urls: list[str] = []
+    paths: list[str] = []
     for u in urls:
         if _has_glob(u):
             found = sorted(fetcher.call(u, "glob"))
             if not found:
-                raise StorageError("no shards match this pattern (and no index.json here)", url=u)
-            shard_urls.extend(_with_protocol(protocol, p) for p in found)
+                raise StorageError(_nothing_matches(fetcher, u), url=u)
+            paths.extend(_with_protocol(protocol, p) for p in found)
         else:
-            shard_urls.append(u)
-    manifest = _manifest_for(fetcher, shard_urls)
-    if manifest is None:
-        fetcher.size(shard_urls[0])  # fail here, clearly, if the storage is not reachable
+            paths.append(u)
+    if paths and all(p.endswith(".parquet") for p in paths):
+        return _parquet_source(fetcher, paths, source, use_index)
+    manifest = _manifest_for(fetcher, paths) if use_index else None
+    if manifest is None and use_index:
+        fetcher.size(paths[0])  # fail here, clearly, if the storage is not reachable
         log.warning(
             "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and workers are "
             "by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
-            MANIFEST_NAME, len(shard_urls))
-    return ResolvedSource(tuple(shard_urls), manifest, source.storage_options)
+            MANIFEST_NAME, len(paths))
+    return ResolvedSource(tuple(paths), manifest, source.storage_options)
+
+
+def _with_manifest(folder: str, manifest: Manifest, source: Source) -> ResolvedSource:
+    if manifest.objects is not None:
+        return ResolvedSource(UnitURLs(folder, manifest.objects.names), manifest, source.storage_options)
+    if manifest.parquet is not None:
+        urls = UnitURLs(folder, manifest.parquet.files, manifest.parquet.file)
+        return ResolvedSource(urls, manifest, source.storage_options)
+    return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options)
+
+
+def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:
+    """An image folder or Parquet files, described from one listing (``None``: tar shards)."""
+    listing = _listing(fetcher, folder)
+    if listing.kind == "tar":
+        return None
+    if listing.kind == "empty":
+        raise StorageError(f"no tar shards, images or .parquet files here (and no {MANIFEST_NAME}); give the folder "
+                           "that holds them", url=folder)
+    if listing.kind == "parquet":
+        paths, sizes = parquet_paths(listing)
+        manifest = describe_parquet_files(fetcher, folder, paths, sizes, source.image_column, source.label_column)
+    else:
+        manifest = describe_folder(fetcher, folder, listing, source.labels)
+    (log.warning if warn else log.debug)("no %s in %s: described %d %s on the fly (each rank does this at start). `gpupipe index %s` "
+                "writes one: a faster start, and CRC-32 checks with --checksums.", MANIFEST_NAME, folder,
+                manifest.num_units, "images" if manifest.kind == "folder" else "row groups", folder)
+    return _with_manifest(folder, manifest, source)
+
+
+def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_index: bool) -> ResolvedSource:
+    """Parquet files named one by one or by a glob: the index.json of their folder when it
+    describes them all, else their footers."""
+    folders = {posixpath.dirname(p) for p in paths}
+    folder = folders.pop() + "/" if len(folders) == 1 else ""
+    manifest = _load_manifest(fetcher, folder + MANIFEST_NAME) if folder and use_index else None
+    if manifest is not None and manifest.parquet is not None and \
+            {folder + n for n in manifest.parquet.files} == set(paths):
+        return _with_manifest(folder, manifest, source)
+    root = _common_folder(paths)
+    sizes = [fetcher.size(p) for p in paths]
+    manifest = describe_parquet_files(fetcher, root, [p[len(root):] for p in paths], sizes, source.image_column,
+                                      source.label_column)
+    return _with_manifest(root, manifest, source)
+
+
+def _listing(fetcher: Fetcher, folder: str) -> FolderListing:
+    """One recursive listing of ``folder``, classified. The filesystem's own listing cache
+    is dropped after it: a later ``index.json`` (or any change) must be seen."""
+    found = fetcher.call(folder, "find", None, False, True)
+    fetcher.fs.invalidate_cache(fetcher.fs._strip_protocol(folder))
+    return classify_listing(fetcher.fs._strip_protocol(folder), found)
+
+
+def _common_folder(paths: list[str]) -> str:
+    """The deepest folder holding all ``paths`` (same protocol), with a trailing ``/``."""
+    protocol = paths[0].split("://", 1)[0] + "://" if "://" in paths[0] else ""
+    return protocol + posixpath.commonpath([posixpath.dirname(p[len(protocol):]) for p in paths]) + "/"
+
+
+def _nothing_matches(fetcher: Fetcher, pattern: str) -> str:
+    """Why a glob matched nothing, and what to do — the folder may hold images instead."""
+    folder = pattern[: max(pattern.rfind("/"), 0)]
+    try:
+        listing = _listing(fetcher, folder)
+    except StorageError:
+        listing = None
+    if listing is not None and listing.kind in ("folder", "parquet"):
+        what = "images" if listing.kind == "folder" else ".parquet files"
+        return (f"no shards match this pattern, but {folder}/ holds {what}: give the folder URL ({folder}/) to read "
+                f"them in place, or run `gpupipe ingest {folder}/ DST` to make shards")
+    return (f"no shards match this pattern (and no {MANIFEST_NAME} here); give tar shards, a folder of images or "
+            ".parquet files, or make shards with `gpupipe ingest`")
 
 
 def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> Manifest | None:
@@ -144,7 +273,7 @@ def _load_manifest(fetcher: Fetcher, url: str) -> Manifest | None:
 def _is_folder(fetcher: Fetcher, url: str) -> bool:
     if url.endswith("/") or url.endswith(MANIFEST_NAME):
         return True
-    if _has_glob(url) or url.endswith((".tar", ".tgz", ".tar.gz")):
+    if _has_glob(url) or url.endswith((".tar", ".tgz", ".tar.gz", ".parquet")):
         return False
     return bool(fetcher.call(url, "isdir"))
 

@@ -4,7 +4,9 @@ Runs inside DataLoader workers (CPU I/O only). Two paths:
 
 * with a manifest, :func:`iter_chunks` reads each chunk's spans as byte ranges,
   checks that every span holds exactly the samples the manifest promises, and
-  returns the chunk's samples in the planned (shuffled) order;
+  returns the chunk's samples in the planned (shuffled) order. Sources read in
+  place (an image folder, Parquet files) take this path too: their spans are read
+  by :mod:`gpupipe.readers`, and everything after (checks, ``on_error``, order) is shared;
 * without one, :func:`iter_whole_shards` streams whole shards (split by shard
   across ranks and workers) through a seeded shuffle buffer.
 
@@ -17,15 +19,17 @@ invalid (so batch shapes and step counts never change), counts it and logs its k
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from gpupipe.batch import IMAGE_EXTENSIONS, image_field, label_of
 from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
-from gpupipe.plan import Chunk, PlanSpec, chunk_order, chunk_spans, permutation, shuffle_buffer
+from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
+from gpupipe.readers import ReadSpan, object_spans, rowgroup_spans
 from gpupipe.sources import ResolvedSource
 from gpupipe.storage import Fetcher
 from gpupipe.types import ByteRange, ErrorPolicy, Sample
@@ -63,17 +67,8 @@ def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
     return Sample(key=s.key, fields=s.fields, shard=shard, offset=s.offset, sample_id=sample_id, label=label_of(s))
 
 
-@dataclass
-class _Span:
-    """One byte range, parsed: one entry per expected sample (``None`` where unreadable)
-    and, by index, why a sample is missing or failed its checksum."""
-
-    samples: list[Sample | None]
-    problems: dict[int, GpupipeError]
-
-
 def _parse_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, expected: int,
-                crcs: np.ndarray | None) -> _Span:
+                crcs: np.ndarray | None) -> ReadSpan:
     """Parse a byte range that should hold ``expected`` samples, checking each against
     its manifest checksum when there is one."""
     samples: list[Sample | None] = []
@@ -97,11 +92,11 @@ def _parse_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int,
                                    "(stale index.json? rerun `gpupipe index`)", shard=url, offset=start_byte)
     except GpupipeError as exc:
         problems.update((i, exc) for i in range(len(samples), expected))
-    return _Span(samples + [None] * (expected - len(samples)), problems)
+    return ReadSpan(samples + [None] * (expected - len(samples)), problems)
 
 
 def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRange, version: str,
-               offsets: np.ndarray, crcs: np.ndarray | None) -> _Span:
+               offsets: np.ndarray, crcs: np.ndarray | None) -> ReadSpan:
     """Parse and check a fetched byte range (``offsets``: its samples' starts and end).
 
     Samples whose bytes arrived damaged (a checksum or a tar header fails) are read
@@ -130,7 +125,7 @@ def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRa
     return span
 
 
-def _deliver(span: _Span, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog) -> list[Sample]:
+def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog) -> list[Sample]:
     """The span's samples, each checked; with ``skip``, bad and unreadable ones become
     placeholders (so the count never changes)."""
     out: list[Sample] = []
@@ -154,31 +149,54 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
     """For each chunk: its remaining samples in delivery order and their valid flags."""
     assert source.manifest is not None, "iter_chunks needs a manifest"
     skips = skips if skips is not None else SkipLog()
-    entries, first_ids = source.manifest.shards, spec.first_ids
-    plans = [(c, chunk_spans(spec, epoch, c)) for c in chunks]
+    first_ids = spec.first_ids
+    planned: deque[tuple[Chunk, list[Span]]] = deque()
 
-    def ranges() -> Iterator[tuple[ByteRange, str]]:
-        for _, spans in plans:
-            for s in spans:
-                a, b = entries[s.shard].byte_range(s.start, s.stop)
-                yield ByteRange(source.shard_urls[s.shard], a, b), entries[s.shard].sha256
+    def spans() -> Iterator[Span]:  # lazily: a folder chunk is a span per image
+        for c in chunks:
+            planned.append((c, chunk_spans(spec, epoch, c)))
+            yield from planned[-1][1]
 
-    fetched = fetcher.read_many(ranges())
-    for chunk, spans in plans:
+    reader = _READERS[source.manifest.kind]
+    read = reader(fetcher, source, spans())
+    while True:
+        first = next(read, None)  # reading a chunk's first span has put the chunk in `planned`
+        if first is None:
+            return
+        chunk, chunk_spans_ = planned.popleft()
         samples: list[Sample] = []
         valid: list[bool] = []
-        for s in spans:
-            entry, url = entries[s.shard], source.shard_urls[s.shard]
-            crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
-            span = _read_span(fetcher, next(fetched), ByteRange(url, *entry.byte_range(s.start, s.stop)),
-                              entry.sha256, entry.offsets[s.start:s.stop + 1], crcs)
+        for s, span in zip(chunk_spans_, [first] + [next(read) for _ in chunk_spans_[1:]]):
+            url = source.shard_urls[s.shard]
             # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
-            got = _deliver(span, url, first_ids[s.shard] + s.start, on_error if s.valid else ErrorPolicy.SKIP,
+            got = _deliver(span, url, int(first_ids[s.shard]) + s.start, on_error if s.valid else ErrorPolicy.SKIP,
                            skips if s.valid else SkipLog())
             samples += got
             valid += [s.valid and bool(x.fields) for x in got]
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
         yield chunk, [samples[i] for i in order], np.asarray(valid, dtype=bool)[order]
+
+
+def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) -> Iterator[ReadSpan]:
+    """Tar shards: each span is one byte range, from the manifest's offsets."""
+    entries = source.manifest.shards
+    pending: deque[Span] = deque()
+
+    def ranges() -> Iterator[tuple[ByteRange, str]]:
+        for s in spans:
+            pending.append(s)
+            a, b = entries[s.shard].byte_range(s.start, s.stop)
+            yield ByteRange(source.shard_urls[s.shard], a, b), entries[s.shard].sha256
+
+    for blocks in fetcher.read_many(ranges()):
+        s = pending.popleft()
+        entry, url = entries[s.shard], source.shard_urls[s.shard]
+        crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
+        yield _read_span(fetcher, blocks, ByteRange(url, *entry.byte_range(s.start, s.stop)),
+                         entry.sha256, entry.offsets[s.start:s.stop + 1], crcs)
+
+
+_READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}
 
 
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,

@@ -111,3 +111,53 @@ def test_bad_credentials_fail_fast_and_keep_the_secret_out(s3_auth_bucket):
         loader(wrong.url("ds/"), wrong.storage_options, fetch=FetchConfig(retries=5, backoff_s=1.0))
     assert "PermissionError" in str(info.value) or "Forbidden" in str(info.value)
     assert "sentinel-secret-123" not in str(info.value) and "sentinel-secret-123" not in repr(info.value)
+
+
+# -- sources read in place (issue 15): an image folder and Parquet files on S3 -----------------
+def _in_place(kind, bucket):
+    from inplace_data import write_class_folder, write_parquet
+
+    opts = bucket.storage_options
+    if kind == "folder":
+        write_class_folder(bucket.url("imgs"), 60, storage_options=opts)
+        return bucket.url("imgs/"), 60
+    write_parquet(bucket.url("table"), [25, 0, 35], row_group_rows=6, storage_options=opts)
+    return bucket.url("table/"), 60
+
+
+@pytest.mark.parametrize("kind", ["folder", "parquet"])
+def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind):
+    from gpupipe.indexer import index_in_place
+    from inplace_data import image_ids
+
+    url, n = _in_place(kind, s3_bucket)
+    proxy = s3_proxy()
+    opts = storage_options_via(proxy, s3_bucket)
+    listed = loader(url, opts)
+    assert listed.source.kind == kind and sorted(i for b in listed for i in image_ids(b)) == list(range(n))
+    index_in_place(url, storage_options=s3_bucket.storage_options, checksums=True, progress=False)
+    before = dict(proxy.counts)
+    indexed = loader(url, opts)
+    assert indexed.source.manifest.num_samples == n
+    start_requests = proxy.counts["requests"] - before["requests"]
+    assert start_requests <= 2, proxy.counts  # the index.json (HEAD + GET): no listing, no footers
+    assert sorted(i for b in indexed for i in image_ids(b)) == list(range(n))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["folder", "parquet"])
+def test_in_place_sources_survive_five_percent_faults(s3_bucket, s3_proxy, kind):
+    from gpupipe.indexer import index_in_place
+    from inplace_data import image_ids
+
+    url, n = _in_place(kind, s3_bucket)
+    index_in_place(url, storage_options=s3_bucket.storage_options, checksums=True, progress=False)
+    faults = ("slowdown", "error500", "reset", "truncate", "stall", "flip")
+    proxy = s3_proxy(fault_rate=0.05, seed=7, stall_seconds=3.0, faults=faults)
+    opts = storage_options_via(proxy, s3_bucket, timeout_s=1.0)
+    fetch = FetchConfig(block_bytes=2048, backoff_s=0.01, backoff_max_s=0.2, retries=10, request_timeout_s=5)
+    ld = loader(url, opts, workers=2, fetch=fetch)
+    for epoch in range(2):
+        got = [i for b in ld for i in image_ids(b)]
+        assert sorted(got) == list(range(n)), f"epoch {epoch}: 0 lost, 0 duplicated"
+    assert sum(proxy.counts[f] for f in faults) >= 3, proxy.counts  # the faults really happened

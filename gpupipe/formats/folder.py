@@ -1,0 +1,284 @@
+"""An image folder read in place: one object per sample, listed once.
+
+Two layouts, told apart by where the images sit under the root:
+
+* **class sub-folders** (ImageNet, torchvision ``ImageFolder``): ``root/<class>/<image>``;
+  classes sorted by name give the label index;
+* **flat**: ``root/<image>``, labels from a mapping file — ``labels.csv`` or
+  ``labels.json`` in the root, or one named explicitly. CSV: a header row with a file
+  column (``file``, ``filename``, ``path``, ``image``, ``name`` or ``id``) and a label
+  column (``label``, ``class``, ``cls`` or ``target``). JSON: ``{"<file>": label}`` or a
+  list of ``{"file": ..., "label": ...}``. A file is matched by its name relative to the
+  root, or by that name without its extension. Integer labels are kept; string labels
+  become their index among the sorted names. Without a mapping file labels are -1.
+
+An :class:`ObjectTable` holds the listing compactly — names as one UTF-8 blob plus
+offsets, sizes and labels as int64 arrays — so a million objects cost tens of
+megabytes, pickle fast into DataLoader workers and are shared by forked ones.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from gpupipe.errors import ConfigError, ShardFormatError
+from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
+from gpupipe.formats.tar import MAX_MEMBER_BYTES
+
+__all__ = ["LABEL_FILES", "NameList", "ObjectTable", "FolderListing", "classify_listing", "parse_label_file",
+           "folder_table"]
+
+log = logging.getLogger(__name__)
+
+LABEL_FILES = ("labels.csv", "labels.json")
+_FILE_COLUMNS = ("file", "filename", "path", "image", "name", "id")
+_LABEL_COLUMNS = ("label", "class", "cls", "target")
+_EXPECTED = frozenset({"index.json", "classes.txt", *LABEL_FILES})  # never reported as skipped
+
+
+class NameList(Sequence[str]):
+    """Strings kept as one UTF-8 blob and int64 offsets: no Python object per name."""
+
+    def __init__(self, names: Iterable[str] = ()):
+        encoded = [n.encode("utf-8") for n in names]
+        self._blob = b"".join(encoded)
+        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=self._offsets[1:])
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return self._blob[self._offsets[i]:self._offsets[i + 1]].decode("utf-8")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NameList) and self._blob == other._blob and np.array_equal(
+            self._offsets, other._offsets)
+
+    __hash__ = None
+
+
+def _read_only(values, dtype) -> np.ndarray:
+    out = np.array(values, dtype=dtype)
+    out.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class ObjectTable:
+    """The objects of a folder source, sorted by name: ``names`` relative to the root,
+    ``sizes`` in bytes, ``labels`` (-1: none) and, when indexed with checksums, the
+    CRC-32 of each object's bytes."""
+
+    names: NameList
+    sizes: np.ndarray = field(repr=False)
+    labels: np.ndarray = field(repr=False)
+    crc32: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", _read_only(self.sizes, np.int64))
+        object.__setattr__(self, "labels", _read_only(self.labels, np.int64))
+        if self.crc32 is not None:
+            object.__setattr__(self, "crc32", _read_only(self.crc32, np.int64))
+        n = len(self.names)
+        if len(self.sizes) != n or len(self.labels) != n or (self.crc32 is not None and len(self.crc32) != n):
+            raise ShardFormatError(f"object table lists {n} names but {len(self.sizes)} sizes, {len(self.labels)} "
+                                   f"labels{'' if self.crc32 is None else f' and {len(self.crc32)} crc32 values'}")
+        if n and (self.sizes.min() < 0 or self.sizes.max() > MAX_MEMBER_BYTES):
+            raise ShardFormatError(f"object sizes must be in [0, {MAX_MEMBER_BYTES}]")
+        for i in range(n):  # names come from a file anyone could edit: none may leave the folder
+            name = self.names[i]
+            if not name or name.startswith("/") or ".." in name.split("/") or "://" in name:
+                raise ShardFormatError(f"object name {name!r} escapes the folder")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ObjectTable):
+            return NotImplemented
+        same_crc = (self.crc32 is None) == (other.crc32 is None) and (
+            self.crc32 is None or np.array_equal(self.crc32, other.crc32))
+        return self.names == other.names and np.array_equal(self.sizes, other.sizes) and np.array_equal(
+            self.labels, other.labels) and same_crc
+
+    __hash__ = None
+
+    def to_dict(self) -> dict:
+        doc = {"names": list(self.names), "sizes": self.sizes.tolist(), "labels": self.labels.tolist()}
+        if self.crc32 is not None:
+            doc["crc32"] = self.crc32.tolist()
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping) -> "ObjectTable":
+        names = doc["names"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("objects.names must be a list of strings")
+        return cls(NameList(names), _ints(doc["sizes"], "sizes"), _ints(doc["labels"], "labels"),
+                   _ints(doc["crc32"], "crc32") if "crc32" in doc else None)
+
+
+def _ints(values, what: str) -> list[int]:
+    if not isinstance(values, list) or not all(type(v) is int for v in values):
+        raise ValueError(f"objects.{what} must be a list of integers")
+    return values
+
+
+@dataclass(frozen=True)
+class FolderListing:
+    """What a folder listing holds: ``kind`` is ``tar``, ``parquet``, ``folder`` or
+    ``empty``; ``files`` maps each path under the root to its size."""
+
+    kind: str
+    root: str
+    files: Mapping[str, int]
+
+
+def classify_listing(root: str, listing: Mapping[str, Mapping[str, Any]]) -> FolderListing:
+    """Which source a recursive listing ``{path: info}`` under ``root`` is: tar shards at
+    the top level win, then Parquet files (when there are no images), then images."""
+    root = root.rstrip("/")
+    files = {p: int(info.get("size") or 0) for p, info in listing.items() if info.get("type", "file") != "directory"}
+    rel = {p: p[len(root):].lstrip("/") for p in files}
+    if any("/" not in r and r.endswith(".tar") for r in rel.values()):
+        return FolderListing("tar", root, files)
+    images = any(extension(r) in IMAGE_EXTENSIONS for r in rel.values())
+    if not images and any(r.endswith(".parquet") and not _hidden(r) for r in rel.values()):
+        return FolderListing("parquet", root, files)
+    return FolderListing("folder" if images else "empty", root, files)
+
+
+def _hidden(rel: str) -> bool:
+    """Hidden (``.x``) or a Spark/Delta side file or folder (``_SUCCESS``, ``_delta_log``)."""
+    return any(part.startswith((".", "_")) for part in rel.split("/"))
+
+
+def parse_label_file(data: bytes, name: str) -> dict[str, int | str]:
+    """``{file: label}`` from the bytes of a CSV or JSON mapping file called ``name``."""
+    try:
+        text = data.decode("utf-8-sig")
+        pairs = _json_pairs(json.loads(text)) if name.lower().endswith(".json") else _csv_pairs(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"source.labels: {name} is not a label mapping: {exc}") from None
+    out: dict[str, int | str] = {}
+    for file, label in pairs:
+        if isinstance(label, bool) or not isinstance(label, (int, str)) or not isinstance(file, str):
+            raise ConfigError(f"source.labels: {name}: label of {file!r} is {label!r}; give an integer or a name")
+        out[file] = label
+    return out
+
+
+def _json_pairs(doc) -> Iterator[tuple[Any, Any]]:
+    if isinstance(doc, dict):
+        yield from doc.items()
+    elif isinstance(doc, list) and all(isinstance(d, dict) for d in doc):
+        for d in doc:
+            fcol, lcol = _pick(list(d), _FILE_COLUMNS, "file"), _pick(list(d), _LABEL_COLUMNS, "label")
+            yield d[fcol], d[lcol]
+    else:
+        raise ValueError('expected {"<file>": label} or a list of {"file": ..., "label": ...}')
+
+
+def _csv_pairs(text: str) -> Iterator[tuple[str, int | str]]:
+    rows = csv.reader(io.StringIO(text))
+    header = [h.strip().lower() for h in next(rows, [])]
+    fi, li = header.index(_pick(header, _FILE_COLUMNS, "file")), header.index(_pick(header, _LABEL_COLUMNS, "label"))
+    for n, row in enumerate(rows, start=2):
+        if not row:
+            continue
+        if len(row) <= max(fi, li):
+            raise ValueError(f"line {n} has {len(row)} fields")
+        label = row[li].strip()
+        yield row[fi].strip(), int(label) if label.lstrip("-").isdigit() else label
+
+
+def _pick(names: Sequence[str], wanted: Sequence[str], what: str) -> str:
+    found = next((w for w in wanted if w in names), None)
+    if found is None:
+        raise ValueError(f"no {what} column (looked for {list(wanted)}; it has {list(names)})")
+    return found
+
+
+def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None, *, explicit: bool = False
+                 ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+    """``(table, classes, skipped)`` for an image folder listing: the layout is class
+    sub-folders when every image sits below the top level, flat when every one sits at
+    it (labels from ``mapping``, else -1); a mix raises ``ConfigError``. A mapping given
+    ``explicit``-ly for a folder with class sub-folders is refused (it would be ignored)."""
+    root = listing.root
+    rel = {p: p[len(root):].lstrip("/") for p in listing.files}
+    top = sorted(r for r in rel.values() if "/" not in r and extension(r) in IMAGE_EXTENSIONS and not _hidden(r))
+    deep = sorted(r for r in rel.values() if "/" in r and extension(r) in IMAGE_EXTENSIONS and not _hidden(r))
+    if top and deep:
+        raise ConfigError(f"source: {root} has images at the top level ({', '.join(top[:2])}, ...) and in sub-folders "
+                          f"({', '.join(deep[:2])}, ...); put every image in a class sub-folder, or all of them at the "
+                          "top with a labels.csv")
+    if deep:
+        if mapping is not None and explicit:
+            raise ConfigError(f"source.labels: {root} has class sub-folders, which give the labels; a labels file "
+                              "is for a flat folder of images. Leave source.labels out.")
+        return _class_layout(listing)
+    return _flat_layout(listing, rel, mapping)
+
+
+def _class_layout(listing: FolderListing) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+    images, classes, rejected = scan_image_folder(listing.root, {p: {"size": s} for p, s in listing.files.items()})
+    label = {c: i for i, c in enumerate(classes)}
+    names = [im.path[len(listing.root):].lstrip("/") for im in images]
+    table = ObjectTable(NameList(names), [listing.files[im.path] for im in images],
+                        [label[im.class_name] for im in images])
+    return table, classes, _reported(listing.root, rejected)
+
+
+def _flat_layout(listing: FolderListing, rel: Mapping[str, str], mapping: Mapping[str, int | str] | None
+                 ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+    keep, rejected = [], []
+    for path in sorted(listing.files):
+        r, size = rel[path], listing.files[path]
+        if "/" in r or _hidden(r) or extension(r) not in IMAGE_EXTENSIONS:
+            rejected.append((path, "not an image at the top level of a flat folder"))
+        elif size > MAX_MEMBER_BYTES:
+            rejected.append((path, f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte limit"))
+        else:
+            keep.append(r)
+    labels, classes = _mapped_labels(keep, mapping)
+    table = ObjectTable(NameList(keep), [listing.files[f"{listing.root}/{r}"] for r in keep], labels)
+    return table, classes, _reported(listing.root, rejected)
+
+
+def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None) -> tuple[list[int], tuple[str, ...]]:
+    if mapping is None:
+        return [-1] * len(names), ()
+    known, stems = set(names), {n.rpartition(".")[0] or n: n for n in names}
+    by_name = {(k if k in known else stems.get(k, k)): v for k, v in mapping.items()}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise ConfigError(f"source.labels: {len(missing)} of {len(names)} images have no label "
+                          f"({', '.join(missing[:3])}, ...); add them to the labels file or move them out of the folder")
+    values = [by_name[n] for n in names]
+    if all(isinstance(v, int) for v in values):
+        return [int(v) for v in values], ()
+    if any(isinstance(v, int) for v in values):
+        raise ConfigError("source.labels: the labels mix integers and names; use one kind")
+    classes = tuple(sorted(set(values)))
+    index = {c: i for i, c in enumerate(classes)}
+    return [index[v] for v in values], classes
+
+
+def _reported(root: str, rejected: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The rejected files worth telling the user about (not index.json, labels.csv, ...)."""
+    out = [(p, why) for p, why in rejected if p[len(root):].lstrip("/") not in _EXPECTED]
+    if out:
+        log.warning("%s: %d file(s) are not read as images (first: %s: %s)", root, len(out), out[0][0], out[0][1])
+    return out

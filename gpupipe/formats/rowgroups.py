@@ -1,0 +1,362 @@
+"""Parquet files read in place: row groups as units, two column chunks per request.
+
+:func:`describe_parquet` reads each file's footer (one ranged request for the file's
+tail, a second only when the footer is longer) and turns it into a
+:class:`RowGroupTable`: per row group its file, row count and the byte ranges of the
+image and label column chunks. :func:`decode_row_group` decodes one row group from
+those ranges only, with pyarrow, through :class:`Pieces` — a read-only file that holds
+the fetched byte ranges and nothing else — so no file is ever downloaded whole and only
+the two needed columns are read. pandas is never involved.
+
+Columns: the image column is named, or the first of ``image``, ``img``, ``jpg``,
+``jpeg``, ``png``, ``bytes`` that holds binary values or a Hugging Face ``{bytes, path}``
+struct (only ``bytes`` is read), or else the only such column. The label column is named,
+or the first of ``label``, ``labels``, ``cls``, ``class``, ``target``; integer labels are
+kept, string labels become their index among the sorted names (``classes``), and
+Hugging Face ``ClassLabel`` metadata gives names to integer labels. A table without a
+label column gives label -1 (with a warning).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from gpupipe.errors import ConfigError, MissingDependencyError, ShardFormatError
+from gpupipe.formats.folder import NameList
+
+__all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "TAIL_BYTES", "Columns", "RowGroupTable", "Pieces", "footer_range",
+           "read_footer", "describe_parquet", "read_columns", "decode_row_group"]
+
+log = logging.getLogger(__name__)
+
+IMAGE_COLUMNS = ("image", "img", "jpg", "jpeg", "png", "bytes")
+LABEL_COLUMNS = ("label", "labels", "cls", "class", "target")
+TAIL_BYTES = 64 << 10  # first read of a file's tail: holds the footer of most files
+
+
+def _pq():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingDependencyError("pyarrow", extra="parquet", feature="reading Parquet sources") from None
+    return pq
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The column chunks read: ``image`` (a binary column, or a struct whose ``bytes``
+    field is read when ``image_field`` is ``"bytes"``) and ``label`` (``None``: no labels)."""
+
+    image: str
+    image_field: str | None = None
+    label: str | None = None
+    string_labels: bool = False
+
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        """Column paths as pyarrow reads them (``image.bytes`` for a struct)."""
+        img = f"{self.image}.{self.image_field}" if self.image_field else self.image
+        return (img,) if self.label is None else (img, self.label)
+
+
+def _read_only(values, dtype=np.int64) -> np.ndarray:
+    out = np.array(values, dtype=dtype)
+    out.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class RowGroupTable:
+    """The row groups of a Parquet source, in file order then row-group order.
+
+    Per file (``files`` relative to the root): ``file_sizes`` and ``footer_sizes``
+    (the footer plus its 8-byte trailer). Per row group: ``file``, ``index`` in its file,
+    ``first_row`` in its file, ``rows``, and ``ranges`` (R, 4): start and stop of the image
+    column chunk, then of the label column chunk (``-1, -1`` without labels); ``crc32``
+    of those bytes when indexed with checksums.
+    """
+
+    columns: Columns
+    files: NameList
+    file_sizes: np.ndarray = field(repr=False)
+    footer_sizes: np.ndarray = field(repr=False)
+    file: np.ndarray = field(repr=False)
+    index: np.ndarray = field(repr=False)
+    first_row: np.ndarray = field(repr=False)
+    rows: np.ndarray = field(repr=False)
+    ranges: np.ndarray = field(repr=False)
+    crc32: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("file_sizes", "footer_sizes", "file", "index", "first_row", "rows", "ranges"):
+            object.__setattr__(self, name, _read_only(getattr(self, name)))
+        if self.crc32 is not None:
+            object.__setattr__(self, "crc32", _read_only(self.crc32))
+        n = len(self.rows)
+        self.ranges.shape = (n, 4) if n else (0, 4)
+        if not all(len(getattr(self, a)) == n for a in ("file", "index", "first_row")) or (
+                self.crc32 is not None and len(self.crc32) != n):
+            raise ShardFormatError(f"row-group table lists {n} row groups but other columns of other lengths")
+        if len(self.file_sizes) != len(self.files) or len(self.footer_sizes) != len(self.files):
+            raise ShardFormatError("row-group table: one size and one footer size per file needed")
+        if n and (self.file.min() < 0 or self.file.max() >= len(self.files) or self.rows.min() < 0):
+            raise ShardFormatError("row-group table: a row group names a file that is not listed")
+        for i in range(len(self.files)):
+            name = self.files[i]
+            if not name or name.startswith("/") or ".." in name.split("/") or "://" in name:
+                raise ShardFormatError(f"file name {name!r} escapes the folder")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def byte_ranges(self, group: int) -> list[tuple[int, int]]:
+        """The byte ranges to fetch for row group ``group``: one, or two when the label
+        chunk is not next to the image chunk."""
+        a, b, c, d = (int(x) for x in self.ranges[group])
+        if c < 0:
+            return [(a, b)]
+        lo, hi = sorted([(a, b), (c, d)])
+        return [(lo[0], max(lo[1], hi[1]))] if hi[0] - lo[1] <= 64 << 10 else [lo, hi]
+
+    def to_dict(self) -> dict:
+        c = self.columns
+        doc = {"image_column": c.image, "image_field": c.image_field, "label_column": c.label,
+               "string_labels": c.string_labels,
+               "files": {"names": list(self.files), "sizes": self.file_sizes.tolist(),
+                         "footers": self.footer_sizes.tolist()},
+               "row_groups": {"file": self.file.tolist(), "index": self.index.tolist(),
+                              "first_row": self.first_row.tolist(), "rows": self.rows.tolist(),
+                              "ranges": self.ranges.reshape(-1).tolist()}}
+        if self.crc32 is not None:
+            doc["row_groups"]["crc32"] = self.crc32.tolist()
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping) -> "RowGroupTable":
+        files, groups = doc["files"], doc["row_groups"]
+        if not all(isinstance(n, str) for n in files["names"]):
+            raise ValueError("parquet.files.names must be strings")
+        columns = Columns(str(doc["image_column"]), doc.get("image_field"), doc.get("label_column"),
+                          bool(doc.get("string_labels", False)))
+        return cls(columns, NameList(files["names"]), _ints(files["sizes"]), _ints(files["footers"]),
+                   _ints(groups["file"]), _ints(groups["index"]), _ints(groups["first_row"]), _ints(groups["rows"]),
+                   _ints(groups["ranges"]), _ints(groups["crc32"]) if "crc32" in groups else None)
+
+
+def _ints(values) -> list[int]:
+    if not isinstance(values, list) or not all(type(v) is int for v in values):
+        raise ValueError("parquet tables hold lists of integers")
+    return values
+
+
+class Pieces(io.RawIOBase):
+    """A read-only file of ``size`` bytes that holds only the fetched ``pieces``
+    (``{start: bytes}``). A read outside them calls ``fallback(start, stop)`` (a ranged
+    fetch) when given, else raises — pyarrow never sees bytes that were not fetched."""
+
+    def __init__(self, size: int, pieces: Mapping[int, bytes], name: str = "",
+                 fallback: Callable[[int, int], bytes] | None = None):
+        super().__init__()
+        self.size, self.name, self._fallback = size, name, fallback
+        self._pieces = sorted(pieces.items())
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        stop = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        start, self._pos = self._pos, max(self._pos, stop)
+        if start >= stop:
+            return b""
+        for at, data in self._pieces:
+            if at <= start and stop <= at + len(data):
+                return data[start - at:stop - at]
+        if self._fallback is None:
+            raise OSError(f"{self.name}: bytes [{start}, {stop}) were not fetched")
+        return self._fallback(start, stop)
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+def footer_range(size: int, tail: bytes, name: str) -> tuple[int, int]:
+    """The byte range of the footer plus trailer, from the last bytes of the file."""
+    if size < 12 or len(tail) < 8 or tail[-4:] != b"PAR1":
+        raise ShardFormatError("not a Parquet file (no PAR1 trailer) or it is truncated", shard=name)
+    length = int.from_bytes(tail[-8:-4], "little") + 8
+    if length > size - 4:
+        raise ShardFormatError(f"Parquet footer of {length} bytes does not fit in a file of {size}", shard=name)
+    return size - length, size
+
+
+def read_footer(size: int, start: int, footer: bytes, name: str):
+    """pyarrow ``FileMetaData`` from the footer (and trailer) bytes at ``start`` of a file
+    of ``size``: parsed on their own, with the header magic in front (the offsets in it
+    stay those of the file)."""
+    pq = _pq()
+    import pyarrow as pa
+
+    if len(footer) != size - start or footer[-4:] != b"PAR1":
+        raise ShardFormatError("not a Parquet file (no PAR1 trailer) or it is truncated", shard=name)
+    try:
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a damaged footer
+        raise ShardFormatError(f"the Parquet footer cannot be read ({type(exc).__name__}: {exc}); "
+                               "the file is damaged or not Parquet", shard=name) from None
+
+
+def describe_parquet(names: Sequence[str], sizes: Sequence[int], footers: Sequence[tuple[int, bytes]], metas,
+                     *, image_column: str | None = None, label_column: str | None = None, root: str = ""
+                     ) -> tuple[RowGroupTable, tuple[str, ...]]:
+    """The row-group table of files ``names`` from their footers (``(start, bytes)`` and
+    the parsed ``metas``), and the class names that Hugging Face metadata gives (``()``
+    otherwise: string labels need their values read, see ``Columns.string_labels``).
+    ``root + name`` is a file's URL, for messages."""
+    if not names:
+        raise ConfigError(f"source: no .parquet files in {root or 'the source'}")
+    urls = [root + n for n in names]
+    schema = metas[0].schema.to_arrow_schema()
+    columns = _columns(schema, image_column, label_column, urls[0])
+    for url, meta in zip(urls[1:], metas[1:]):
+        _check_same(meta.schema.to_arrow_schema(), schema, columns, url, urls[0])
+    rows = _row_groups(metas, columns, urls)
+    table = RowGroupTable(columns, NameList(names), list(sizes), [len(f) for _, f in footers], **rows)
+    return table, _classlabel_names(schema, columns.label)
+
+
+def _row_groups(metas, columns: Columns, names: Sequence[str]) -> dict[str, list]:
+    """Per row group with rows (empty ones are left out: they hold nothing to read)."""
+    out: dict[str, list] = {"file": [], "index": [], "first_row": [], "rows": [], "ranges": []}
+    for f, meta in enumerate(metas):
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        first = 0
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            if rg.num_rows == 0:
+                continue
+            span = [x for leaf in columns.leaves for x in _chunk_range(rg.column(leaves.index(leaf)), names[f])]
+            out["ranges"] += span + [-1, -1] * (2 - len(columns.leaves))
+            out["file"].append(f)
+            out["index"].append(g)
+            out["first_row"].append(first)
+            out["rows"].append(rg.num_rows)
+            first += rg.num_rows
+    return out
+
+
+def _chunk_range(col, name: str) -> tuple[int, int]:
+    start = col.data_page_offset
+    if col.has_dictionary_page and col.dictionary_page_offset is not None and 0 < col.dictionary_page_offset < start:
+        start = col.dictionary_page_offset
+    if start < 4 or col.total_compressed_size < 0:
+        raise ShardFormatError(f"column chunk {col.path_in_schema} has a bad offset {start}", shard=name)
+    return start, start + col.total_compressed_size
+
+
+def _columns(schema, image: str | None, label: str | None, name: str) -> Columns:
+    import pyarrow as pa
+
+    image = _image_column(schema, image, name)
+    t = schema.field(image).type
+    image_field = "bytes" if pa.types.is_struct(t) else None
+    if label is not None and label not in schema.names:
+        raise ConfigError(f"source.label_column: {name} has no column {label!r}; its columns are {schema.names}")
+    label = label or next((c for c in LABEL_COLUMNS if c in schema.names), None)
+    if label is None:
+        log.warning("%s has no label column (looked for %s); labels are -1. Name one with label_column.",
+                    name, list(LABEL_COLUMNS))
+        return Columns(image, image_field)
+    lt = schema.field(label).type
+    lt = lt.value_type if pa.types.is_dictionary(lt) else lt
+    if not (pa.types.is_integer(lt) or pa.types.is_string(lt) or pa.types.is_large_string(lt)):
+        raise ConfigError(f"source.label_column: column {label!r} of {name} is {lt}; labels must be integers or strings")
+    return Columns(image, image_field, label, not pa.types.is_integer(lt))
+
+
+def _image_column(schema, wanted: str | None, name: str) -> str:
+    if wanted is not None:
+        if wanted not in schema.names or not _is_image_type(schema.field(wanted).type):
+            got = schema.field(wanted).type if wanted in schema.names else "missing"
+            raise ConfigError(f"source.image_column: column {wanted!r} of {name} is {got}; it must hold binary "
+                              f"values or a {{bytes, path}} struct (columns: {schema.names})")
+        return wanted
+    usable = [f.name for f in schema if _is_image_type(f.type)]
+    named = next((c for c in IMAGE_COLUMNS if c in usable), None)
+    if named or len(usable) == 1:
+        return named or usable[0]
+    raise ConfigError(f"source: cannot tell the image column of {name}: binary columns {usable or 'none'} among "
+                      f"{schema.names}; name it with image_column")
+
+
+def _is_image_type(t) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        i = t.get_field_index("bytes")
+        return i >= 0 and (pa.types.is_binary(t.field(i).type) or pa.types.is_large_binary(t.field(i).type))
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _check_same(schema, first, columns: Columns, name: str, first_name: str) -> None:
+    for col in (columns.image, columns.label):
+        if col is not None and (col not in schema.names or schema.field(col).type != first.field(col).type):
+            got = schema.field(col).type if col in schema.names else "missing"
+            raise ConfigError(f"source: column {col!r} of {name} is {got}, but {first.field(col).type} in "
+                              f"{first_name}; every Parquet file of a source needs the same columns")
+
+
+def _classlabel_names(schema, label: str | None) -> tuple[str, ...]:
+    """Class names from Hugging Face ``datasets`` metadata (``ClassLabel(names=...)``), if any."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        feature = json.loads(raw)["info"]["features"][label]
+        return tuple(str(n) for n in feature["names"]) if feature.get("_type") == "ClassLabel" else ()
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return ()
+
+
+def read_columns(meta, file: Pieces, index: int, leaves: Sequence[str]):
+    """Columns ``leaves`` of row group ``index`` as a pyarrow table, read from ``file``."""
+    pq = _pq()
+    try:
+        return pq.ParquetFile(file, metadata=meta, pre_buffer=False).read_row_group(index, columns=list(leaves))
+    except Exception as exc:  # pyarrow: ArrowInvalid, OSError (thrift, decompression, a missing range)
+        raise ShardFormatError(f"row group {index} cannot be decoded ({type(exc).__name__}: {exc})",
+                               shard=file.name) from None
+
+
+def decode_row_group(meta, file: Pieces, index: int, columns: Columns
+                     ) -> tuple[list[bytes | None], list]:
+    """Images and raw label values (``None`` where null) of row group ``index``."""
+    table = read_columns(meta, file, index, columns.leaves)
+    image = table.column(columns.image).combine_chunks()
+    if columns.image_field:
+        image = _struct_bytes(image, columns.image_field)
+    labels = table.column(columns.label).to_pylist() if columns.label else [-1] * table.num_rows
+    return image.to_pylist(), labels
+
+
+def _struct_bytes(array, name: str):
+    """The ``name`` child of a struct array, null wherever the struct itself is null."""
+    import pyarrow.compute as pc
+
+    return pc.struct_field(array, name)

@@ -1,0 +1,133 @@
+"""Describe a source read in place — an image folder or Parquet files — as a manifest.
+
+Used at start (:func:`gpupipe.sources.resolve`, when there is no ``index.json``) and by
+``gpupipe index`` (:func:`index_in_place`, which writes it). Nothing here reads image
+bytes unless asked for checksums: a folder is one recursive listing (plus its labels
+file), a Parquet source one ranged read of each file's tail (its footer), plus the label
+column chunks when labels are strings (to learn the class names).
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any, Callable, Iterator, Sequence
+
+from gpupipe.errors import StorageError
+from gpupipe.formats.folder import LABEL_FILES, FolderListing, ObjectTable, folder_table, parse_label_file
+from gpupipe.formats.rowgroups import (TAIL_BYTES, Pieces, RowGroupTable, describe_parquet, footer_range,
+                                       read_columns, read_footer)
+from gpupipe.manifest import Manifest
+from gpupipe.objects import fetch_objects
+from gpupipe.storage import Fetcher
+from gpupipe.types import ByteRange
+
+__all__ = ["describe_folder", "parquet_paths", "describe_parquet_files", "with_checksums"]
+
+log = logging.getLogger(__name__)
+
+
+def describe_folder(fetcher: Fetcher, folder: str, listing: FolderListing, labels: str | None = None) -> Manifest:
+    """The manifest of an image folder (``folder``: its URL, ending in ``/``).
+
+    ``labels``: the URL of a mapping file for a flat folder (default: ``labels.csv`` or
+    ``labels.json`` in it, when there)."""
+    found = [f"{listing.root}/{n}" for n in LABEL_FILES if f"{listing.root}/{n}" in listing.files]
+    url = labels or (folder + found[0][len(listing.root) + 1:] if found else None)
+    mapping = parse_label_file(fetcher.read(ByteRange(url)), url) if url else None
+    table, classes, _ = folder_table(listing, mapping, explicit=labels is not None)
+    if not len(table):
+        raise StorageError("no images here (names ending in .jpg, .jpeg, .png, .webp, .bmp or .gif)", url=folder)
+    return Manifest(shards=(), classes=classes, objects=table)
+
+
+def parquet_paths(listing: FolderListing) -> tuple[list[str], list[int]]:
+    """Names (relative to the root) and sizes of the Parquet files of a listing, sorted;
+    hidden files and Spark/Delta side folders (``_delta_log``, ``_SUCCESS``) left out."""
+    rel = sorted((p[len(listing.root):].lstrip("/"), s) for p, s in listing.files.items() if p.endswith(".parquet"))
+    rel = [(r, s) for r, s in rel if not any(part.startswith((".", "_")) for part in r.split("/"))]
+    return [r for r, _ in rel], [s for _, s in rel]
+
+
+def describe_parquet_files(fetcher: Fetcher, root: str, names: Sequence[str], sizes: Sequence[int],
+                           image_column: str | None = None, label_column: str | None = None) -> Manifest:
+    """The manifest of Parquet files ``root + name`` from their footers."""
+    urls = [root + n for n in names]
+    footers = _footers(fetcher, urls, sizes)
+    metas = [read_footer(s, a, f, u) for u, s, (a, f) in zip(urls, sizes, footers)]
+    table, classes = describe_parquet(names, sizes, footers, metas, image_column=image_column,
+                                      label_column=label_column, root=root)
+    if table.columns.string_labels:
+        classes = _string_classes(fetcher, table, urls, metas)
+    return Manifest(shards=(), classes=classes, parquet=table)
+
+
+def _footers(fetcher: Fetcher, urls: Sequence[str], sizes: Sequence[int]) -> list[tuple[int, bytes]]:
+    """``(start, bytes)`` of each file's footer and trailer: one read of the file's last
+    ``TAIL_BYTES``, and a second only for a longer footer."""
+    out = []
+    tails = fetcher.read_many((ByteRange(u, max(0, s - TAIL_BYTES), s), "") for u, s in zip(urls, sizes))
+    for url, size, got in zip(urls, sizes, tails):
+        if isinstance(got, StorageError):
+            raise got
+        tail = b"".join(got)
+        start, stop = footer_range(size, tail, url)
+        if start < size - len(tail):
+            tail = fetcher.read(ByteRange(url, start, stop))
+        out.append((start, tail[len(tail) - (stop - start):]))
+    return out
+
+
+def _string_classes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str], metas) -> tuple[str, ...]:
+    """The sorted distinct string labels: the label column chunks of every row group."""
+    label = table.columns.label
+    found: set[str] = set()
+    chunks = fetcher.read_many((ByteRange(urls[int(table.file[g])], int(table.ranges[g][2]),
+                                          int(table.ranges[g][3])), "") for g in range(len(table)))
+    for g, got in enumerate(chunks):
+        if isinstance(got, StorageError):
+            raise got
+        f = int(table.file[g])
+        piece = Pieces(int(table.file_sizes[f]), {int(table.ranges[g][2]): b"".join(got)}, urls[f])
+        found.update(v for v in read_columns(metas[f], piece, int(table.index[g]), [label]).column(0).to_pylist()
+                     if v is not None)
+    return tuple(sorted(found))
+
+
+def with_checksums(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str],
+                   tick: Callable[[int], Any] = lambda n: None) -> Manifest:
+    """The manifest with a CRC-32 per object or per row group (its fetched column chunks):
+    every byte the stream will read, read once now."""
+    if manifest.objects is not None:
+        t = manifest.objects
+        crcs = []
+        for i, got in enumerate(fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(t.sizes[i])), "")
+                                                        for i in range(len(t))))):
+            if isinstance(got, StorageError):
+                raise got
+            tick(len(got))
+            crcs.append(zlib.crc32(got))
+        return Manifest(shards=(), classes=manifest.classes,
+                        objects=ObjectTable(t.names, t.sizes, t.labels, crcs))
+    t = manifest.parquet
+    crcs = [_group_crc(got, tick) for got in _group_bytes(fetcher, t, urls)]
+    table = RowGroupTable(t.columns, t.files, t.file_sizes, t.footer_sizes, t.file, t.index, t.first_row, t.rows,
+                          t.ranges, crcs)
+    return Manifest(shards=(), classes=manifest.classes, parquet=table)
+
+
+def _group_bytes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str]) -> Iterator[list]:
+    counts = [len(table.byte_ranges(g)) for g in range(len(table))]
+    got = fetcher.read_many((ByteRange(urls[g], a, b), "") for g in range(len(table)) for a, b in table.byte_ranges(g))
+    for n in counts:
+        yield [next(got) for _ in range(n)]
+
+
+def _group_crc(parts: list, tick: Callable[[int], Any]) -> int:
+    crc = 0
+    for blocks in parts:
+        if isinstance(blocks, StorageError):
+            raise blocks
+        for block in blocks:
+            crc = zlib.crc32(block, crc)
+            tick(len(block))
+    return crc

@@ -1,0 +1,225 @@
+"""Worker-side readers of the sources read in place: plan spans → parsed samples.
+
+:mod:`gpupipe.stream` cuts a chunk into spans (unit, sample range) and asks the reader
+of the source's kind for each span's samples, in order, as a :class:`ReadSpan`: one
+entry per planned sample, ``None`` where it could not be read, and the reason by index.
+The stream then checks, replaces (``on_error: skip``) and shuffles them exactly as for
+tar shards.
+
+* :func:`object_spans` — an image folder: a unit is one object. Objects are fetched many
+  at a time (:func:`~gpupipe.objects.fetch_objects`); with CRC-32s in the index each is
+  checked and, when damaged, read again up to ``fetch.refetch`` times.
+* :func:`rowgroup_spans` — Parquet: a unit is a row group. Each row group is one or two
+  ranged requests (its image and label column chunks, pipelined through
+  :meth:`Fetcher.read_many`), plus the file's footer the first time a worker meets the
+  file; consecutive spans of one row group decode it once.
+
+A sample looks like a WebDataset sample: ``{<ext>: image bytes, "cls": b"<label>"}``,
+keyed by the object's name without its extension, or ``<file>#<row>``.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import zlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.formats.imagefolder import extension
+from gpupipe.formats.rowgroups import Pieces, decode_row_group, read_footer
+from gpupipe.objects import fetch_objects, read_object_fresh
+from gpupipe.plan import Span
+from gpupipe.storage import Fetcher
+from gpupipe.types import ByteRange, Sample
+
+__all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
+
+log = logging.getLogger(__name__)
+_FOOTERS_KEPT = 64  # parsed Parquet footers a worker keeps (LRU)
+
+
+@dataclass
+class ReadSpan:
+    """One planned span, read: one entry per expected sample (``None`` where unreadable)
+    and, by index, why a sample is missing or failed its checksum."""
+
+    samples: list[Sample | None]
+    problems: dict[int, GpupipeError]
+
+
+def _fields(ext: str, data: bytes, label: int) -> dict[str, bytes]:
+    return {ext: data} if label < 0 else {ext: data, "cls": str(label).encode()}
+
+
+# ------------------------------------------------------------------------------- folders
+
+def object_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[ReadSpan]:
+    """The samples of each span of an image-folder source (every unit holds one)."""
+    table = source.manifest.objects
+    urls = source.shard_urls
+    ahead, mine = itertools.tee(spans)
+    fetched = fetch_objects(fetcher, ((ByteRange(urls[s.shard], 0, int(table.sizes[s.shard])), _version(table, s.shard))
+                                      for s in ahead))
+    for s, got in zip(mine, fetched):
+        yield _object(fetcher, table, s.shard, urls[s.shard], got)
+
+
+def _version(table, i: int) -> str:
+    return f"{table.sizes[i]}:{'' if table.crc32 is None else table.crc32[i]}"
+
+
+def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError) -> ReadSpan:
+    name = table.names[i]
+    expected = None if table.crc32 is None else int(table.crc32[i])
+    for attempt in range(fetcher.config.refetch + 1):
+        if isinstance(got, StorageError):
+            return ReadSpan([None], {0: got})
+        if expected is None or zlib.crc32(got) == expected:
+            sample = Sample(key=name.rpartition(".")[0] or name, fields=_fields(extension(name), got,
+                            int(table.labels[i])), shard=url, offset=0)
+            return ReadSpan([sample], {})
+        if attempt < fetcher.config.refetch:
+            got = read_object_fresh(fetcher, ByteRange(url, 0, int(table.sizes[i])), _version(table, i))
+    return ReadSpan([None], {0: ShardFormatError(
+        "object fails its checksum on every read (it changed after index.json was written: rerun `gpupipe index`)",
+        shard=url)})
+
+
+# ------------------------------------------------------------------------------- Parquet
+
+@dataclass
+class _Group:
+    """A decoded row group: its samples (``None`` where unusable) and the reasons."""
+
+    index: int
+    samples: list[Sample | None]
+    problems: dict[int, GpupipeError]
+
+
+def rowgroup_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[ReadSpan]:
+    """The samples of each span of a Parquet source (a unit is a row group)."""
+    table, urls, classes = source.manifest.parquet, source.shard_urls, source.manifest.classes
+    ahead, mine = itertools.tee(spans)
+    order: deque = deque()  # (group, requests for it, footer among them?), in request order
+    footers: OrderedDict = OrderedDict()  # file -> parsed footer, most recent last
+    asked: set[int] = set()
+
+    def requests() -> Iterator[tuple[ByteRange, str]]:
+        last = None
+        for s in ahead:
+            if s.shard == last:
+                continue
+            last, f = s.shard, int(table.file[s.shard])
+            url, size, ranges = urls[s.shard], int(table.file_sizes[f]), table.byte_ranges(s.shard)
+            footer = f not in asked  # once per file; an evicted footer is read again on use
+            asked.add(f)
+            order.append((s.shard, len(ranges) + footer, footer))  # before its first request is yielded
+            if footer:
+                yield ByteRange(url, size - int(table.footer_sizes[f]), size), ""
+            yield from ((ByteRange(url, a, b), "") for a, b in ranges)
+
+    fetched = fetcher.read_many(requests())
+    group: _Group | None = None
+    for s in mine:
+        if group is None or group.index != s.shard:
+            first = next(fetched)  # pulls the group's requests, so its entry is in `order` now
+            g, n, footer = order.popleft()
+            got = [first] + [next(fetched) for _ in range(n - 1)]
+            meta = _footer(fetcher, table, urls[g], footers, got.pop(0) if footer else None, g)
+            group = _decode(fetcher, table, classes, urls[g], g, meta, got)
+        yield ReadSpan(group.samples[s.start:s.stop],
+                       {i - s.start: e for i, e in group.problems.items() if s.start <= i < s.stop})
+
+
+def _footer(fetcher: Fetcher, table, url: str, footers: OrderedDict, got, g: int):
+    """The parsed footer of row group ``g``'s file: from ``got`` (just fetched), kept from
+    before, or (evicted since) read again now. A ``GpupipeError`` when it cannot be had."""
+    f = int(table.file[g])
+    if got is None and f in footers:
+        footers.move_to_end(f)
+        return footers[f]
+    size = int(table.file_sizes[f])
+    start = size - int(table.footer_sizes[f])
+    if got is None:
+        got = next(fetcher.read_many([(ByteRange(url, start, size), "")]))
+    if isinstance(got, StorageError):
+        return got
+    try:
+        meta = read_footer(size, start, b"".join(got), url)
+    except ShardFormatError as exc:
+        return ShardFormatError(f"{exc.reason} where index.json says the footer is (the file changed after it "
+                                "was written: rerun `gpupipe index`)", shard=url)
+    footers[f] = meta
+    if len(footers) > _FOOTERS_KEPT:
+        footers.popitem(last=False)
+    return meta
+
+
+def _decode(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, meta, got: list) -> _Group:
+    """Decode row group ``g`` from its fetched ranges; bytes that fail their checksum or
+    do not decode are read again (past the cache) up to ``fetch.refetch`` times."""
+    rows, ranges = int(table.rows[g]), table.byte_ranges(g)
+    problem: GpupipeError | None = meta if isinstance(meta, GpupipeError) else None
+    attempt = 0
+    while problem is None:
+        problem = next((x for x in got if isinstance(x, StorageError)), None)
+        if problem is not None:
+            break
+        try:
+            pieces = {a: b"".join(blocks) for (a, _), blocks in zip(ranges, got)}
+            _check_crc(table, g, [pieces[a] for a, _ in ranges], url)
+            return _samples(fetcher, table, classes, url, g, rows, meta, pieces)
+        except ShardFormatError as exc:
+            if attempt == fetcher.config.refetch:
+                problem = exc
+                break
+        attempt += 1
+        got = [fetcher.read_fresh(ByteRange(url, a, b)) for a, b in ranges]
+    return _Group(g, [None] * rows, dict.fromkeys(range(rows), problem))
+
+
+def _check_crc(table, g: int, parts: list[bytes], url: str) -> None:
+    if table.crc32 is None:
+        return
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    if crc != int(table.crc32[g]):
+        raise ShardFormatError(f"row group {int(table.index[g])} fails its checksum (damaged in transit on every "
+                               "read, or the file changed after index.json was written: rerun `gpupipe index`)",
+                               shard=url)
+
+
+def _more(fetcher: Fetcher, url: str, start: int, stop: int) -> bytes:
+    """Bytes pyarrow asks for beyond the column chunk ranges in the footer (old writers
+    under-reported dictionary page headers, and pyarrow pads its read for them)."""
+    log.debug("%s: reading [%d, %d) beyond the column chunk ranges", url, start, stop)
+    return fetcher.read(ByteRange(url, start, stop))
+
+
+def _samples(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, rows: int, meta,
+             pieces: dict) -> _Group:
+    f = int(table.file[g])
+    file = Pieces(int(table.file_sizes[f]), pieces, url, fallback=lambda a, b: _more(fetcher, url, a, b))
+    images, labels = decode_row_group(meta, file, int(table.index[g]), table.columns)
+    if len(images) != rows:
+        raise ShardFormatError(f"row group {int(table.index[g])} has {len(images)} rows, index.json says {rows} "
+                               "(the file changed: rerun `gpupipe index`)", shard=url)
+    index = {c: i for i, c in enumerate(classes)} if table.columns.string_labels else None
+    first, name = int(table.first_row[g]), table.files[f]
+    samples: list[Sample | None] = []
+    problems: dict[int, GpupipeError] = {}
+    for i, (data, label) in enumerate(zip(images, labels)):
+        key = f"{name}#{first + i}"
+        label = index.get(label) if index is not None and label is not None else label
+        why = ("the image cell is null" if data is None else "the label cell is null or an unknown class "
+               "(rerun `gpupipe index`)" if label is None else "")
+        if why:
+            problems[i] = ShardFormatError(f"{key}: {why}", shard=url)
+            samples.append(None)
+            continue
+        ext = "png" if data[:4] == b"\x89PNG" else "jpg"  # decoders look at the bytes, not the name
+        samples.append(Sample(key=key, fields=_fields(ext, data, int(label)), shard=url, offset=first + i))
+    return _Group(g, samples, problems)
