@@ -263,8 +263,10 @@ def _plain(value: Any) -> Any:
 # ------------------------------------------------------------------------------------ presets
 
 def preset(name: str) -> tuple[TransformSpec, ...]:
-    """The docs' transform sets as specs: ``simple``, ``complex`` or ``none`` (after a decode
-    to the output size; ImageNet normalisation, float32)."""
+    """The docs' transform sets as specs: ``simple``, ``complex``, ``none``, or a flip and an
+    auto-augment policy as in torchvision's ImageNet recipes (``trivialaugment``,
+    ``randaugment``, ``autoaugment``); after a decode to the output size; ImageNet
+    normalisation, float32."""
     from gpupipe.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     tail = [TransformSpec("ToDtype", {"dtype": "float32"}),
@@ -279,6 +281,10 @@ def preset(name: str) -> tuple[TransformSpec, ...]:
                     TransformSpec("RandomPerspective", {"distortion_scale": 0.5, "p": 0.5}),
                     tail[0], TransformSpec("ColorJitter", {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2,
                                                            "hue": 0.2}), *tail[1:]],
+        **{preset: [TransformSpec("RandomHorizontalFlip", {"p": 0.5}),  # torchvision's recipe policies
+                    TransformSpec(name, {"interpolation": "bilinear"}), *tail]
+           for preset, name in (("trivialaugment", "TrivialAugmentWide"), ("randaugment", "RandAugment"),
+                                ("autoaugment", "AutoAugment"))},
     }
     if name not in sets:
         raise ConfigError(f"augment: unknown preset {name!r}{_suggest(name, sets)} (choose from {', '.join(sets)})")
@@ -376,7 +382,8 @@ def _augment(value: Any, path: str) -> tuple[TransformSpec, ...]:
     if isinstance(value, str):
         return preset(value)
     if not isinstance(value, Sequence):
-        raise ConfigError(f"{path}: expected a list of transforms or a preset name (simple, complex, none)")
+        raise ConfigError(f"{path}: expected a list of transforms or a preset name (simple, complex, none, "
+                          "trivialaugment, randaugment, autoaugment)")
     specs = tuple(_spec(item, f"{path}[{i}]") for i, item in enumerate(value))
     _check_pipeline(specs, path)
     return specs

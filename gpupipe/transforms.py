@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from gpupipe.augment.autoaugment import AugMix, AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 from gpupipe.augment.base import AugKey, Transform
 from gpupipe.augment.color import (ColorJitter, GaussianBlur, Grayscale, Normalize, RandomErasing, RandomGrayscale,
                                    RepeatChannels, ToDtype, ToTensor)
@@ -25,6 +26,7 @@ __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop
            "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective",
            "ColorJitter", "RandomGrayscale", "Grayscale", "GaussianBlur", "RandomErasing", "Normalize", "ToDtype",
            "ToTensor", "RepeatChannels", "RandomApply", "RandomChoice", "RandomOrder", "MixUp", "CutMix",
+           "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix",
            "from_torchvision", "TORCHVISION", "SUPPORTED", "simple_set", "complex_set", "IMAGENET_MEAN",
            "IMAGENET_STD"]
 
@@ -145,6 +147,10 @@ TORCHVISION: dict[str, Callable[[Any], Transform | None]] = {
     "GaussianBlur": _same("GaussianBlur", "kernel_size", "sigma"),
     "RandomErasing": _same("RandomErasing", "p", "scale", "ratio", "value"),
     "Normalize": _same("Normalize", "mean", "std"),
+    "AutoAugment": _same("AutoAugment", "policy", "interpolation", "fill"),
+    "RandAugment": _same("RandAugment", "num_ops", "magnitude", "num_magnitude_bins", "interpolation", "fill"),
+    "TrivialAugmentWide": _same("TrivialAugmentWide", "num_magnitude_bins", "interpolation", "fill"),
+    "AugMix": _same("AugMix", "severity", "mixture_width", "chain_depth", "alpha", "all_ops", "interpolation", "fill"),
     "ToTensor": lambda t: ToTensor(),
     "ConvertImageDtype": _to_dtype,
     "ToDtype": _to_dtype,

@@ -24,6 +24,8 @@ _REGISTRY = {
         "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale", "ColorJitter", "RandomGrayscale",
         "GaussianBlur", "RandomErasing")},
     **{name: f"{_CONTAINER}:{name}" for name in ("RandomApply", "RandomChoice", "RandomOrder")},
+    **{name: f"gpupipe.augment.autoaugment:{name}" for name in (
+        "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix")},
 }
 TRANSFORMS: Mapping[str, str] = types.MappingProxyType(_REGISTRY)
 MIXES: Mapping[str, str] = types.MappingProxyType({"MixUp": "gpupipe.augment.mix:MixUp",
