@@ -165,6 +165,8 @@ def _fit(draw, text: str, width: int) -> str:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpupipe.cli import device_option
+
     p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (YAML)")
     p.add_argument("--split", default="train", help="split to preview (default train)")
     p.add_argument("--n", type=int, default=16, metavar="N", help="samples to show (default 16)")
@@ -173,7 +175,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed-offset", type=int, default=0, metavar="N",
                    help="add N to the config's seed: other random draws, same samples (default 0)")
     p.add_argument("--compare", action="store_true", help="show each decoded image before augmentation beside it")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: the config's loader.device, else auto)")
+    p.add_argument("--device", default=None, type=device_option,
+                   help="cpu or cuda[:N] (default: the config's loader.device, else auto)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -283,14 +283,14 @@ def _is_json(path: str) -> bool:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cli import _storage_arguments
+    from gpupipe.cli import _storage_arguments, device_option
 
     p.add_argument("url", nargs="?", help="shard folder, index.json, pattern or glob (or give --config)")
     p.add_argument("--config", metavar="FILE", help="validate a split of this pipeline config instead of URL")
     p.add_argument("--split", default="train", help="the config's split (default train)")
     p.add_argument("--decode", default=None, choices=["auto", "dali", "nvjpeg", "pil"],
                    help="decode backend for the check (default: the config's, else auto)")
-    p.add_argument("--device", default=None, help="decode device: cpu (default) or cuda[:N]")
+    p.add_argument("--device", default=None, type=device_option, help="decode device: cpu (default) or cuda[:N]")
     p.add_argument("--max-pixels", type=int, default=None, metavar="N",
                    help="refuse images declaring more pixels (default: the config's, else 178956970)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images decoded at once (default 32)")

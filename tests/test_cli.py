@@ -127,3 +127,32 @@ def test_bench_prints_stages_as_json(tmp_path: Path):
 def test_bench_on_a_missing_dataset_is_one_line(tmp_path: Path):
     proc = run_cli("bench", str(tmp_path / "nothing") + "/", cwd=tmp_path)
     assert_one_line_error(proc, "nothing")
+
+
+# -- a reader that stops early; a device the machine does not have (issue 12) ------------------
+@pytest.mark.parametrize("command", [["inspect", "{ds}", "--json"], ["--help"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path, command):
+    from datagen import write_dataset
+
+    write_dataset(str(tmp_path / "ds"), [5, 5])
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [a.format(ds=tmp_path / "ds") for a in command]
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "gpupipe.cli", *argv], stdout=subprocess.PIPE, stderr=err,
+                                cwd=tmp_path, env=env)
+        proc.stdout.close()  # `| head` gone before the first line: every write is a broken pipe
+        code = proc.wait(timeout=120)
+    assert (code, (tmp_path / "stderr").read_text()) == (0, "")  # was "[Errno 32] Broken pipe", exit 2
+
+
+@pytest.mark.parametrize("command", [["preview", "--config", "x.yaml"], ["validate", "x"], ["bench", "x"]])
+def test_device_cuda_without_cuda_is_one_line_naming_the_option(monkeypatch, capsys, command):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([*command, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "argument --device: 'cuda': CUDA is not available" in err[0], err
+    assert "--device cpu" in err[0]
+    assert main([*command, "--device", "gpu0"]) == 2
+    assert "expected cpu, cuda or cuda:N, got 'gpu0'" in capsys.readouterr().err

@@ -34,6 +34,8 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpupipe.cli import device_option
+
     p.add_argument("targets", nargs="*", metavar="CONFIG|SOURCE",
                    help="pipeline config(s) (.yaml) or a shard folder, pattern or list (any fsspec URL)")
     p.add_argument("--compare", default=None, metavar="LIST", help="baselines to run too: baseline,webdataset,dali")
@@ -50,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="batch size (default 256, or the config's)")
     p.add_argument("--image-size", type=int, default=None, help="decoded side in px (default 224, or the config's)")
     p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="gpupipe's decoder")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when present)")
+    p.add_argument("--device", default=None, type=device_option, help="cuda, cuda:N or cpu (default: cuda when present)")
     p.add_argument("--epochs", type=int, default=2, help="single-run mode: timed epochs after one warm-up epoch")
     p.add_argument("--per-sample", default="auto", choices=["auto", "torchvision", "pil"],
                    help="the baselines' per-sample transforms (auto: torchvision where importable)")
