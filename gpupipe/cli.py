@@ -4,7 +4,7 @@ Usage::
 
     gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
                            [--max-pixels N] [--image-column NAME] [--label-column NAME]
-                           [--classes A,B,C | --classes-from URL]
+                           [--classes A,B,C | --classes-from URL] [--val-fraction F]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--checksums] [--image-column NAME] [--label-column NAME] [--labels URL]
                       [--storage-option KEY=VALUE ...]
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from types import MappingProxyType
 from typing import Any, Callable, Sequence
@@ -68,25 +67,6 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-def device_option(text: str) -> str:
-    """argparse type of ``--device``: ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device this
-    machine does not have is refused at once (one line) instead of deep inside torch."""
-    value = text.strip().lower()
-    kind, colon, index = value.partition(":")
-    if kind not in ("cpu", "cuda") or (colon and (kind == "cpu" or not index.isdigit())):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    if kind == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine "
-                                             "(torch.cuda.is_available() is False); use --device cpu")
-        if index and int(index) >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA "
-                                             f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    return value
-
-
 def _storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option", dest: str = "storage_options",
                        what: str = "the source") -> None:
     p.add_argument(flag, dest=dest, action="append", type=_key_value, default=[], metavar="KEY=VALUE",
@@ -111,6 +91,9 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
                    help="the class list, in label order (default: the source's classes, sorted)")
     p.add_argument("--classes-from", metavar="URL",
                    help="take the class list from another split's index.json (or its folder, or a classes.txt)")
+    p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
+                   help="carve a validation split: DST/train/ and DST/val/, each input in val with probability F, "
+                        "a pure function of --seed and its path (default 0: no split)")
     _storage_arguments(p)
     _storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -125,9 +108,9 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     storage_options=dict(args.storage_options),
                     dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
                     image_column=args.image_column, label_column=args.label_column, classes=args.classes,
-                    classes_from=args.classes_from)
+                    classes_from=args.classes_from, val_fraction=args.val_fraction)
     print(report.summary())
-    print(f"wrote {args.dst.rstrip('/')}/index.json")
+    print("wrote " + ", ".join(report.indexes))
     return 0
 
 
@@ -302,21 +285,7 @@ def _parser() -> _Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code.
-
-    A reader that stops early (``gpupipe inspect URL | head``) ends the command quietly
-    with exit code 0: stdout goes to ``os.devnull`` (the Python docs' recipe for SIGPIPE),
-    so neither a message nor the interpreter's flush at exit complains."""
-    try:
-        code = _run(argv)
-        sys.stdout.flush()  # a broken pipe shows here, not at interpreter exit
-        return code
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-def _run(argv: Sequence[str] | None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     try:
         parser = _parser()
         args, extra = parser.parse_known_args(argv)
@@ -338,8 +307,6 @@ def _run(argv: Sequence[str] | None) -> int:
         return _fail(str(exc) or type(exc).__name__)
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
-    except BrokenPipeError:  # the reader of stdout is gone: main() ends quietly
-        raise
     except Exception as exc:  # a storage backend's own error (botocore, s3fs, aiohttp), or a bug
         return _fail(_storage_message(exc))
 
