@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from types import MappingProxyType
 from typing import Any, Callable, Sequence
@@ -65,6 +66,25 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key.strip(), json.loads(value)
     except ValueError:
         return key.strip(), value
+
+
+def device_option(text: str) -> str:
+    """argparse type of ``--device``: ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device this
+    machine does not have is refused at once (one line) instead of deep inside torch."""
+    value = text.strip().lower()
+    kind, colon, index = value.partition(":")
+    if kind not in ("cpu", "cuda") or (colon and (kind == "cpu" or not index.isdigit())):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if kind == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA "
+                                             f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return value
 
 
 def _storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option", dest: str = "storage_options",
@@ -285,7 +305,21 @@ def _parser() -> _Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    A reader that stops early (``gpupipe inspect URL | head``) ends the command quietly
+    with exit code 0: stdout goes to ``os.devnull`` (the Python docs' recipe for SIGPIPE),
+    so neither a message nor the interpreter's flush at exit complains."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a broken pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(argv: Sequence[str] | None) -> int:
     try:
         parser = _parser()
         args, extra = parser.parse_known_args(argv)
@@ -307,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc) or type(exc).__name__)
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
+    except BrokenPipeError:  # the reader of stdout is gone: main() ends quietly
+        raise
     except Exception as exc:  # a storage backend's own error (botocore, s3fs, aiohttp), or a bug
         return _fail(_storage_message(exc))
 
