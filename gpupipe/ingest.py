@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 
 from gpupipe.classes import check_class_names, class_lines, class_list, describe, refuse_unlisted
 from gpupipe.errors import ConfigError, DecodeError, StorageError
-from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
+from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
 from gpupipe.formats.imageheader import probe
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.formats.writer import ShardSink
@@ -242,6 +242,8 @@ def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bo
                   given: tuple[str, ...] | None) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
     """Classes, the number of images, and the images read concurrently in (shuffled) order."""
     files, classes, rejected = scan_image_folder(root, found)
+    if not files:  # a flat folder would give an empty dataset
+        raise ConfigError(f"ingest: {no_images_message(root, rejected)}")
     if given is not None:
         refuse_unlisted(classes, given, "class folder")
         classes = given

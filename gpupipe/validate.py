@@ -219,6 +219,10 @@ def validate(url: str | Sequence[str], *, storage_options: Mapping | None = None
     if batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
     resolved = resolve(Source(url, dict(storage_options or {})))
+    if not resolved.shard_urls or resolved.num_samples == 0:
+        raise ConfigError(f"{url}: the dataset is empty: its index.json lists {len(resolved.shard_urls)} shard(s) and "
+                          "no samples (an ingest that found no images?); ingest a folder of <class>/<image> files "
+                          "again")
     decoder = make_decoder(DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE,
                                         max_pixels=max_pixels), device or "cpu")
     fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)

@@ -109,6 +109,11 @@ def test_preview_writes_a_grid_of_real_pixels(data: Path, tmp_path: Path):
     assert tile.std() > 10 and pixels.std() > 10
 
 
+def test_validate_an_empty_index_says_it_is_empty(tmp_path: Path):
+    ShardSink(str(tmp_path / "empty")).close()  # an index.json with no shards
+    assert_one_line_error(gpupipe("validate", str(tmp_path / "empty"), cwd=tmp_path), "the dataset is empty")
+
+
 def test_bad_input_is_one_line(data: Path, tmp_path: Path):
     (tmp_path / "bad.yaml").write_text("source: {train: x}\naugment: [{name: RandomHflip}]\n")
     assert_one_line_error(gpupipe("validate", str(tmp_path / "missing"), cwd=tmp_path), "missing")

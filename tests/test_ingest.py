@@ -248,6 +248,26 @@ def test_missing_source_and_bad_arguments(tmp_path):
         ingest(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=0, progress=False)
 
 
+def test_a_flat_folder_is_refused_saying_how_to_label(tmp_path, capsys):
+    from gpupipe.cli import main
+
+    for i in range(3):
+        (tmp_path / "flat" / "x").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "flat" / f"img{i}.jpg").write_bytes(encode("JPEG", (8, 8), seed=i))
+    (tmp_path / "flat" / "x" / "notes.txt").write_text("not an image")
+    with pytest.raises(ConfigError, match=r"holds 3 image file\(s\) directly \(e.g. 'img0.jpg'\) and no class "
+                                          r"sub-folders; .*<src>/<class>/<image>.*Move each image into a folder"):
+        ingest(str(tmp_path / "flat"), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()  # no empty index left behind
+    assert main(["ingest", str(tmp_path / "flat"), str(tmp_path / "out"), "--quiet"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("gpupipe: error: ingest: ") and "class sub-folders" in error[-1]
+    for i in range(3):
+        (tmp_path / "flat" / f"img{i}.jpg").unlink()
+    with pytest.raises(ConfigError, match=r"holds no image files in class sub-folders .* 'notes.txt' \(not an image"):
+        ingest(str(tmp_path / "flat"), str(tmp_path / "out"), progress=False)
+
+
 # ---------------------------------------------------------------- index / inspect
 
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping, NamedTuple
 
 from gpupipe.formats.tar import MAX_MEMBER_BYTES
 
-__all__ = ["IMAGE_EXTENSIONS", "FolderImage", "extension", "scan_image_folder"]
+__all__ = ["IMAGE_EXTENSIONS", "FolderImage", "extension", "scan_image_folder", "no_images_message"]
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif"})
 
@@ -53,10 +53,28 @@ def scan_image_folder(root: str, listing: Mapping[str, Mapping[str, Any]]
     return images, tuple(sorted({im.class_name for im in images})), rejected
 
 
+def no_images_message(src: str, rejected: list[tuple[str, str]]) -> str:
+    """Why a folder gave no input images, and what to do: images lying directly in it (no class
+    sub-folders), or no image files at all."""
+    loose = [p for p, reason in rejected if reason == _OUTSIDE and extension(p) in IMAGE_EXTENSIONS]
+    if loose:
+        return (f"{src} holds {len(loose)} image file(s) directly (e.g. {posixpath.basename(loose[0])!r}) and no "
+                "class sub-folders; ingest reads <src>/<class>/<image>, where the sub-folder's name is the label. "
+                "Move each image into a folder named for its class (<src>/cat/1.jpg, <src>/dog/2.jpg; unlabelled "
+                "images: all in one folder, e.g. <src>/unlabelled/)")
+    seen = f"; found {len(rejected)} other file(s), e.g. {posixpath.basename(rejected[0][0])!r} ({rejected[0][1]})" \
+        if rejected else ""
+    return (f"{src} holds no image files in class sub-folders (<src>/<class>/<image>, extensions "
+            f"{', '.join(sorted(IMAGE_EXTENSIONS))}){seen}")
+
+
+_OUTSIDE = "not in a class sub-folder (expected <src>/<class>/<image>)"
+
+
 def _reject(rel: str, rest: str, size: int | None) -> str:
     """Why a listed file is not an input image ('' when it is one)."""
     if not rest:
-        return "not in a class sub-folder (expected <src>/<class>/<image>)"
+        return _OUTSIDE
     if any(part.startswith(".") for part in rel.split("/")):
         return "hidden file or folder"
     if extension(rest) not in IMAGE_EXTENSIONS:
