@@ -219,3 +219,9 @@ def test_some_blocks_are_marked_runnable():
 def test_marked_python_blocks_run(code, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     exec(compile(code, "<docs>", "exec"), {"__name__": "__docs__"})
+
+
+def test_every_python_block_of_the_readme_runs():
+    """What a reader pastes first must work: no README snippet is left unmarked."""
+    text = (ROOT / "README.md").read_text()
+    assert text.count("```python") == text.count(f"{RUN_MARKER}\n```python") >= 3
