@@ -223,6 +223,10 @@ def validate(url: str | Sequence[str], *, storage_options: Mapping | None = None
         raise ConfigError(f"{url}: the dataset is empty: its index.json lists {len(resolved.shard_urls)} shard(s) and "
                           "no samples (an ingest that found no images?); ingest a folder of <class>/<image> files "
                           "again")
+    if resolved.kind != "tar":
+        raise ConfigError(f"{url}: gpupipe validate reads tar shards, and this index.json describes a {resolved.kind} "
+                          "read in place, which it cannot check yet; train with decode.on_error: skip to survive bad "
+                          "images, or ingest the data into shards and validate those")
     decoder = make_decoder(DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE,
                                         max_pixels=max_pixels), device or "cpu")
     fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)

@@ -256,7 +256,8 @@ def test_a_flat_folder_is_refused_saying_how_to_label(tmp_path, capsys):
         (tmp_path / "flat" / f"img{i}.jpg").write_bytes(encode("JPEG", (8, 8), seed=i))
     (tmp_path / "flat" / "x" / "notes.txt").write_text("not an image")
     with pytest.raises(ConfigError, match=r"holds 3 image file\(s\) directly \(e.g. 'img0.jpg'\) and no class "
-                                          r"sub-folders; .*<src>/<class>/<image>.*Move each image into a folder"):
+                                          r"sub-folders; .*<src>/<class>/<image>.*Move each image into a folder"
+                                          r".*labels.csv"):
         ingest(str(tmp_path / "flat"), str(tmp_path / "out"), progress=False)
     assert not (tmp_path / "out").exists()  # no empty index left behind
     assert main(["ingest", str(tmp_path / "flat"), str(tmp_path / "out"), "--quiet"]) == 2

@@ -61,7 +61,8 @@ def no_images_message(src: str, rejected: list[tuple[str, str]]) -> str:
         return (f"{src} holds {len(loose)} image file(s) directly (e.g. {posixpath.basename(loose[0])!r}) and no "
                 "class sub-folders; ingest reads <src>/<class>/<image>, where the sub-folder's name is the label. "
                 "Move each image into a folder named for its class (<src>/cat/1.jpg, <src>/dog/2.jpg; unlabelled "
-                "images: all in one folder, e.g. <src>/unlabelled/)")
+                "images: all in one folder, e.g. <src>/unlabelled/), or label them in a labels.csv (filename,label) "
+                "beside them and read the folder in place (source.train: <src>; gpupipe index <src> --labels FILE)")
     seen = f"; found {len(rejected)} other file(s), e.g. {posixpath.basename(rejected[0][0])!r} ({rejected[0][1]})" \
         if rejected else ""
     return (f"{src} holds no image files in class sub-folders (<src>/<class>/<image>, extensions "
