@@ -82,7 +82,8 @@ IMAGENET = [  # torchvision's AutoAugmentPolicy.IMAGENET
     (("Invert", 0.6, None), ("Equalize", 1.0, None)), (("Color", 0.6, 4), ("Contrast", 1.0, 8)),
     (("Equalize", 0.8, None), ("Equalize", 0.6, None)),
 ]
-CIFAR10_FIRST_LAST = ((("Invert", 0.1, None), ("Contrast", 0.2, 6)), (("TranslateY", 0.7, 9), ("AutoContrast", 0.9, None)))
+CIFAR10_FIRST_LAST = ((("Invert", 0.1, None), ("Contrast", 0.2, 6)),
+                      (("TranslateY", 0.7, 9), ("AutoContrast", 0.9, None)))
 SVHN_FIRST_LAST = ((("ShearX", 0.9, 4), ("Invert", 0.2, None)), (("ShearX", 0.7, 2), ("Invert", 0.1, None)))
 
 
