@@ -35,9 +35,11 @@ import logging
 import os
 import sys
 from types import MappingProxyType
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
+from gpupipe.cliargs import storage_arguments
 from gpupipe.errors import GpupipeError
+from gpupipe.formats.imageheader import MAX_PIXELS
 
 __all__ = ["COMMANDS", "main"]
 
@@ -56,43 +58,6 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _key_value(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` → ``(KEY, value)``; the value is parsed as JSON when it is JSON
-    (``true``, ``3``, ``{"a": 1}``), else kept as a string. Never echoes the value."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError("expected KEY=VALUE (e.g. anon=true); the item given has no key or no '='")
-    try:
-        return key.strip(), json.loads(value)
-    except ValueError:
-        return key.strip(), value
-
-
-def device_option(text: str) -> str:
-    """argparse type of ``--device``: ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device this
-    machine does not have is refused at once (one line) instead of deep inside torch."""
-    value = text.strip().lower()
-    kind, colon, index = value.partition(":")
-    if kind not in ("cpu", "cuda") or (colon and (kind == "cpu" or not index.isdigit())):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    if kind == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine "
-                                             "(torch.cuda.is_available() is False); use --device cpu")
-        if index and int(index) >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA "
-                                             f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    return value
-
-
-def _storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option", dest: str = "storage_options",
-                       what: str = "the source") -> None:
-    p.add_argument(flag, dest=dest, action="append", type=_key_value, default=[], metavar="KEY=VALUE",
-                   help=f"fsspec storage option for {what} (repeatable; values are JSON or strings)")
-
-
 # ---------------------------------------------------------------- ingest
 
 
@@ -103,8 +68,8 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent reads (default 4)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the shuffled order (default 0)")
     p.add_argument("--no-shuffle", action="store_true", help="keep the sorted source order")
-    p.add_argument("--max-pixels", type=int, default=178_956_970, metavar="N",
-                   help="skip images declaring more pixels than this (default 178956970)")
+    p.add_argument("--max-pixels", type=int, default=MAX_PIXELS, metavar="N",
+                   help=f"skip images declaring more pixels than this (default {MAX_PIXELS})")
     p.add_argument("--image-column", metavar="NAME", help="Parquet image-bytes column (default: detected)")
     p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/class/target)")
     p.add_argument("--classes", type=lambda t: t.split(","), metavar="A,B,C",
@@ -114,8 +79,8 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
                    help="carve a validation split: DST/train/ and DST/val/, each input in val with probability F, "
                         "a pure function of --seed and its path (default 0: no split)")
-    _storage_arguments(p)
-    _storage_arguments(p, "--dst-storage-option", "dst_storage_options",
+    storage_arguments(p)
+    storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -144,7 +109,7 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", metavar="NAME", help="Parquet image column (default: detected)")
     p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/cls/class/target)")
     p.add_argument("--labels", metavar="URL", help="labels file of a flat image folder (default: its labels.csv/.json)")
-    _storage_arguments(p, what="the shards")
+    storage_arguments(p, what="the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -170,7 +135,7 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="dataset folder, index.json, shard pattern or glob")
     p.add_argument("--keys", type=int, default=5, metavar="N", help="how many first keys to show (default 5)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _storage_arguments(p, what="the shards")
+    storage_arguments(p, what="the shards")
 
 
 def _inspect_run(args: argparse.Namespace) -> int:

@@ -26,18 +26,18 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
 from gpupipe.classes import agreed_classes, check_class_names
-from gpupipe.dataset import StreamConfig
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.errors import ConfigError
 from gpupipe.storage import FetchConfig
+from gpupipe.stream import StreamConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
-           "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "preset", "split_classes"]
+           "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "plain", "preset",
+           "split_classes"]
 
 SPLITS = ("train", "val", "test", "predict")
 LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_NEEDS_FLOAT = frozenset({"Normalize", "ColorJitter"})
 _EVAL_SAFE = frozenset({"Resize", "CenterCrop", "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale"})
 
 
@@ -152,7 +152,8 @@ class TransformSpec:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Everything one pipeline needs. Build loaders with :meth:`make_loader`."""
+    """Everything one pipeline needs; :meth:`split` gives one split's loader settings
+    (``GpuLoader(config.split("train"))``)."""
 
     source: SourceConfig = field(default_factory=SourceConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
@@ -163,58 +164,33 @@ class PipelineConfig:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     seed: int = 0
 
-    def augment_for(self, split: str = "train") -> tuple[TransformSpec, ...]:
-        """The specs a split runs: ``augment`` for train; ``eval_augment`` for the others,
-        by default the deterministic steps of ``augment`` (resize, crop, cast, normalize)."""
-        _check_split(split)
-        if split == "train":
-            return self.augment
-        if self.eval_augment is not None:
-            return self.eval_augment
-        return tuple(s for s in self.augment if s.name in _EVAL_SAFE)
+    def split(self, name: str = "train") -> "SplitConfig":
+        """Everything ``name``'s loader needs, with the per-split decisions made: training
+        shuffles, drops the last partial batch (``stream.shuffle`` / ``stream.drop_last``),
+        crops as ``decode.resize`` says and runs ``augment`` and ``mix``; the other splits
+        keep order, pad the tail (``valid=False``), resize the shorter side and take the
+        centre instead of a random crop, use ``eval_batch_size``, and run ``eval_augment``
+        (by default the deterministic steps of ``augment``: resize, crop, cast, normalize)."""
+        from gpupipe.sources import Source
+        from gpupipe.split import SplitConfig
 
-    def transforms(self, split: str = "train"):
-        """The built ``gpupipe.transforms.Compose`` for ``split`` (None when it has no steps)."""
-        from gpupipe.augment.compose import Compose
-
-        specs = self.augment_for(split)
-        return Compose([s.build() for s in specs]) if specs else None
-
-    def mix_for(self, split: str = "train"):
-        """The built ``MixUp`` / ``CutMix`` for ``split`` (training only), or None."""
-        _check_split(split)
-        return self.mix.build() if self.mix is not None and split == "train" else None
-
-    def decode_for(self, split: str = "train") -> DecodeConfig:
-        """Training crops at random when ``decode.resize`` says so; the other splits resize
-        the shorter side and take the centre instead."""
-        _check_split(split)
-        decode = replace(self.decode, seed=self.seed)
-        if split != "train" and decode.resize is ResizeMode.RANDOM_CROP:
+        urls = getattr(self.source, self.checked_split(name))
+        train = name == "train"
+        decode = replace(self.decode, seed=self.seed)  # one seed: the top-level one
+        if not train and decode.resize is ResizeMode.RANDOM_CROP:
             decode = replace(decode, resize=ResizeMode.SHORTER)
-        return decode
-
-    def make_loader(self, split: str = "train", *, device=None, rank: int | None = None,
-                    world_size: int | None = None, num_workers: int | None = None, augment: bool = True):
-        """A :class:`~gpupipe.loader.GpuLoader` for ``split``. Training shuffles and drops the
-        last partial batch (``stream.shuffle`` / ``stream.drop_last``); the other splits keep
-        order and pad the tail (padding marked ``valid=False``)."""
-        from gpupipe.loader import GpuLoader
-
-        urls = getattr(self.source, self.checked_split(split))
-        train = split == "train"
-        stream = replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train)
-        batch_size = self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size)
-        loader = GpuLoader(list(urls) if isinstance(urls, tuple) else urls, batch_size=batch_size,
-                           decode=self.decode_for(split), augment=self.transforms(split) if augment else None,
-                           device=device if device is not None else self.loader.device, shuffle=stream.shuffle,
-                           seed=self.seed, num_workers=self.loader.num_workers if num_workers is None else num_workers,
-                           storage_options=dict(self.source.storage_options), drop_last=stream.drop_last, rank=rank,
-                           world_size=world_size, stream=stream, prefetch=self.loader.prefetch,
-                           mix=self.mix_for(split) if augment else None)
-        if self.source.classes is not None:  # the split's index must number classes as declared
-            agreed_classes({split: split_classes(loader)}, self.source.classes, self.split_urls())
-        return loader
+        if train:
+            augment = self.augment
+        else:
+            augment = self.eval_augment if self.eval_augment is not None else \
+                tuple(s for s in self.augment if s.name in _EVAL_SAFE)
+        return SplitConfig(
+            source=Source(url=urls, storage_options=self.source.storage_options), name=name,
+            batch_size=self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size),
+            stream=replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train),
+            decode=decode, augment=augment, mix=self.mix if train else None, classes=self.source.classes,
+            num_workers=self.loader.num_workers, prefetch=self.loader.prefetch, device=self.loader.device,
+            seed=self.seed)
 
     def split_urls(self) -> dict[str, str]:
         """Each configured split's URL (the first, for a list), for messages."""
@@ -229,7 +205,7 @@ class PipelineConfig:
 
     def to_dict(self) -> dict:
         """Plain data (YAML-able) with storage option values replaced by ``'***'``."""
-        out = _plain(self)
+        out = plain(self)
         del out["stream"]["on_error"], out["decode"]["seed"]  # derived from decode.on_error and seed
         out["source"]["storage_options"] = {k: "***" for k in self.source.storage_options}
         return out
@@ -246,17 +222,18 @@ def _check_split(split: str) -> None:
         raise ConfigError(f"split: unknown {split!r}; choose from {', '.join(SPLITS)}")
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings as plain YAML-able data."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, TransformSpec):
             return value.to_dict()
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 
@@ -411,15 +388,17 @@ def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> Tra
 
 
 def _check_pipeline(specs: Sequence[TransformSpec], path: str) -> None:
-    """Catch the mistake YAML makes easy: colour ops or Normalize on uint8 0-255 images
-    (a config pipeline starts from the decoder's uint8; ColorJitter works in [0, 1])."""
-    cast = False
+    """A config pipeline starts from the decoder's uint8: follow the dtype through the
+    steps (torchvision v2's rules, :meth:`Transform.output_dtype`) and refuse the first
+    step that cannot take what reaches it (e.g. Normalize before a ToDtype)."""
+    import torch
+
+    dtype = torch.uint8
     for i, spec in enumerate(specs):
-        if spec.name in ("ToDtype", "ToTensor"):
-            cast = True
-        elif spec.name in _NEEDS_FLOAT and not cast:
-            raise ConfigError(f"{path}[{i}] ({spec.name}): images are uint8 0-255 here; put a ToDtype "
-                              f"(dtype: float32) before {spec.name}")
+        try:
+            dtype = spec.build().output_dtype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}[{i}] ({spec.name}): {exc}") from None
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

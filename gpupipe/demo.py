@@ -8,7 +8,7 @@ simple or complex transform set) and reports images/s with the time spent in eac
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupipe.manifest import MANIFEST_NAME
 
@@ -56,7 +56,11 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
     the batch/decode/augment arguments are ignored."""
     shards = prepare(root, images=images, size=size, shard_size=shard_size)
     if config is not None:
-        loader = config.make_loader("train", rank=0, world_size=1, num_workers=num_workers)
+        from gpupipe.loader import GpuLoader
+        from gpupipe.types import World
+
+        split = config.split("train")
+        loader = GpuLoader(split if num_workers is None else replace(split, num_workers=num_workers), world=World())
     else:
         loader = _loader(shards, batch_size=batch_size, image_size=image_size, num_workers=num_workers,
                          decode=decode, augment=augment)

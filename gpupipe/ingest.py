@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 from gpupipe.classes import check_class_names, class_lines, class_list, describe, refuse_unlisted
 from gpupipe.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
-from gpupipe.formats.imageheader import probe
+from gpupipe.formats.imageheader import MAX_PIXELS, probe
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.formats.writer import ShardSink
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
@@ -94,7 +94,7 @@ class _Item(NamedTuple):
 def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            storage_options: Mapping[str, Any] | None = None,
            dst_storage_options: Mapping[str, Any] | None = None, seed: int = 0, shuffle: bool = True,
-           max_pixels: int | None = 178_956_970, progress: bool = True,
+           max_pixels: int | None = MAX_PIXELS, progress: bool = True,
            image_column: str | None = None, label_column: str | None = None,
            classes: Sequence[str] | None = None, classes_from: str | None = None,
            val_fraction: float = 0.0) -> IngestReport:

@@ -14,6 +14,7 @@ loader's decode thread, one batch ahead, on a side CUDA stream) or
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Iterator, Mapping, Optional, Union
 
 import lightning.pytorch as pl
@@ -22,6 +23,7 @@ import torch
 from gpupipe.classes import agreed_classes, describe
 from gpupipe.config import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
 from gpupipe.errors import ConfigError
+from gpupipe.types import World
 
 __all__ = ["GpuDataModule"]
 
@@ -119,7 +121,7 @@ class GpuDataModule(pl.LightningDataModule):
             return batch
         loader = self._loaders[split]
         if split == "train":
-            loader.gpu.commit_delivered()  # this batch reaches a training step: it now counts
+            loader.gpu.ledger.commit()  # this batch reaches a training step: it now counts
         return loader.augment_after_transfer(batch)
 
     # -- resume ----------------------------------------------------------------------------------
@@ -176,20 +178,25 @@ class _SplitLoader:
     batches come out in ``loader.batch_format``, and ``len`` is exact."""
 
     def __init__(self, dm: GpuDataModule, split: str) -> None:
+        from gpupipe.loader import GpuLoader
+
         self.dm, self.split, cfg = dm, split, dm.config
         trainer = dm._trainer_or_none()
-        rank, world_size, device = None, None, None
+        world, device = None, None
         if trainer is not None:
-            rank, world_size, device = trainer.global_rank, trainer.world_size, trainer.strategy.root_device
+            world = World(rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank)
+            device = trainer.strategy.root_device
+        settings = cfg.split(split)
         self.after_transfer = cfg.loader.augment_in is AugmentPlace.AFTER_TRANSFER
-        self.gpu = cfg.make_loader(split, device=device, rank=rank, world_size=world_size,
-                                   augment=not self.after_transfer)
-        self.transforms = cfg.transforms(split) if self.after_transfer else None
-        self.mix = cfg.mix_for(split) if self.after_transfer else None
-        if self.transforms is not None:
-            self.transforms = self.transforms.to(self.gpu.device)
+        self.stage = None
+        if self.after_transfer:  # the loader decodes only; the stage runs in on_after_batch_transfer
+            self.stage = settings.augment_stage()
+            settings = replace(settings, augment=(), mix=None)
+        self.gpu = GpuLoader(settings, world=world, device=device)
+        if self.stage is not None:
+            self.stage.to(self.gpu.device)
         if split == "train":
-            self.gpu.defer_delivery()
+            self.gpu.ledger.defer()
         self.format = cfg.loader.batch_format
 
     def __len__(self) -> int:
@@ -224,14 +231,8 @@ class _SplitLoader:
         """Apply the transforms in ``on_after_batch_transfer`` (``augment_in``) and shape the batch."""
         if not self.after_transfer:
             return batch
-        from gpupipe.augment.base import AugKey
-
-        if self.transforms is not None:
-            batch.images = self.transforms(batch.images, AugKey.for_batch(batch, self.dm.config.seed))
-        if self.mix is not None:
-            from gpupipe.loader import mix_batch
-
-            batch.images, batch.labels = mix_batch(self.mix, batch, self.dm.config.seed)
+        if self.stage is not None:
+            batch = self.stage(batch)
         if self.format is BatchFormat.BATCH:
             return batch
         return _as_dict(batch) if self.format is BatchFormat.DICT else (batch.images, batch.labels)

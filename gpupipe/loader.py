@@ -10,7 +10,6 @@ handed to the training loop, not the ones decoded ahead.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import logging
 import queue
@@ -18,22 +17,23 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 
 from gpupipe.batch import EncodedBatch
-from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.decode import DecodeConfig, DecodedBatch, ResizeMode, make_decoder
+from gpupipe.dataset import EncodedLoader
+from gpupipe.decode import DecodedBatch, make_decoder
 from gpupipe.errors import ConfigError
+from gpupipe.machine import default_num_workers
+from gpupipe.split import SplitConfig, split_from_options
+from gpupipe.types import World
 
 __all__ = ["GpuLoader", "StageStats"]
 
 log = logging.getLogger(__name__)
-Augment = Callable[[torch.Tensor, DecodedBatch], torch.Tensor]
 _END = object()
 _JOIN_TIMEOUT_S = 30.0
-_MIX_TAG = 7_919  # the batch mix draws from its own child key, apart from the pipeline's transforms
 
 
 @dataclass
@@ -55,60 +55,37 @@ class StageStats:
 class GpuLoader:
     """``for images, labels in loader``: decoded (and augmented) batches on ``device``.
 
-    ``len(loader)`` is exact and the same on every rank; ``set_epoch``,
-    ``state_dict`` and ``load_state_dict`` work as on :class:`EncodedLoader`.
-    ``augment`` is a ``gpupipe.transforms`` pipeline (called with the batch's key:
-    seed, epoch and sample ids, so a sample's augmentation is the same whatever the
-    batch or resume point) or any callable ``(images uint8 NCHW, batch) -> tensor``;
-    ``None`` gives uint8 images. ``mix`` (``MixUp`` / ``CutMix``) runs after ``augment``
-    and turns labels into (B, num_classes) float.
+    ``GpuLoader(config.split("train"))`` takes one :class:`~gpupipe.split.SplitConfig`;
+    ``GpuLoader(url, batch_size=256, image_size=224, augment=..., on_error="skip")`` is the
+    keyword form of the same (:func:`~gpupipe.split.split_from_options`, which also takes
+    ``rank``/``world_size``). ``world`` is detected when not given; ``device`` defaults to
+    the split's, else CUDA (this rank's local GPU) when present, else the CPU.
+
+    ``len(loader)`` is exact and the same on every rank; ``set_epoch``, ``state_dict`` and
+    ``load_state_dict`` work as on :class:`EncodedLoader`. The split's augmentation runs
+    in the decode thread (:class:`~gpupipe.augment.stage.AugmentStage`: a ``gpupipe.transforms``
+    pipeline keyed by seed, epoch and sample ids, or any callable on the image batch);
+    without one, images stay uint8.
     """
 
-    def __init__(self, source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
-                 decode: str | DecodeConfig = "auto", augment: Augment | None = None,
-                 device: str | torch.device | None = None, shuffle: bool = True, seed: int = 0,
-                 num_workers: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                 drop_last: bool = True, rank: int | None = None, world_size: int | None = None,
-                 resize: str | ResizeMode = ResizeMode.FIXED, on_error: str = "raise",
-                 stream: StreamConfig | None = None, prefetch: int = 1, mix: torch.nn.Module | None = None):
-        if isinstance(image_size, int):
-            image_size = (image_size, image_size)
-        self.decode_config = decode if isinstance(decode, DecodeConfig) else DecodeConfig(
-            backend=decode, image_size=image_size, resize=resize, on_error=on_error, seed=seed)
-        stream = replace(stream or StreamConfig(), on_error=self.decode_config.on_error)
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
-        decode_on_cpu = self.device.type == "cpu" or self.decode_config.backend == "pil"
-        self.encoded = EncodedLoader(source, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                                     num_workers=num_workers, storage_options=storage_options,
-                                     drop_last=drop_last, rank=rank, world_size=world_size, stream=stream,
-                                     decode_on_cpu=decode_on_cpu)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", self.encoded.world.local_rank)
-        if prefetch < 1:
-            raise ConfigError(f"loader.prefetch: must be >= 1, got {prefetch}")
-        if augment is not None and hasattr(augment, "to") and self.device.type == "cuda":
-            augment = augment.to(self.device)  # module constants (Normalize's mean/std) on the device
-        self.augment, self.prefetch, self.seed, self.mix = augment, prefetch, seed, mix
+    def __init__(self, split: SplitConfig | str | list[str], *, world: World | None = None,
+                 device: str | torch.device | None = None, **options):
+        if not isinstance(split, SplitConfig):
+            split, detected = split_from_options(split, **options)
+            world = world or detected
+        elif options:
+            raise ConfigError(f"GpuLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")
+        world = world or World.detect()
+        self.device = _device(device if device is not None else split.device, world)
+        if split.num_workers is None:  # decided here: it depends on where decoding runs
+            on_cpu = self.device.type == "cpu" or split.decode.backend == "pil"
+            split = replace(split, num_workers=default_num_workers(world, decode_on_cpu=on_cpu))
+        self.split = split
+        self.encoded = EncodedLoader(split, world)
+        stage = split.augment_stage()
+        self.augment = stage.to(self.device) if stage is not None else None
         self.stats = StageStats()
         self._decoder = None  # built on first use, in this (the training) process
-        self._pending: collections.deque | None = None  # see defer_delivery()
-        self._ended = False
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "GpuLoader":
-        """Build from a mapping of this constructor's arguments; ``stream`` may be a mapping
-        of :class:`StreamConfig` fields. Unknown keys raise ``ConfigError`` naming them."""
-        import inspect
-
-        allowed = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(config) - allowed)
-        if unknown:
-            raise ConfigError(f"loader: unknown key(s) {unknown}; known: {sorted(allowed)}")
-        kwargs = dict(config)
-        if isinstance(kwargs.get("stream"), Mapping):
-            kwargs["stream"] = _stream_config(kwargs["stream"])
-        return cls(**kwargs)
 
     # -- delegated -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -124,25 +101,17 @@ class GpuLoader:
         self.encoded.load_state_dict(state)
 
     @property
+    def ledger(self):
+        """The epoch and resume position (:class:`~gpupipe.epoch.EpochLedger`); Lightning's
+        DataModule calls ``ledger.defer()`` and ``ledger.commit()``."""
+        return self.encoded.ledger
+
+    @property
     def decoder(self):
         if self._decoder is None:
-            self._decoder = make_decoder(self.decode_config, self.device)
+            self._decoder = make_decoder(self.split.decode, self.device)
             log.info("gpupipe: decoding with %s on %s", self._decoder.name, self.device)
         return self._decoder
-
-    def defer_delivery(self) -> None:
-        """Count a batch as delivered (the resume state) only when :meth:`commit_delivered`
-        says it was used — for consumers that fetch ahead of use, as Lightning's loop does."""
-        self._pending = collections.deque()
-
-    def commit_delivered(self) -> None:
-        """The oldest batch yielded and not yet committed was used by the training step."""
-        if self._pending is None:
-            raise RuntimeError("commit_delivered() needs defer_delivery() first")
-        if self._pending:
-            self.encoded.mark_delivered(self._pending.popleft())
-        if self._ended and not self._pending:
-            self.encoded.end_epoch()
 
     def time_epochs(self, epochs: int) -> float:
         """Run one warm-up epoch (worker start, decoder build), reset ``stats``, then time
@@ -158,13 +127,11 @@ class GpuLoader:
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[DecodedBatch]:
-        self.encoded.begin_epoch()
-        if self._pending is not None:  # batches yielded but never used by the last iteration do not count
-            self._pending.clear()
-        self._ended = False
+        ledger = self.ledger
+        ledger.begin()
         decoder = self.decoder
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        run = _Producer(self._produce, decoder, side, self.prefetch)
+        run = _Producer(self._produce, decoder, side, self.split.prefetch)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -174,21 +141,16 @@ class GpuLoader:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                out, encoded = item
+                out, place = item
                 if side is not None:
                     torch.cuda.current_stream(self.device).wait_stream(side)
                     out.images.record_stream(torch.cuda.current_stream(self.device))
-                if self._pending is None:
-                    self.encoded.mark_delivered(encoded)
-                else:
-                    self._pending.append(encoded)
+                ledger.yielded(*place)
                 self.stats.batches += 1
                 self.stats.images += len(out)
-                self.stats.skipped += encoded.skipped
+                self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
                 yield out
-            self._ended = True
-            if not self._pending:
-                self.encoded.end_epoch()
+            ledger.finished()
         finally:
             run.stop()
             self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
@@ -203,22 +165,13 @@ class GpuLoader:
                 if encoded is None:
                     break
                 out = self._process(decoder, side, encoded)
-                if not _put(ready, (out, _metadata(encoded)), stop):
+                if not _put(ready, (out, (encoded.chunk, encoded.batch)), stop):
                     return
             _put(ready, _END, stop)
         except BaseException as exc:  # hand it to the training loop, which raises it
             _put(ready, exc, stop)
         finally:
             batches.close()
-
-    def _augment(self, out: DecodedBatch) -> torch.Tensor:
-        """A ``gpupipe.transforms`` pipeline gets the batch's key (seed, epoch, sample ids);
-        any other callable gets ``(images, batch)``."""
-        from gpupipe.augment.base import AugKey, Transform
-
-        if isinstance(self.augment, Transform):
-            return self.augment(out.images, AugKey.for_batch(out, self.seed))
-        return self.augment(out.images, out)
 
     def _process(self, decoder, side, encoded: EncodedBatch) -> DecodedBatch:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
@@ -230,24 +183,24 @@ class GpuLoader:
             self.stats.decode_s += t1 - t0
             out.labels = out.labels.to(self.device, non_blocking=True)
             if self.augment is not None:
-                out.images = self._augment(out)
-            if self.mix is not None:
-                out.images, out.labels = mix_batch(self.mix, out, self.seed)
+                out = self.augment(out)
             self.stats.augment_s += time.perf_counter() - t1
             out.valid = out.valid.to(self.device, non_blocking=True)
         return out
 
 
-def mix_batch(mix: torch.nn.Module, out: DecodedBatch, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """MixUp / CutMix over the batch: images mixed, labels become (B, num_classes) float."""
-    from gpupipe.augment.base import AugKey
-
-    return mix(out.images, out.labels, AugKey.for_batch(out, seed).child(_MIX_TAG))
-
-
-def _metadata(b: EncodedBatch) -> EncodedBatch:
-    """The batch without its bytes: all ``mark_delivered`` needs, kept while decoding ahead."""
-    return replace(b, data=b.data[:0])
+def _device(device, world: World) -> torch.device:
+    """The device to decode onto: as given, else CUDA when present, else the CPU; a bare
+    ``cuda`` is this rank's local GPU."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"loader.device: {str(device)!r}, but CUDA is not available on this machine; "
+                          "use 'cpu' (or leave it unset to pick CUDA when present)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", world.local_rank)
+    return device
 
 
 class _Producer:
@@ -320,20 +273,3 @@ def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
-
-
-def _stream_config(mapping: Mapping[str, Any]) -> StreamConfig:
-    from gpupipe.storage import FetchConfig
-
-    known = {f.name for f in fields(StreamConfig)}
-    unknown = sorted(set(mapping) - known)
-    if unknown:
-        raise ConfigError(f"loader.stream: unknown key(s) {unknown}; known: {sorted(known)}")
-    kwargs = dict(mapping)
-    if isinstance(kwargs.get("fetch"), Mapping):
-        fetch_known = {f.name for f in fields(FetchConfig)}
-        bad = sorted(set(kwargs["fetch"]) - fetch_known)
-        if bad:
-            raise ConfigError(f"loader.stream.fetch: unknown key(s) {bad}; known: {sorted(fetch_known)}")
-        kwargs["fetch"] = FetchConfig(**kwargs["fetch"])
-    return StreamConfig(**kwargs)

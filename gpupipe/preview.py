@@ -61,7 +61,11 @@ def _preview_config(config, n: int, seed_offset: int):
 
 def _first_batch(config, split: str, epoch: int, device):
     """The first decoded (not augmented) batch of ``split`` at ``epoch``."""
-    loader = config.make_loader(split, device=device, rank=0, world_size=1, num_workers=0, augment=False)
+    from gpupipe.loader import GpuLoader
+    from gpupipe.types import World
+
+    settings = replace(config.split(split), augment=(), mix=None, num_workers=0)
+    loader = GpuLoader(settings, world=World(), device=device)
     loader.set_epoch(epoch)
     batches = iter(loader)
     try:
@@ -110,22 +114,20 @@ def to_display(images, specs: Sequence = ()):
 def preview(config, *, split: str = "train", n: int = 16, epoch: int = 0, seed_offset: int = 0,
             compare: bool = False, device=None):
     """A Pillow image: the grid of the first ``n`` samples of ``split`` (see the module doc)."""
-    from gpupipe.augment.base import AugKey
     from gpupipe.errors import ConfigError
 
     if n < 1:
         raise ConfigError(f"--n: must be >= 1, got {n}")
     cfg = _preview_config(config, n, seed_offset)
     batch = _first_batch(cfg, split, epoch, device)
-    pipeline = cfg.transforms(split)
-    if pipeline is not None and batch.images.device.type == "cuda":
-        pipeline = pipeline.to(batch.images.device)
-    augmented = pipeline(batch.images, AugKey.for_batch(batch, cfg.seed)) if pipeline is not None else batch.images
+    settings, original = cfg.split(split), batch.images
+    stage = settings.augment_stage()
+    augmented = stage.to(original.device)(batch).images if stage is not None else original
     keep = batch.valid.cpu().nonzero().flatten().tolist()
     if not keep:
         raise _empty(split)
-    shown = to_display(augmented, cfg.augment_for(split))[keep]
-    before = to_display(batch.images)[keep] if compare else None
+    shown = to_display(augmented, settings.augment)[keep]
+    before = to_display(original)[keep] if compare else None
     labels = batch.labels.cpu()
     captions = [f"{_label(labels[i])} {batch.keys[i]}" for i in keep]
     return _grid(shown, captions, before)
@@ -165,7 +167,7 @@ def _fit(draw, text: str, width: int) -> str:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cli import device_option
+    from gpupipe.cliargs import device_option
 
     p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (YAML)")
     p.add_argument("--split", default="train", help="split to preview (default train)")

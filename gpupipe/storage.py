@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
 from gpupipe.cache import BlockCache
-from gpupipe.errors import ConfigError, StorageError
+from gpupipe.errors import ConfigError, MissingDependencyError, StorageError
 from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
 from gpupipe.types import ByteRange
 
@@ -88,6 +88,10 @@ def refuse_commands(urls: Iterable[str]) -> None:
             raise ConfigError(f"source: pipe: URLs (shell commands) are refused ({url[:40]!r}); give a storage URL")
 
 
+_BACKENDS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+             "http": ("aiohttp", "http"), "https": ("aiohttp", "http")}  # protocol → (package, pip extra)
+
+
 def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
     """``(filesystem, path)`` for ``url``; bad protocols and missing packages raise clearly.
 
@@ -105,8 +109,8 @@ def open_filesystem(url: str, storage_options: Mapping[str, Any] | None = None):
     try:
         return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
-        extra = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}.get(protocol, protocol)
-        raise ConfigError(f"{protocol}:// URLs need an extra package ({exc.name or exc}): pip install 'gpupipe[{extra}]'") from None
+        package, extra = _BACKENDS.get(protocol, (exc.name or protocol, protocol))
+        raise MissingDependencyError(package, extra=extra, feature=f"reading {protocol}:// URLs") from None
     except ValueError as exc:
         if "Protocol not known" in str(exc):
             raise ConfigError(f"source: unknown storage protocol {protocol!r} in {url!r}") from None

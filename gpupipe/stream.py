@@ -26,17 +26,37 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from gpupipe.batch import IMAGE_EXTENSIONS, image_field, label_of
-from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.readers import ReadSpan, object_spans, rowgroup_spans
 from gpupipe.sources import ResolvedSource
-from gpupipe.storage import Fetcher
+from gpupipe.storage import FetchConfig, Fetcher
 from gpupipe.types import ByteRange, ErrorPolicy, Sample
 
-__all__ = ["ErrorPolicy", "SkipLog", "iter_chunks", "iter_whole_shards"]
+__all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How samples are streamed and split. ``shuffle_buffer`` is the shuffle window in
+    samples (rounded to whole batches); ``on_error`` is ``raise`` or ``skip``."""
+
+    shuffle: bool = True
+    shuffle_buffer: int = 1024
+    drop_last: bool = True
+    on_error: ErrorPolicy = ErrorPolicy.RAISE
+    fetch: FetchConfig = field(default_factory=FetchConfig)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "on_error", ErrorPolicy(self.on_error))
+        except ValueError:
+            raise ConfigError(f"stream.on_error: {self.on_error!r} is not one of 'raise', 'skip'") from None
+        if self.shuffle_buffer < 0:
+            raise ConfigError(f"stream.shuffle_buffer: must be >= 0, got {self.shuffle_buffer}")
 
 
 @dataclass

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from gpupipe.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError
+from gpupipe.formats.imageheader import MAX_PIXELS
 
 __all__ = ["Problem", "Report", "validate", "write_quarantine", "read_quarantine", "add_arguments", "run"]
 
@@ -205,7 +206,7 @@ def _pack(goods: Sequence[_Good]):
 # ------------------------------------------------------------------------------------ driver
 
 def validate(url: str | Sequence[str], *, storage_options: Mapping | None = None, decode: str = "auto",
-             device=None, max_pixels: int | None = 178_956_970, batch_size: int = 32,
+             device=None, max_pixels: int | None = MAX_PIXELS, batch_size: int = 32,
              progress: bool = False) -> Report:
     """Check every sample under ``url``; returns a :class:`Report` (nothing is raised for bad
     samples; a missing source or bad arguments raise ``GpupipeError``/``OSError``)."""
@@ -291,7 +292,7 @@ def _is_json(path: str) -> bool:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cli import _storage_arguments, device_option
+    from gpupipe.cliargs import device_option, storage_arguments
 
     p.add_argument("url", nargs="?", help="shard folder, index.json, pattern or glob (or give --config)")
     p.add_argument("--config", metavar="FILE", help="validate a split of this pipeline config instead of URL")
@@ -300,12 +301,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode backend for the check (default: the config's, else auto)")
     p.add_argument("--device", default=None, type=device_option, help="decode device: cpu (default) or cuda[:N]")
     p.add_argument("--max-pixels", type=int, default=None, metavar="N",
-                   help="refuse images declaring more pixels (default: the config's, else 178956970)")
+                   help=f"refuse images declaring more pixels (default: the config's, else {MAX_PIXELS})")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="images decoded at once (default 32)")
     p.add_argument("--quarantine", metavar="FILE",
                    help="write the bad samples here (.jsonl: JSON lines; else tab-separated)")
     p.add_argument("--show", type=int, default=10, metavar="N", help="bad samples to list (default 10)")
-    _storage_arguments(p, what="the shards")
+    storage_arguments(p, what="the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.epilog = "exit status: 0 all good, 1 some samples quarantined, 2 bad input"
 
@@ -315,7 +316,7 @@ def _target(args: argparse.Namespace) -> tuple[object, dict, str, int | None]:
     if (args.url is None) == (args.config is None):
         raise ConfigError("give a dataset URL or --config FILE (one of them)")
     if args.config is None:
-        max_pixels = args.max_pixels if args.max_pixels is not None else 178_956_970
+        max_pixels = args.max_pixels if args.max_pixels is not None else MAX_PIXELS
         return args.url, dict(args.storage_options), args.decode or "auto", max_pixels
     from gpupipe.config import load_config
 

@@ -1,5 +1,8 @@
 """Shared pytest fixtures.
 
+Devices: ``device`` runs a test on the CPU and, where CUDA is present, on the GPU
+(that case is marked ``gpu``; it skips cleanly without CUDA).
+
 Object storage: one loopback moto S3 server per session (``s3_server``), a fresh
 bucket per test (``s3_bucket``), fault-injecting proxies in front of the server
 (``s3_proxy``) and a bucket behind IAM checks (``s3_auth_bucket``). The helpers
@@ -11,9 +14,19 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
 import s3util
 from fault_proxy import FaultProxy
+
+# ---------------------------------------------------------------- devices
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
 
 # ---------------------------------------------------------------- object storage
 

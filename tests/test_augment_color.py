@@ -18,12 +18,6 @@ _N = 20_000
 _CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not _CUDA, reason="needs CUDA")])])
-def device(request) -> torch.device:
-    return torch.device(request.param)
-
-
 def _key(n: int, device="cpu", seed: int = 7, epoch: int = 0) -> AugKey:
     return AugKey(seed, epoch, torch.arange(100, 100 + n, device=device))
 

@@ -25,12 +25,6 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 ATOL_UNIT, ATOL_NORMALIZED = 2e-5, 1e-4
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not _CUDA, reason="needs CUDA")])])
-def device(request) -> torch.device:
-    return torch.device(request.param)
-
-
 def _key(n: int, device="cpu", seed: int = 3) -> AugKey:
     return AugKey(seed, 1, torch.arange(50, 50 + n, device=device))
 

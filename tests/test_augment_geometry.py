@@ -33,12 +33,6 @@ from gpupipe.augment.geometry import (
 )
 from gpupipe.augment.keys import uniform
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@pytest.fixture(params=DEVICES)
-def device(request) -> str:
-    return request.param
 
 
 def _key(n: int, device="cpu", seed: int = 7, epoch: int = 0) -> AugKey:

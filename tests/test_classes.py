@@ -91,11 +91,11 @@ def test_declared_classes_must_match_each_index(splits):
     loader = {"num_workers": 0, "batch_size": 2}
     cfg = load_config({"source": {"train": train, "classes": ["ant", "cat", "dog"]}, "loader": loader})
     assert cfg.source.classes == ("ant", "cat", "dog")
-    cfg.make_loader("train", device="cpu")
+    GpuLoader(cfg.split("train"), device="cpu")
     wrong = load_config({"source": {"train": train, "classes": ["ant", "bee", "cat", "dog"]}, "loader": loader})
     with pytest.raises(ConfigError, match=r"source.classes lists 4 classes \[ant, bee, cat, dog\] but the train index "
                                           r"lists 3 classes \[ant, cat, dog\].*--classes ant,bee,cat,dog"):
-        wrong.make_loader("train", device="cpu")
+        GpuLoader(wrong.split("train"), device="cpu")
     with pytest.raises(ConfigError, match="'cat' is listed more than once"):
         load_config({"source": {"train": train, "classes": ["cat", "cat"]}})
     with pytest.raises(ConfigError, match=r"source.classes: expected a list"):

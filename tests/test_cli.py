@@ -98,12 +98,12 @@ def test_main_in_process_errors(tmp_path: Path, capsys):
 
 
 def test_storage_option_values_parse_as_json_or_text():
-    from gpupipe.cli import _key_value
+    from gpupipe.cliargs import key_value
 
-    assert _key_value("anon=true") == ("anon", True)
-    assert _key_value("client_kwargs={\"region_name\": \"x\"}") == ("client_kwargs", {"region_name": "x"})
-    assert _key_value("profile=dev") == ("profile", "dev")
-    assert _key_value("key=a=b") == ("key", "a=b")
+    assert key_value("anon=true") == ("anon", True)
+    assert key_value("client_kwargs={\"region_name\": \"x\"}") == ("client_kwargs", {"region_name": "x"})
+    assert key_value("profile=dev") == ("profile", "dev")
+    assert key_value("key=a=b") == ("key", "a=b")
 
 
 def test_demo_runs_stream_and_decode_and_prints_throughput(tmp_path: Path):

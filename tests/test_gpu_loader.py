@@ -55,9 +55,14 @@ def test_corrupt_image_is_skipped_counted_and_masked(shards, backend):
     loader = make(shards, backend, drop_last=False, shuffle=False)
     masks = {}
     for batch in loader:
-        for sid, ok, label in zip(batch.sample_ids.tolist(), batch.valid.tolist(), batch.labels.tolist()):
+        for i, (sid, ok, label) in enumerate(zip(batch.sample_ids.tolist(), batch.valid.tolist(),
+                                                 batch.labels.tolist())):
             masks[sid] = masks.get(sid, False) or ok  # padding repeats samples as invalid
-            assert label == sid % 7
+            if sid == 13:  # replaced: another sample's pixels, with that sample's label
+                twin = next(j for j in range(len(batch)) if j != i and torch.equal(batch.images[j], batch.images[i]))
+                assert label == batch.sample_ids[twin] % 7 == batch.labels[twin]
+            else:
+                assert label == sid % 7
     assert [s for s, ok in masks.items() if not ok] == [13]
     assert loader.decoder.stats.skipped == 1 and "s0013" in loader.decoder.stats.skipped_keys
 
@@ -121,14 +126,21 @@ def test_breaking_early_leaves_no_decode_thread(shards):
     assert not [t for t in threading.enumerate() if t.name == "gpupipe-decode" and t.is_alive()]
 
 
-def test_from_config_rejects_unknown_keys(shards):
-    loader = GpuLoader.from_config({"source": shards, "batch_size": 8, "image_size": 16, "decode": "pil",
-                                    "device": "cpu", "num_workers": 0, "stream": {"shuffle_buffer": 16}})
+def test_unknown_keys_and_bad_values_raise_naming_them(shards):
+    from gpupipe.config import load_config
+
+    loader = GpuLoader(load_config({"source": shards, "decode": {"image_size": [16, 16], "backend": "pil"},
+                                    "loader": {"batch_size": 8, "device": "cpu", "num_workers": 0},
+                                    "stream": {"shuffle_buffer": 16}}).split("train"))
     assert len(loader) == N // 8
-    with pytest.raises(ConfigError, match="batchsize"):
-        GpuLoader.from_config({"source": shards, "batchsize": 8})
+    with pytest.raises(ConfigError, match="loader.batchsize"):
+        load_config({"source": shards, "loader": {"batchsize": 8}})
     with pytest.raises(ConfigError, match="shuffle_bufer"):
-        GpuLoader.from_config({"source": shards, "batch_size": 8, "stream": {"shuffle_bufer": 3}})
+        load_config({"source": shards, "stream": {"shuffle_bufer": 3}})
+    with pytest.raises(TypeError, match="batchsize"):
+        GpuLoader(shards, batchsize=8)
+    with pytest.raises(ConfigError, match="loader.batch_size: must be >= 1"):  # the keyword form, same message
+        GpuLoader(shards, batch_size=0)
 
 
 def test_bad_decode_settings_raise_config_errors(shards):

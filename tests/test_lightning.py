@@ -155,16 +155,18 @@ def test_deferred_delivery_counts_only_committed_batches(data):
     """Lightning may fetch a batch before the step that uses it: the resume state must count
     only batches committed in on_after_batch_transfer, whatever was fetched ahead."""
     from gpupipe.config import load_config
+    from gpupipe.loader import GpuLoader
+    from gpupipe.types import World
 
-    loader = load_config(pipeline(*data)).make_loader("train", device="cpu", rank=0, world_size=1)
-    loader.defer_delivery()
+    loader = GpuLoader(load_config(pipeline(*data)).split("train"), world=World(), device="cpu")
+    loader.ledger.defer()
     it = iter(loader)
     next(it), next(it), next(it)  # three fetched ...
-    loader.commit_delivered()  # ... one used
+    loader.ledger.commit()  # ... one used
     assert loader.state_dict()["progress"]["partial"] == {"0": 1}
     rest = list(it)
     for _ in range(len(rest) + 2):
-        loader.commit_delivered()
+        loader.ledger.commit()
     assert loader.state_dict()["complete"] is True
 
 

@@ -222,3 +222,22 @@ def test_stream_over_http_with_range_requests(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_missing_fsspec_backend_names_the_extra_to_install(monkeypatch):
+    """gcs:// without gcsfs: MissingDependencyError naming the package and the pip extra."""
+    import builtins
+
+    from gpupipe.errors import MissingDependencyError
+    from gpupipe.storage import open_filesystem
+
+    real_import = builtins.__import__
+
+    def no_gcsfs(name, *args, **kwargs):
+        if name == "gcsfs" or name.startswith("gcsfs."):
+            raise ImportError("No module named 'gcsfs'", name="gcsfs")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_gcsfs)
+    with pytest.raises(MissingDependencyError, match=r"'gcsfs' package: pip install 'gpupipe\[gcs\]'"):
+        open_filesystem("gcs://bucket/train/")

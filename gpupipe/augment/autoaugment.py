@@ -19,7 +19,7 @@ import functools
 import torch
 
 from .base import AugKey, Transform
-from .colorfn import draw
+from .keys import draw
 from .keys import normal, uniform
 from .policyops import OP_IDS, apply_ops
 from .warp import check_fill, check_interpolation

@@ -25,10 +25,11 @@ import torch
 
 from .base import AugKey, Transform, check_dtype, check_probability
 from .colorfn import (adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, check_image,
-                      draw, rgb_to_grayscale)
+                      rgb_to_grayscale)
 from .colorfuse import (BRIGHTNESS, CONTRAST, SATURATION, Affine, Blend, Hue, PointwiseTransform, Repeat, Spec,
                         Step, run_steps)
 from .filters import GaussianBlur, RandomErasing
+from .keys import draw
 
 __all__ = [
     "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "rgb_to_grayscale",

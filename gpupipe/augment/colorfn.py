@@ -15,19 +15,12 @@ import math
 import torch
 from kornia.enhance import adjust_brightness_accumulative, adjust_hue as _k_adjust_hue
 
-from . import keys
-from .base import AugKey, check_dtype
+from .base import check_dtype
 
 __all__ = ["rgb_to_grayscale", "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue",
-           "draw", "check_image"]
+           "check_image"]
 
 _TV_LUMA = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
-
-
-def draw(key: AugKey, sub: int, count: int = 1, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
-    """(B, count) keyed uniforms for draw ``sub`` of the transform holding ``key``."""
-    k = key.child(sub)
-    return keys.uniform(k.seed, k.epoch, k.sample_ids, k.tag, count, low, high)
 
 
 def _per_sample(factor: torch.Tensor, images: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .base import AugKey, Transform, check_probability
-from .colorfn import draw
+from .keys import draw
 from .compose import Compose
 
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]

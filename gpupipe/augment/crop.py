@@ -9,7 +9,8 @@ from typing import Sequence
 
 import torch
 
-from .warp import (HW, GeometricTransform, _check_range, _draw, _int_between, _ones, _setup_size, box_matrix,
+from .keys import draw
+from .warp import (HW, GeometricTransform, _check_range, _int_between, _ones, _setup_size, box_matrix,
                    check_interpolation)
 
 __all__ = ["Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop", "crop_padding"]
@@ -139,7 +140,7 @@ class RandomCrop(_Crop):
         h, w = self.size
         if PH < h or PW < w:
             raise ValueError(f"Required crop size {(h, w)} is larger than input image size {(PH, PW)}")
-        u = _draw(key, 0, 2)
+        u = draw(key, 0, 2)
         return {"top": _int_between(u[:, 0], 0, PH - h + 1) - top, "left": _int_between(u[:, 1], 0, PW - w + 1) - left}
 
     def matrix(self, params, in_hw):
@@ -182,14 +183,14 @@ class RandomResizedCrop(GeometricTransform):
 
     def make_params(self, images, key):
         H, W = int(images.shape[-2]), int(images.shape[-1])
-        target_area = H * W * _draw(key, 0, 10, *self.scale)
-        aspect = torch.exp(_draw(key, 1, 10, math.log(self.ratio[0]), math.log(self.ratio[1])))
+        target_area = H * W * draw(key, 0, 10, *self.scale)
+        aspect = torch.exp(draw(key, 1, 10, math.log(self.ratio[0]), math.log(self.ratio[1])))
         w = torch.round(torch.sqrt(target_area * aspect))
         h = torch.round(torch.sqrt(target_area / aspect))
         valid = (w > 0) & (w <= W) & (h > 0) & (h <= H)
         first = valid.to(torch.uint8).argmax(dim=1, keepdim=True)  # first True (0 if none)
         h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
-        u = _draw(key, 2, 2)
+        u = draw(key, 2, 2)
         top, left = _int_between(u[:, 0], 0, H - h + 1), _int_between(u[:, 1], 0, W - w + 1)
         fh, fw = self._fallback(H, W)
         ok = valid.any(dim=1)

@@ -10,7 +10,8 @@ from kornia.filters import filter2d_separable, get_gaussian_kernel1d
 
 from . import keys
 from .base import AugKey, Transform
-from .colorfn import check_image as _check_image, draw as _draw
+from .keys import draw
+from .colorfn import check_image as _check_image
 
 __all__ = ["GaussianBlur", "RandomErasing"]
 
@@ -45,7 +46,7 @@ class GaussianBlur(Transform):
         self.sigma = (float(sigma[0]), float(sigma[1]))
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
-        return {"sigma": _draw(key, 0, 1, *self.sigma)[:, 0]}
+        return {"sigma": draw(key, 0, 1, *self.sigma)[:, 0]}
 
     def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         _check_image(images, "GaussianBlur", channels=None)
@@ -86,14 +87,14 @@ class RandomErasing(Transform):
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         H, W = images.shape[-2:]
-        area = _draw(key, 0, 10, *self.scale) * (H * W)
-        aspect = torch.exp(_draw(key, 1, 10, math.log(self.ratio[0]), math.log(self.ratio[1])))
+        area = draw(key, 0, 10, *self.scale) * (H * W)
+        aspect = torch.exp(draw(key, 1, 10, math.log(self.ratio[0]), math.log(self.ratio[1])))
         h = torch.round(torch.sqrt(area * aspect)).to(torch.int64)
         w = torch.round(torch.sqrt(area / aspect)).to(torch.int64)
         fits = (h < H) & (w < W)
         first = fits.to(torch.int8).argmax(dim=1, keepdim=True)  # the first attempt that fits
         h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
-        erase = fits.any(dim=1) & (_draw(key, 2)[:, 0] < self.p)
+        erase = fits.any(dim=1) & (draw(key, 2)[:, 0] < self.p)
         k = key.child(3)
         top = keys.randint(k.seed, k.epoch, k.sample_ids, k.tag, (H - h + 1).clamp_min(1))
         k = key.child(4)

@@ -26,7 +26,8 @@ import torch
 
 from .base import check_probability
 from .crop import CenterCrop, RandomCrop, RandomResizedCrop, Resize
-from .warp import (HW, GeometricTransform, _affine, _draw, _int_between, _ones, _setup_angle, box_matrix,
+from .keys import draw
+from .warp import (HW, GeometricTransform, _affine, _int_between, _ones, _setup_angle, box_matrix,
                    check_interpolation, check_sequence, warp)
 
 __all__ = [
@@ -77,18 +78,18 @@ class RandomAffine(GeometricTransform):
     def make_params(self, images, key):
         H, W = int(images.shape[-2]), int(images.shape[-1])
         zeros = 0 * _ones(key)
-        params = {"angle": _draw(key, 0, 1, *self.degrees)[:, 0], "tx": zeros, "ty": zeros, "scale": zeros + 1,
+        params = {"angle": draw(key, 0, 1, *self.degrees)[:, 0], "tx": zeros, "ty": zeros, "scale": zeros + 1,
                   "shear_x": zeros, "shear_y": zeros}
         if self.translate is not None:
             mx, my = self.translate[0] * W, self.translate[1] * H
-            u = _draw(key, 1, 2, -1.0, 1.0)
+            u = draw(key, 1, 2, -1.0, 1.0)
             params["tx"], params["ty"] = torch.round(u[:, 0] * mx), torch.round(u[:, 1] * my)
         if self.scale is not None:
-            params["scale"] = _draw(key, 2, 1, *self.scale)[:, 0]
+            params["scale"] = draw(key, 2, 1, *self.scale)[:, 0]
         if self.shear is not None:
-            params["shear_x"] = _draw(key, 3, 1, self.shear[0], self.shear[1])[:, 0]
+            params["shear_x"] = draw(key, 3, 1, self.shear[0], self.shear[1])[:, 0]
             if len(self.shear) == 4:
-                params["shear_y"] = _draw(key, 4, 1, self.shear[2], self.shear[3])[:, 0]
+                params["shear_y"] = draw(key, 4, 1, self.shear[2], self.shear[3])[:, 0]
         return params
 
     def matrix(self, params, in_hw):
@@ -108,7 +109,7 @@ class RandomRotation(GeometricTransform):
         self.degrees = _setup_angle(degrees, "degrees")
 
     def make_params(self, images, key):
-        return {"angle": _draw(key, 0, 1, *self.degrees)[:, 0]}
+        return {"angle": draw(key, 0, 1, *self.degrees)[:, 0]}
 
     def matrix(self, params, in_hw):
         zero = torch.zeros_like(params["angle"])
@@ -126,7 +127,7 @@ class _RandomFlip(GeometricTransform):
         self.p = check_probability(p)
 
     def make_params(self, images, key):
-        return {"flip": (_draw(key, 0)[:, 0] < self.p).to(torch.float32)}
+        return {"flip": (draw(key, 0)[:, 0] < self.p).to(torch.float32)}
 
     def matrix(self, params, in_hw):
         f = params["flip"]
@@ -178,11 +179,11 @@ class RandomPerspective(GeometricTransform):
     def make_params(self, images, key):
         H, W = int(images.shape[-2]), int(images.shape[-1])
         bh, bw = int(self.distortion_scale * (H // 2)) + 1, int(self.distortion_scale * (W // 2)) + 1
-        u = _draw(key, 1, 8)
+        u = draw(key, 1, 8)
         inward = torch.stack([_int_between(u[:, :4], 0, bw), _int_between(u[:, 4:], 0, bh)], dim=-1)  # (B, 4, 2)
         sign = 1 - 2 * self._corners(u)  # inwards: +x on the left corners, -x on the right, same for y
         end = self._start((H, W), inward) + sign * inward
-        return {"apply": (_draw(key, 0)[:, 0] < self.p).to(torch.float32), "end": end}
+        return {"apply": (draw(key, 0)[:, 0] < self.p).to(torch.float32), "end": end}
 
     def matrix(self, params, in_hw):
         from kornia.geometry.transform import get_perspective_transform

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["uniform", "bernoulli", "randint", "normal"]
+__all__ = ["uniform", "bernoulli", "randint", "normal", "draw"]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
@@ -69,3 +69,10 @@ def normal(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, count: int
     u = uniform(seed, epoch, sample_ids, tag, 2 * count)
     u1, u2 = u[:, :count].clamp_min(1e-7), u[:, count:]
     return torch.sqrt(-2 * torch.log(u1)) * torch.cos(2 * torch.pi * u2)
+
+
+def draw(key, sub: int, count: int = 1, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
+    """(B, count) float32 uniforms in [low, high) for draw ``sub`` of the transform holding
+    ``key`` (an :class:`~gpupipe.augment.base.AugKey`): one stream per (seed, epoch, sample, tag)."""
+    k = key.child(sub)
+    return uniform(k.seed, k.epoch, k.sample_ids, k.tag, count, low, high)

@@ -24,7 +24,6 @@ from typing import Sequence
 import torch
 
 from .base import AugKey, Transform
-from .keys import uniform
 
 __all__ = ["HW", "GeometricTransform", "warp", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
            "check_fill", "INTERPOLATIONS"]
@@ -87,12 +86,6 @@ def _affine(a, b, c, d, e, f) -> torch.Tensor:
     """(B, 3, 3) [[a, b, c], [d, e, f], [0, 0, 1]] from (B,) tensors."""
     zero, one = torch.zeros_like(a), torch.ones_like(a)
     return torch.stack([a, b, c, d, e, f, zero, zero, one], dim=-1).reshape(-1, 3, 3)
-
-
-def _draw(key: AugKey, slot: int, count: int = 1, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
-    """(B, count) float32 uniform draws of this transform's ``slot``."""
-    k = key.child(slot)
-    return uniform(k.seed, k.epoch, k.sample_ids, k.tag, count, low, high)
 
 
 def _int_between(u: torch.Tensor, low, high) -> torch.Tensor:

@@ -34,7 +34,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cli import device_option
+    from gpupipe.cliargs import device_option
 
     p.add_argument("targets", nargs="*", metavar="CONFIG|SOURCE",
                    help="pipeline config(s) (.yaml) or a shard folder, pattern or list (any fsspec URL)")
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _key_value(text: str):
-    from gpupipe.cli import _key_value as parse
+    from gpupipe.cliargs import key_value as parse
 
     return parse(text)
 

@@ -44,7 +44,7 @@ class _PerspectiveMatrices:
         self.size, self.scale, self.p, self.seed = size, distortion_scale, p, seed
 
     def __call__(self, info) -> np.ndarray:
-        from gpupipe.bench.persample import _perspective_coeffs
+        from gpupipe.bench.persample import perspective_coeffs
 
         rng = np.random.default_rng([self.seed, info.iteration, info.idx_in_batch])
         if rng.random() >= self.p:
@@ -54,7 +54,7 @@ class _PerspectiveMatrices:
         r = [int(v) for v in rng.integers(0, [dw + 1, dh + 1] * 4)]
         start = [(0, 0), (w - 1, 0), (w - 1, h - 1), (0, h - 1)]
         end = [(r[0], r[1]), (w - 1 - r[2], r[3]), (w - 1 - r[4], h - 1 - r[5]), (r[6], h - 1 - r[7])]
-        return np.array([*_perspective_coeffs(end, start), 1.0], np.float32).reshape(3, 3)
+        return np.array([*perspective_coeffs(end, start), 1.0], np.float32).reshape(3, 3)
 
 
 def _apply(img, name: str, args: dict, size: tuple[int, int], seed: int):

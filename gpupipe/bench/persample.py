@@ -183,11 +183,11 @@ def _perspective(img, rng, distortion_scale=0.5, p=0.5, **_):
     r = lambda hi: int(rng.integers(0, hi + 1))  # noqa: E731
     start = [(0, 0), (w - 1, 0), (w - 1, h - 1), (0, h - 1)]
     end = [(r(dw), r(dh)), (w - 1 - r(dw), r(dh)), (w - 1 - r(dw), h - 1 - r(dh)), (r(dw), h - 1 - r(dh))]
-    return img.transform(img.size, Image.PERSPECTIVE, _perspective_coeffs(end, start), resample=Image.BILINEAR,
+    return img.transform(img.size, Image.PERSPECTIVE, perspective_coeffs(end, start), resample=Image.BILINEAR,
                          fillcolor=0)
 
 
-def _perspective_coeffs(src, dst) -> list[float]:
+def perspective_coeffs(src, dst) -> list[float]:
     """The 8 coefficients mapping points ``src`` (output) to ``dst`` (input), PIL's convention."""
     a = []
     for (x, y), (u, v) in zip(src, dst):

@@ -2,7 +2,7 @@
 
 From a config (``gpupipe.config.load_config``): its train source, ``decode.image_size``,
 ``augment`` specs, ``loader.batch_size`` and seed; gpupipe's loader is
-``cfg.make_loader("train", num_workers=w)``. From a shard folder or pattern: one target
+``GpuLoader(cfg.split("train"))`` with ``num_workers=w``. From a shard folder or pattern: one target
 per ``--augment`` set, gpupipe's loader a ``GpuLoader`` with that set. The baselines
 read the shards from the local disk; the torch DataLoader baseline reads the image
 folder beside them (``images/``, as ``--make-data`` writes) when there is one.
@@ -106,7 +106,10 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
         shards, n = _local_shards(list(train) if isinstance(train, tuple) else train, cfg.source.storage_options)
 
         def make(workers, device, cfg=cfg):
-            return cfg.make_loader("train", device=device, rank=0, world_size=1, num_workers=workers)
+            from gpupipe.loader import GpuLoader
+            from gpupipe.types import World
+
+            return GpuLoader(dataclasses.replace(cfg.split("train"), num_workers=workers), world=World(), device=device)
 
         targets.append(Target(Path(path).stem, shards, tuple(cfg.decode.image_size), cfg.loader.batch_size,
                               steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed,

@@ -29,6 +29,7 @@ from typing import Iterator, Protocol
 import torch
 
 from gpupipe.errors import ConfigError, MissingDependencyError
+from gpupipe.formats.imageheader import MAX_PIXELS
 from gpupipe.types import ErrorPolicy
 
 __all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS",
@@ -54,7 +55,7 @@ class DecodeConfig:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     on_error: ErrorPolicy = ErrorPolicy.RAISE
-    max_pixels: int | None = 178_956_970  # Pillow's default decompression-bomb limit
+    max_pixels: int | None = MAX_PIXELS
     num_threads: int | None = None
     hw_decoder_load: float = 0.9
     seed: int = 0

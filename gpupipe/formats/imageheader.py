@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 from gpupipe.errors import DecodeError
 
-__all__ = ["ImageHeader", "probe", "check_complete", "MAX_SIDE", "MAX_TRAILER"]
+__all__ = ["ImageHeader", "probe", "check_complete", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS"]
 
 MAX_SIDE = 1 << 20  # a side longer than this is a corrupt header, not an image
+MAX_PIXELS = 178_956_970  # the default max_pixels: Pillow's decompression-bomb limit
 _MAX_SEGMENTS = 4096  # JPEG markers before SOS / PNG and WebP chunks walked
 _MAX_SKIP = 4096  # fill bytes or stray bytes tolerated before one JPEG marker
 MAX_TRAILER = 4096  # bytes tolerated after a JPEG EOI / GIF trailer (camera and tool appendices)

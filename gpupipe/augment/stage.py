@@ -1,0 +1,69 @@
+"""The augment stage: a decoded batch → the batch a training step gets (transforms, then a
+batch mix). Written once, used by ``GpuLoader`` (in its decode thread), by ``GpuDataModule``
+(``loader.augment_in: on_after_batch_transfer``) and by ``gpupipe preview``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from gpupipe.augment.base import AugKey, Transform
+
+__all__ = ["AugmentStage"]
+
+_MIX_TAG = 7_919  # the batch mix draws from its own child key, apart from the pipeline's transforms
+
+
+class AugmentStage:
+    """``transforms`` then ``mix`` over a :class:`~gpupipe.decode.DecodedBatch`, keyed by
+    (``seed``, the batch's epoch, its sample ids).
+
+    ``transforms``: a ``gpupipe.transforms`` pipeline (called with the batch's key), or any
+    callable on the image batch — ``f(images)`` as torchvision users write it, or
+    ``f(images, batch)`` to see labels and sample ids too. ``mix``: ``MixUp`` / ``CutMix``
+    (labels become (B, num_classes) float).
+
+    Shape: images (B, 3, H, W) uint8 → what the transforms make; labels (B,) int64 →
+    (B, num_classes) float with a mix.
+    """
+
+    def __init__(self, transforms: Callable | None, mix: Callable | None, seed: int) -> None:
+        if isinstance(transforms, Transform):
+            transforms.output_dtype(torch.uint8)  # decoders give uint8: a pipeline that cannot take it raises now
+        self.transforms, self.mix, self.seed = transforms, mix, seed
+        self._with_batch = transforms is not None and not isinstance(transforms, Transform) \
+            and _positional_arity(transforms) >= 2
+
+    def to(self, device: torch.device) -> "AugmentStage":
+        """Module constants (Normalize's mean and std) on ``device``."""
+        for part in (self.transforms, self.mix):
+            if isinstance(part, torch.nn.Module):
+                part.to(device)
+        return self
+
+    def __call__(self, batch: Any) -> Any:
+        if self.transforms is not None:
+            batch.images = self._transform(batch)
+        if self.mix is not None:
+            batch.images, batch.labels = self.mix(batch.images, batch.labels,
+                                                  AugKey.for_batch(batch, self.seed).child(_MIX_TAG))
+        return batch
+
+    def _transform(self, batch) -> torch.Tensor:
+        if isinstance(self.transforms, Transform):
+            return self.transforms(batch.images, AugKey.for_batch(batch, self.seed))
+        if self._with_batch:
+            return self.transforms(batch.images, batch)
+        return self.transforms(batch.images)
+
+
+def _positional_arity(fn: Callable) -> int:
+    """How many named positional arguments ``fn`` takes; 1 if unknown. A ``*inputs``
+    (torchvision v2's ``Compose``) counts as one: it gets the images alone."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) or 1

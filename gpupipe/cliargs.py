@@ -1,0 +1,46 @@
+"""Argument types and groups every ``gpupipe`` command shares: ``--device``,
+``--storage-option KEY=VALUE``. Commands import them from here, never from one another."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["key_value", "device_option", "storage_arguments"]
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` → ``(KEY, value)``; the value is parsed as JSON when it is JSON
+    (``true``, ``3``, ``{"a": 1}``), else kept as a string. Never echoes the value."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError("expected KEY=VALUE (e.g. anon=true); the item given has no key or no '='")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def device_option(text: str) -> str:
+    """argparse type of ``--device``: ``cpu``, ``cuda`` or ``cuda:N``; a CUDA device this
+    machine does not have is refused at once (one line) instead of deep inside torch."""
+    value = text.strip().lower()
+    kind, colon, index = value.partition(":")
+    if kind not in ("cpu", "cuda") or (colon and (kind == "cpu" or not index.isdigit())):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    if kind == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA "
+                                             f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return value
+
+
+def storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option", dest: str = "storage_options",
+                       what: str = "the source") -> None:
+    p.add_argument(flag, dest=dest, action="append", type=key_value, default=[], metavar="KEY=VALUE",
+                   help=f"fsspec storage option for {what} (repeatable; values are JSON or strings)")

@@ -1,0 +1,105 @@
+"""The epoch and resume position of one rank's loader: what counts as delivered, and when.
+
+The whole story, in one place:
+
+* A batch is **read** when the workers hand it to the training process, **yielded** when
+  the loader gives it to the consumer, and **delivered** when the consumer has used it.
+  Only delivered batches move the resume position that :meth:`EpochLedger.state_dict`
+  saves; a run resumed from it continues with exactly the batches not yet delivered,
+  none lost and none repeated. ``GpuLoader`` reads and decodes ahead of the loop: those
+  batches are not delivered, and a resume reads them again.
+* In a plain loop, yielded means delivered: the loop asks for batch i+1 only after it
+  has used batch i (:meth:`EpochLedger.yielded` delivers at once).
+* Lightning fetches ahead: it asks for batch i+1 before the training step on batch i
+  runs, so a checkpoint saved in that step must not count i+1. After :meth:`defer`,
+  yielded batches wait in a queue, and :meth:`commit` — called by the DataModule's
+  ``on_after_batch_transfer`` when a batch reaches a training step — delivers the
+  oldest. Batches yielded but never committed when an iteration stops (an interrupted
+  epoch) are dropped from the queue at the next :meth:`begin`: they will be read again.
+* The epoch is **complete** when its last batch was delivered: after the iteration ran
+  to its end and the queue is empty, or as soon as the plan's progress says every batch
+  was delivered (a consumer may stop at ``len()`` without running the iteration out).
+  The next :meth:`begin` then moves on to the next epoch.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Mapping
+
+from gpupipe.errors import PlanError
+from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity
+
+__all__ = ["EpochLedger", "STATE_VERSION"]
+
+STATE_VERSION = 1
+
+
+class EpochLedger:
+    """Epoch number, delivered position, and the queue of yielded-not-yet-used batches."""
+
+    def __init__(self, spec: PlanSpec) -> None:
+        self.spec = spec
+        self.epoch = 0
+        self.complete = False
+        self.progress = Progress.for_rank(spec)
+        self._pending: collections.deque[tuple[int, int]] | None = None
+        self._ended = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
+        if epoch != self.epoch or self.complete:
+            self.epoch, self.complete = epoch, False
+            self.progress = Progress.for_rank(self.spec)
+
+    def begin(self) -> None:
+        """An iteration starts: move on if the epoch is complete; forget batches yielded
+        but never used by the last iteration."""
+        if self.complete:
+            self.set_epoch(self.epoch + 1)
+        if self._pending is not None:
+            self._pending.clear()
+        self._ended = False
+
+    def defer(self) -> None:
+        """From now on a yielded batch counts only when :meth:`commit` says it was used."""
+        self._pending = collections.deque()
+
+    def yielded(self, chunk: int, batch: int) -> None:
+        """Batch ``batch`` of chunk ``chunk`` went to the consumer."""
+        if self._pending is None:
+            self._deliver(chunk, batch)
+        else:
+            self._pending.append((chunk, batch))
+
+    def commit(self) -> None:
+        """The oldest batch yielded and not yet committed was used by a training step."""
+        if self._pending is None:
+            raise RuntimeError("commit() needs defer() first")
+        if self._pending:
+            self._deliver(*self._pending.popleft())
+        if self._ended and not self._pending:
+            self.complete = True
+
+    def finished(self) -> None:
+        """The iteration yielded the epoch's last batch."""
+        self._ended = True
+        if not self._pending:
+            self.complete = True
+
+    def _deliver(self, chunk: int, batch: int) -> None:
+        if chunk >= 0:  # -1: streamed without a manifest, no position to keep
+            self.progress.advance(chunk, batch)
+            self.complete = self.complete or self.progress.complete
+
+    # -- resume ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "complete": self.complete,
+                "plan": plan_identity(self.spec), "progress": self.progress.to_dict()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise PlanError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        mid_epoch = not state["complete"] and (state["progress"]["done_below"] or state["progress"]["partial"])
+        check_resumable(state["plan"], self.spec, mid_epoch=bool(mid_epoch))
+        self.epoch, self.complete = int(state["epoch"]), bool(state["complete"])
+        self.progress = Progress.from_dict(self.spec, state["progress"]) if mid_epoch else Progress.for_rank(self.spec)

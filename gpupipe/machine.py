@@ -1,0 +1,47 @@
+"""What gpupipe decides from the machine: worker counts from the cores, and the
+allocator setting that keeps long-running workers' memory flat."""
+from __future__ import annotations
+
+import os
+
+from gpupipe.types import World
+
+__all__ = ["default_num_workers", "fix_malloc_mmap_threshold"]
+
+
+def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
+    """Workers per rank, chosen from the machine (the rule the docs describe).
+
+    The cores this process may use are shared among the ranks of the node
+    (``LOCAL_WORLD_SIZE``). One stays with the training process; the rest stream,
+    up to 8 (workers only fetch and parse; raise it for high-latency storage).
+    When images are also decoded on the CPU and a rank has 4 cores or fewer, the
+    answer is 0: the stream then runs in the decode thread. Worker processes there
+    take cores from the decoder, and even an idle one slowed DALI CPU decode in the
+    training process (2 cores: 2,050 images/s with 0 workers against 1,376 with 1;
+    docs/benchmarks.md, benchmarks/probes.py fork).
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    per_rank = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if decode_on_cpu and per_rank <= 4:
+        return 0
+    return max(1, min(8, per_rank - 1))
+
+
+def fix_malloc_mmap_threshold(threshold: int = 1 << 20) -> None:
+    """Keep large buffers (fetched blocks, batches) out of the glibc heap.
+
+    glibc raises its mmap threshold each time a large mmapped block is freed, after
+    which multi-megabyte blocks come from the heap and fragment it: a worker's RSS
+    then creeps up over a long epoch. Fixing the threshold stops that. No-op where
+    glibc is not the allocator.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-3, threshold)  # M_MMAP_THRESHOLD; the process's own libc, no lookup
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,176 @@
+"""One split's loader settings as one frozen value, every per-split decision already made.
+
+A loader is built from a :class:`SplitConfig` and nothing else: ``GpuLoader(split)``,
+``EncodedLoader(split, world)``. Settings travel down inside it; nothing repacks them
+on the way. There are two ways to make one, and they share one validator:
+
+* from YAML or a mapping: ``load_config(...).split("val")`` — evaluation splits keep order,
+  pad their tail, resize the shorter side instead of cropping at random, and run the
+  deterministic steps of ``augment``;
+* from keywords, the README's form: ``GpuLoader("s3://...", batch_size=256, image_size=224)``
+  → :func:`split_from_options`, which writes the keywords into the same mapping a YAML
+  file gives and parses it, so a bad value gets the same ``ConfigError`` either way. A
+  setting given twice with two values (``image_size=32`` and a ``DecodeConfig`` with
+  another size) raises naming both; a setting given once is the one used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from gpupipe.decode import DecodeConfig
+from gpupipe.errors import ConfigError
+from gpupipe.sources import Source
+from gpupipe.stream import StreamConfig
+from gpupipe.types import World
+
+__all__ = ["SplitConfig", "split_from_options"]
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Everything one split's loader needs (picklable when its transforms are).
+
+    ``augment``: transform specs from a config, or a transform / callable given in Python
+    (see :class:`~gpupipe.augment.stage.AugmentStage`). ``mix``: a spec or a built
+    ``MixUp``/``CutMix`` (training only). ``on_error`` and ``seed`` are set once:
+    ``stream.on_error`` is ``decode.on_error`` and ``decode.seed`` is ``seed``.
+    """
+
+    source: Source
+    batch_size: int = 64
+    name: str = "train"
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    augment: Any = ()
+    mix: Any = None
+    classes: tuple[str, ...] | None = None
+    num_workers: int | None = None
+    prefetch: int = 1
+    device: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.stream.on_error is not self.decode.on_error:
+            raise ConfigError(f"on_error: stream.on_error={self.stream.on_error.value!r} and decode.on_error="
+                              f"{self.decode.on_error.value!r} disagree; one policy covers both (decode.on_error)")
+        if self.decode.seed != self.seed:
+            raise ConfigError(f"seed: decode.seed={self.decode.seed} and seed={self.seed} disagree; "
+                              "one seed keys the plan, the decode crops and the augmentation")
+        for name in ("batch_size", "prefetch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"loader.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"loader.num_workers: must be >= 0, got {self.num_workers}")
+
+    def augment_stage(self):
+        """The :class:`~gpupipe.augment.stage.AugmentStage` of this split, or None."""
+        from gpupipe.augment.stage import AugmentStage
+        from gpupipe.config import TransformSpec
+
+        transforms, mix = self.augment, self.mix
+        if isinstance(transforms, tuple) and all(isinstance(s, TransformSpec) for s in transforms):
+            from gpupipe.augment.compose import Compose
+
+            transforms = Compose([s.build() for s in transforms]) if transforms else None
+        if isinstance(mix, TransformSpec):
+            mix = mix.build()
+        if transforms is None and mix is None:
+            return None
+        return AugmentStage(transforms, mix, self.seed)
+
+
+def split_from_options(source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
+                       decode: str | DecodeConfig | None = None, augment: Any = None, mix: Any = None,
+                       shuffle: bool | None = None, drop_last: bool | None = None, seed: int | None = None,
+                       on_error: str | None = None, resize: str | None = None, num_workers: int | None = None,
+                       prefetch: int | None = None, storage_options: Mapping[str, Any] | None = None,
+                       stream: StreamConfig | None = None, device: Any = None, rank: int | None = None,
+                       world_size: int | None = None) -> tuple[SplitConfig, World]:
+    """The keyword form → (the training split it describes, the ``World`` it runs in).
+
+    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.Source`. ``decode`` is
+    a backend name or a :class:`DecodeConfig`; ``stream`` a
+    :class:`StreamConfig`; the plain keywords fill in what those leave at their defaults
+    and must agree with what they set.
+    """
+    from gpupipe.config import TransformSpec, parse_config, plain
+
+    decode_given = {"backend": decode} if isinstance(decode, str) else _non_default(decode)
+    stream_given = _non_default(stream)
+    decode_section = _merge(decode_given, "decode", image_size=image_size, resize=resize)
+    stream_section = _merge(stream_given, "stream", shuffle=shuffle, drop_last=drop_last)
+    policy = _one_value("on_error", [("on_error", on_error), ("decode.on_error", decode_section.pop("on_error", None)),
+                                     ("stream.on_error", stream_section.pop("on_error", None))])
+    seed = _one_value("seed", [("seed", seed), ("decode.seed", decode_section.pop("seed", None))])
+    if policy is not None:
+        decode_section["on_error"] = policy
+    loader = {k: v for k, v in (("batch_size", batch_size), ("num_workers", num_workers), ("prefetch", prefetch),
+                                ("device", None if device is None else str(device))) if v is not None}
+    given_source = source if isinstance(source, Source) else None  # kept whole: it may name columns, labels
+    if given_source is not None:
+        if storage_options and dict(storage_options) != dict(given_source.storage_options):
+            raise ConfigError("storage_options: given twice, as storage_options= and in the Source; give it once")
+        source, storage_options = given_source.url, given_source.storage_options
+    mapping: dict[str, Any] = {"source": {"train": list(source) if isinstance(source, (list, tuple)) else source,
+                                          "storage_options": dict(storage_options or {})},
+                               "stream": plain(stream_section), "decode": plain(decode_section), "loader": loader,
+                               "seed": 0 if seed is None else seed}
+    objects = {}  # transforms given as Python objects skip the parser and are set as they are
+    for name, value in (("augment", augment), ("mix", mix)):
+        if _yaml_able(value, TransformSpec):
+            if value is not None:
+                mapping[name] = plain(value)
+        else:
+            objects[name] = value
+    split = parse_config(mapping, origin="GpuLoader").split("train")
+    if given_source is not None:
+        objects["source"] = given_source
+    return replace(split, **objects), World.detect(rank, world_size)
+
+
+def _non_default(config) -> dict[str, Any]:
+    """The fields of a stage config that differ from the defaults (what the caller set)."""
+    if config is None:
+        return {}
+    default = type(config)()
+    return {f.name: getattr(config, f.name) for f in fields(config)
+            if getattr(config, f.name) != getattr(default, f.name)}
+
+
+def _merge(given: dict[str, Any], section: str, **keywords: Any) -> dict[str, Any]:
+    """``given`` with the keywords that were passed; a keyword that disagrees with a value
+    the section object set raises naming both."""
+    out = dict(given)
+    for name, value in keywords.items():
+        if value is None:
+            continue
+        if name in out and _normal(name, out[name]) != _normal(name, value):
+            raise ConfigError(f"{name}: given twice, {name}={value!r} and {section}.{name}={out[name]!r}; "
+                              "give it once")
+        out[name] = _normal(name, value)
+    return out
+
+
+def _one_value(name: str, given: list[tuple[str, Any]]) -> Any:
+    """The one value among the places a setting may be given; two different ones raise."""
+    found = [(where, _normal(name, v)) for where, v in given if v is not None]
+    if len({v for _, v in found}) > 1:
+        raise ConfigError(f"{name}: given twice, " + " and ".join(f"{w}={v!r}" for w, v in found) + "; give it once")
+    return found[0][1] if found else None
+
+
+def _normal(name: str, value: Any) -> Any:
+    """A value in one comparable form: enums by value, an int image size as (h, w)."""
+    value = getattr(value, "value", value)
+    if name == "image_size" and isinstance(value, int):
+        return (value, value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _yaml_able(value: Any, spec_type: type) -> bool:
+    """Whether ``augment``/``mix`` can go through the YAML parser (a preset name, specs,
+    mappings) rather than being a transform object given in Python."""
+    if value is None or isinstance(value, (str, spec_type, Mapping)):
+        return True
+    return isinstance(value, (list, tuple)) and all(isinstance(v, (str, spec_type, Mapping)) for v in value)

@@ -1,0 +1,97 @@
+"""Supervising the DataLoader worker processes of one iteration: start them safely,
+notice one that died (and say which, and what it was reading), stop them promptly.
+
+This is the one module that reaches into torch's DataLoader iterator internals
+(``_workers``, ``_shutdown_workers``, the SIGCHLD handler's pid registry): each use is
+guarded, so another torch version loses a nicer message, never a batch.
+"""
+from __future__ import annotations
+
+import gc
+import signal
+import time
+
+from torch.utils.data import DataLoader
+
+__all__ = ["start_workers", "dead_workers", "stop_workers", "describe_dead"]
+
+
+def start_workers(loader: DataLoader):
+    """``iter(loader)``, with the garbage collector kept out of the forked workers and
+    torch's asynchronous worker-death signal turned off (:func:`_no_async_worker_errors`).
+
+    A worker is a fork of the training process, which holds objects such as DALI
+    pipelines whose destructors deadlock outside the process that made them. If
+    the child's garbage collector finds one of them in a reference cycle it runs
+    that destructor and hangs (seen: ``Pipeline.__del__`` blocking in
+    ``pthread_cond_destroy`` inside a DataLoader worker). So: collect here first,
+    freeze what is left for the fork, and let the parent collect normally again.
+    """
+    if loader.num_workers == 0:
+        return iter(loader)
+    gc.collect()
+    gc.freeze()
+    try:
+        it = iter(loader)
+    finally:
+        gc.unfreeze()
+    _no_async_worker_errors(it)
+    return it
+
+
+def _no_async_worker_errors(it) -> None:
+    """Keep torch's SIGCHLD handler from raising about this iterator's workers.
+
+    It raises a dead worker's ``RuntimeError`` from a signal handler, at whatever line
+    the main thread is running (in the training step, or halfway through handling the
+    same death). Without it a death still shows, through the iterator: a reset pipe at
+    once, or torch's liveness check within its 5 s status interval; the loader turns
+    that into a :class:`~gpupipe.errors.WorkerError` naming the worker and its shards.
+    """
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        if getattr(it, "_worker_pids_set", False):
+            signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        pass  # another torch: its handler stays; the error is then torch's own
+
+
+def dead_workers(it, wait_s: float = 0.0) -> list:
+    """``(worker id, process)`` of the workers of a DataLoader iterator that died,
+    waiting up to ``wait_s`` for one (its pipes close before the kernel reports the exit)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [(i, p) for i, p in enumerate(getattr(it, "_workers", [])) if p.exitcode not in (None, 0)]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.02)
+
+
+def stop_workers(it) -> None:
+    """Stop and join the worker processes of a DataLoader iterator now, not when it is
+    garbage (a traceback holding the frame would keep them alive)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    try:
+        shutdown()
+    except RuntimeError:  # torch's SIGCHLD handler reporting a dead worker again as the others exit
+        if not dead_workers(it):
+            raise
+    for proc in getattr(it, "_workers", []):
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=1)
+
+
+def describe_dead(it) -> list[tuple[int, str]]:
+    """``(worker id, "DataLoader worker 1 (pid 123, killed by SIGKILL)")`` for each dead worker."""
+    out = []
+    for wid, proc in dead_workers(it):
+        how = f"killed by {signal.Signals(-proc.exitcode).name}" if proc.exitcode and proc.exitcode < 0 \
+            else f"exit code {proc.exitcode}"
+        out.append((wid, f"DataLoader worker {wid} (pid {proc.pid}, {how})"))
+    return out
