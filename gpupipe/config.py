@@ -81,7 +81,7 @@ class BatchFormat(str, enum.Enum):
 
 
 class AugmentPlace(str, enum.Enum):
-    """Where the DataModule augments: in the loader's decode thread (one batch ahead, on a
+    """Where the DataModule augments: in the loader's augment stage (overlapping decode, on a
     side CUDA stream), or in ``on_after_batch_transfer`` (in the training step's stream)."""
 
     LOADER = "loader"

@@ -1,23 +1,20 @@
-"""``GpuLoader``: encoded batches from the workers → decode → augment, one batch ahead.
+"""``GpuLoader``: encoded batches from the workers → decode → augment, stages that overlap.
 
-The DataLoader workers stream encoded bytes (CPU I/O only). In the training
-process a single producer thread decodes batch i+1 (and augments it) while the
-training step runs on batch i; on a GPU it works on a side CUDA stream and the
+The DataLoader workers stream encoded bytes (CPU I/O only). In the training process
+two threads (:mod:`gpupipe.stages`) decode batch i+2 while batch i+1 is augmented and
+the training step runs on batch i; on a GPU they work on a side CUDA stream and the
 consumer's stream waits for it (``wait_stream`` + ``record_stream``), so the copy,
 decode and augment overlap the step. Progress for ``state_dict`` counts batches
-handed to the training loop, not the ones decoded ahead.
+handed to the training loop, not the ones decoded ahead (:mod:`gpupipe.epoch`).
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
+import functools
 import logging
-import queue
-import threading
 import time
-import weakref
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import torch
 
@@ -27,24 +24,24 @@ from gpupipe.decode import DecodedBatch, make_decoder
 from gpupipe.errors import ConfigError
 from gpupipe.machine import default_num_workers
 from gpupipe.split import SplitConfig, split_from_options
+from gpupipe.stages import END, Stage, Stages
 from gpupipe.types import World
 
 __all__ = ["GpuLoader", "StageStats"]
 
 log = logging.getLogger(__name__)
-_END = object()
-_JOIN_TIMEOUT_S = 30.0
 
 
 @dataclass
 class StageStats:
-    """Seconds spent per stage (in the producer thread) and waiting (in the training loop)."""
+    """Seconds each stage thread was busy, and waiting (stage threads run at once: the busy
+    times may add up to more than the wall time; the largest bounds the run)."""
 
     batches: int = 0
     images: int = 0
-    wait_bytes_s: float = 0.0  # producer waiting for encoded batches from the workers
-    decode_s: float = 0.0
-    augment_s: float = 0.0
+    wait_bytes_s: float = 0.0  # the decode thread waiting for encoded batches from the workers
+    decode_s: float = 0.0  # decode thread busy
+    augment_s: float = 0.0  # augment thread busy
     handoff_wait_s: float = 0.0  # training loop waiting for a ready batch
     skipped: int = 0  # samples replaced (stream + decode)
 
@@ -85,6 +82,8 @@ class GpuLoader:
         stage = split.augment_stage()
         self.augment = stage.to(self.device) if stage is not None else None
         self.stats = StageStats()
+        self.timeline: list[tuple[str, float, float]] | None = None  # a list: (stage, start, end) per batch
+        self.overlap = True  # decode and augment in two threads; False: one thread does both (for A/B runs)
         self._decoder = None  # built on first use, in this (the training) process
 
     # -- delegated -------------------------------------------------------------------------------
@@ -131,13 +130,19 @@ class GpuLoader:
         ledger.begin()
         decoder = self.decoder
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        run = _Producer(self._produce, decoder, side, self.split.prefetch)
+        timeline = self.timeline is not None
+        stages = [Stage("decode", functools.partial(self._decode, decoder, side), timeline=timeline)]
+        if self.augment is not None and self.overlap:
+            stages.append(Stage("augment", functools.partial(self._augment, side), timeline=timeline))
+        elif self.augment is not None:  # one thread decodes, then augments (benchmarks/overlap_bench.py)
+            stages = [Stage("decode", _then(stages[0].run, functools.partial(self._augment, side)), timeline=timeline)]
+        run = Stages(self.encoded.batches, stages, self.split.prefetch)
         try:
             while True:
                 t0 = time.perf_counter()
                 item = run.get()
                 self.stats.handoff_wait_s += time.perf_counter() - t0
-                if item is _END:
+                if item is END:
                     break
                 if isinstance(item, BaseException):
                     raise item
@@ -153,40 +158,36 @@ class GpuLoader:
             ledger.finished()
         finally:
             run.stop()
+            self._account(run, stages)
             self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
 
-    def _produce(self, decoder, side, ready: queue.Queue, stop: threading.Event) -> None:
-        batches = self.encoded.batches()
-        try:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                encoded: EncodedBatch | None = next(batches, None)
-                self.stats.wait_bytes_s += time.perf_counter() - t0
-                if encoded is None:
-                    break
-                out = self._process(decoder, side, encoded)
-                if not _put(ready, (out, (encoded.chunk, encoded.batch)), stop):
-                    return
-            _put(ready, _END, stop)
-        except BaseException as exc:  # hand it to the training loop, which raises it
-            _put(ready, exc, stop)
-        finally:
-            batches.close()
-
-    def _process(self, decoder, side, encoded: EncodedBatch) -> DecodedBatch:
+    def _decode(self, decoder, side, encoded: EncodedBatch) -> tuple[DecodedBatch, tuple[int, int]]:
+        """The decode stage: bytes → uint8 images (and labels, mask) on the device."""
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            t0 = time.perf_counter()
             out = decoder.decode(encoded)
             if side is not None:
                 out.images = out.images.clone(memory_format=torch.channels_last)  # DALI reuses its buffers
-            t1 = time.perf_counter()
-            self.stats.decode_s += t1 - t0
             out.labels = out.labels.to(self.device, non_blocking=True)
-            if self.augment is not None:
-                out = self.augment(out)
-            self.stats.augment_s += time.perf_counter() - t1
             out.valid = out.valid.to(self.device, non_blocking=True)
-        return out
+        return out, (encoded.chunk, encoded.batch)
+
+    def _augment(self, side, item: tuple[DecodedBatch, tuple[int, int]]) -> tuple[DecodedBatch, tuple[int, int]]:
+        """The augment stage, on the same side stream (so it runs after its decode on a GPU)."""
+        out, place = item
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            return self.augment(out), place
+
+    def _account(self, run: Stages, stages: list[Stage]) -> None:
+        busy = {s.name: s.busy_s for s in stages}
+        self.stats.wait_bytes_s += run.wait_source_s
+        self.stats.decode_s += busy["decode"]
+        self.stats.augment_s += busy.get("augment", 0.0)
+        if self.timeline is not None:
+            self.timeline.extend((s.name, a, b) for s in stages for a, b in s.spans)
+
+
+def _then(first, second):
+    return lambda item: second(first(item))
 
 
 def _device(device, world: World) -> torch.device:
@@ -201,75 +202,3 @@ def _device(device, world: World) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", world.local_rank)
     return device
-
-
-class _Producer:
-    """The decode thread of one iteration, and the way to stop it.
-
-    Stopped by the iteration's ``finally`` — and, when an exception in the training
-    loop leaves the iteration suspended (its ``finally`` would only run at garbage
-    collection, after the interpreter has begun tearing down), by :func:`_stop_live`
-    as the interpreter shuts down: a daemon thread still inside a DALI or torch call
-    at teardown aborts the process ("terminate called without an active exception").
-    """
-
-    def __init__(self, target: Callable, decoder, side, prefetch: int):
-        _hook_interpreter_exit()
-        self.ready: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.event = threading.Event()
-        self.thread = threading.Thread(target=target, args=(decoder, side, self.ready, self.event), daemon=True,
-                                       name="gpupipe-decode")
-        _LIVE.add(self)
-        self.thread.start()
-
-    def get(self):
-        """The next item; raises instead of waiting forever if the thread died without a word."""
-        while True:
-            try:
-                return self.ready.get(timeout=1.0)
-            except queue.Empty:
-                if not self.thread.is_alive() and self.ready.empty():
-                    raise RuntimeError("gpupipe: the decode thread ended without finishing the epoch "
-                                       "(see the log)") from None
-
-    def stop(self, timeout_s: float = _JOIN_TIMEOUT_S) -> None:
-        """Ask the thread to stop, unblock it if it waits to put, and wait for it."""
-        self.event.set()
-        deadline = time.monotonic() + timeout_s
-        while self.thread.is_alive() and time.monotonic() < deadline:
-            try:
-                self.ready.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        if self.thread.is_alive():
-            log.warning("gpupipe: the decode thread did not stop within %.0f s; leaving it (daemon)", timeout_s)
-        _LIVE.discard(self)
-
-
-_LIVE: "weakref.WeakSet[_Producer]" = weakref.WeakSet()
-_HOOKED = False
-
-
-def _stop_live() -> None:
-    for run in list(_LIVE):
-        run.stop()
-
-
-def _hook_interpreter_exit() -> None:
-    """Run :func:`_stop_live` when the main thread ends, before ``atexit`` handlers (DALI's
-    among them) and before daemon threads are frozen — the hook ``concurrent.futures`` uses."""
-    global _HOOKED
-    if not _HOOKED:
-        register = getattr(threading, "_register_atexit", atexit.register)
-        register(_stop_live)
-        _HOOKED = True
-
-
-def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -100,9 +101,9 @@ def test_same_seed_same_pixels_and_epochs_differ(shards):
     assert not all(torch.equal(x, y) for x, y in zip(a, second))
 
 
-def test_augment_callable_runs_in_the_producer(shards):
+def test_augment_callable_runs_in_its_own_stage_thread(shards):
     def to_float(images, batch):
-        assert threading.current_thread().name == "gpupipe-decode"
+        assert threading.current_thread().name == "gpupipe-augment"
         return images.float() / 255
 
     for images, _ in make(shards, "pil", augment=to_float):
@@ -119,11 +120,11 @@ def test_storage_error_in_workers_reaches_the_training_loop(shards, tmp_path):
         list(loader)
 
 
-def test_breaking_early_leaves_no_decode_thread(shards):
-    loader = make(shards, "pil")
+def test_breaking_early_leaves_no_stage_thread(shards):
+    loader = make(shards, "pil", augment=lambda images: images.float())
     for _ in loader:
         break
-    assert not [t for t in threading.enumerate() if t.name == "gpupipe-decode" and t.is_alive()]
+    assert not [t for t in threading.enumerate() if t.name in ("gpupipe-decode", "gpupipe-augment") and t.is_alive()]
 
 
 def test_unknown_keys_and_bad_values_raise_naming_them(shards):
@@ -171,3 +172,21 @@ def test_transforms_pipeline_gets_the_batch_key_and_resumes_identically(shards):
     for b in resumed:  # the same samples get the very same augmentation after a resume
         for i, img in zip(b.sample_ids.tolist(), b.images):
             assert torch.equal(img, full[i])
+
+
+def test_decode_of_the_next_batch_overlaps_the_augment_of_this_one(shards):
+    """The stages overlap: some decode span starts before the augment span of the batch
+    before it ends (one thread each; the timeline records both)."""
+    def slow(images):
+        time.sleep(0.05)  # an augmentation the decoder must not wait for
+        return images.float()
+
+    loader = make(shards, "pil", augment=slow, prefetch=2)
+    loader.timeline = []
+    assert sum(1 for _ in loader) >= 3
+    decode = [(a, b) for name, a, b in loader.timeline if name == "decode"]
+    augment = [(a, b) for name, a, b in loader.timeline if name == "augment"]
+    assert len(decode) == len(augment) >= 3
+    overlapped = sum(decode[i + 1][0] < augment[i][1] for i in range(len(augment) - 1))
+    assert overlapped >= len(augment) // 2, (decode, augment)
+    assert loader.stats.augment_s >= 0.05 * len(augment) * 0.9
