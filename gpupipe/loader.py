@@ -118,6 +118,8 @@ class GpuLoader:
         for _ in self:
             pass
         self.stats = StageStats()
+        if self.timeline is not None:
+            self.timeline.clear()
         t0 = time.perf_counter()
         for _ in range(epochs):
             for _ in self:

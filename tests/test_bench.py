@@ -224,3 +224,21 @@ def test_bench_compare_skips_and_counts_a_truncated_image(truncated_data, tmp_pa
     rows = {r["loader"]: r for r in json.loads(out.read_text())["results"]}
     assert rows["baseline"]["skipped"] >= 1  # 2 + 3 batches of 4: a whole epoch of 12 is read
     assert str(victim) in err and "skipped" in err
+
+
+def test_single_run_writes_a_stage_timeline_trace(tiny_data: Path, tmp_path: Path, capsys):
+    """``--timeline`` writes one decode and one augment span per timed batch as Chrome trace
+    events; the spans of a stage never overlap each other (one thread each)."""
+    trace = tmp_path / "trace.json"
+    code = main(["bench", str(tiny_data / "shards") + "/", "--augment", "simple", "--batch-size", "4",
+                 "--image-size", "16", "--epochs", "1", "--workers", "0", "--device", "cpu", "--timeline", str(trace)])
+    assert code == 0, capsys.readouterr()
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = {}
+    for e in events:
+        if e["ph"] == "X":
+            spans.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
+    assert set(spans) == {"decode", "augment"} and len(spans["decode"]) == len(spans["augment"]) >= 2
+    for runs in spans.values():
+        assert all(a[1] <= b[0] + 1 for a, b in zip(sorted(runs), sorted(runs)[1:]))
+    assert "stage timeline" in capsys.readouterr().out

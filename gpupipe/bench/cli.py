@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="gpupipe's decoder")
     p.add_argument("--device", default=None, type=device_option, help="cuda, cuda:N or cpu (default: cuda when present)")
     p.add_argument("--epochs", type=int, default=2, help="single-run mode: timed epochs after one warm-up epoch")
+    p.add_argument("--timeline", default=None, metavar="JSON",
+                   help="single-run mode: write each batch's decode/augment span as a Chrome trace "
+                        "(open in ui.perfetto.dev or chrome://tracing) to see which stage bounds the run")
     p.add_argument("--per-sample", default="auto", choices=["auto", "torchvision", "pil"],
                    help="the baselines' per-sample transforms (auto: torchvision where importable)")
     p.add_argument("--images-dir", default=None, metavar="DIR",
