@@ -79,6 +79,7 @@ class GpuLoader:
             split = replace(split, num_workers=default_num_workers(world, decode_on_cpu=on_cpu))
         self.split = split
         self.encoded = EncodedLoader(split, world)
+        self.encoded.pin_memory = self.device.type == "cuda"  # encoded bytes reach the GPU from pinned pages
         stage = split.augment_stage()
         self.augment = stage.to(self.device) if stage is not None else None
         self.stats = StageStats()

@@ -46,9 +46,10 @@ def test_encoded_loader_keeps_the_stream_config_it_is_given(shards):
 
 
 def test_gpu_loader_with_a_decode_config_takes_image_size_and_seed(shards):
-    loader = GpuLoader(shards, decode=DecodeConfig(backend="pil", resize="random_resized_crop"), image_size=16,
+    loader = GpuLoader(shards, decode=DecodeConfig(backend="pil"), image_size=16, resize="random_resized_crop",
                        seed=7, batch_size=8, num_workers=0, device="cpu", on_error="skip")
     assert loader.decoder.config.image_size == (16, 16) and loader.decoder.config.seed == 7
+    assert loader.decoder.config.resize.value == "random_resized_crop"
     assert loader.encoded.spec.seed == 7
     assert next(iter(loader)).images.shape[-2:] == (16, 16)
 
@@ -72,6 +73,13 @@ def test_a_setting_given_twice_with_two_values_raises_naming_both(shards, kwargs
         GpuLoader(shards, batch_size=8, num_workers=0, device="cpu", **kwargs)
     for name in names:
         assert name in str(info.value)
+
+
+def test_a_crop_without_an_output_size_is_refused_not_dropped():
+    with pytest.raises(ConfigError, match="decode.resize: 'random_resized_crop' needs decode.image_size"):
+        DecodeConfig(resize="random_resized_crop")
+    with pytest.raises(ConfigError, match="decode.resize: 'shorter' needs decode.image_size"):
+        load_config({"source": "x/", "decode": {"resize": "shorter"}})
 
 
 def test_the_keyword_form_and_yaml_give_the_same_error(shards):

@@ -74,7 +74,9 @@ class DecodeConfig:
             if len(size) != 2 or min(size) < 1:
                 raise ConfigError(f"decode.image_size: expected (height, width) > 0, got {self.image_size!r}")
             object.__setattr__(self, "image_size", size)
-        elif self.resize is not ResizeMode.NONE:
+        elif self.resize in (ResizeMode.SHORTER, ResizeMode.RANDOM_CROP):
+            raise ConfigError(f"decode.resize: {self.resize.value!r} needs decode.image_size (the output size)")
+        else:  # the default resize without a size: keep decoded sizes
             object.__setattr__(self, "resize", ResizeMode.NONE)
         lo, hi = self.scale
         if not 0 < lo <= hi <= 1:
