@@ -14,21 +14,19 @@ pipeline is its ``data:`` section and ``model:``/``trainer:``/... belong to Ligh
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import inspect
 import os
 import re
 import types
-import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
-from gpupipe.classes import agreed_classes, check_class_names
+from gpupipe.classes import check_class_names
+from gpupipe.configtypes import build, check_keys, coerce, join_path, suggest
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.errors import ConfigError
-from gpupipe.storage import FetchConfig
 from gpupipe.stream import StreamConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
@@ -264,7 +262,7 @@ def preset(name: str) -> tuple[TransformSpec, ...]:
                                 ("autoaugment", "AutoAugment"))},
     }
     if name not in sets:
-        raise ConfigError(f"augment: unknown preset {name!r}{_suggest(name, sets)} (choose from {', '.join(sets)})")
+        raise ConfigError(f"augment: unknown preset {name!r}{suggest(name, sets)} (choose from {', '.join(sets)})")
     return tuple(sets[name])
 
 
@@ -307,7 +305,7 @@ def parse_config(data: Any, *, environ: Mapping[str, str] | None = None, origin:
     if "data" in data:  # a LightningCLI file: the pipeline is its data section
         unknown = sorted(set(data) - LIGHTNING_SECTIONS - {"data"})
         if unknown:
-            raise ConfigError(f"{unknown[0]}: unknown top-level key beside 'data'{_suggest(unknown[0], LIGHTNING_SECTIONS)}")
+            raise ConfigError(f"{unknown[0]}: unknown top-level key beside 'data'{suggest(unknown[0], LIGHTNING_SECTIONS)}")
         data = data["data"] or {}
         if not isinstance(data, Mapping):
             raise ConfigError("data: expected a mapping of the pipeline sections")
@@ -317,24 +315,24 @@ def parse_config(data: Any, *, environ: Mapping[str, str] | None = None, origin:
 
 def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     known = {f.name for f in fields(PipelineConfig)}
-    _check_keys(data, known, "")
+    check_keys(data, known, "")
     source = _source(data.get("source") or {})
     stream_data = dict(data.get("stream") or {})
     for moved, to in (("on_error", "decode.on_error"),):
         if moved in stream_data:
             raise ConfigError(f"stream.{moved}: set {to} (one policy for streaming and decoding)")
-    stream = _dataclass(StreamConfig, stream_data, "stream")
+    stream = build(StreamConfig, stream_data, "stream")
     decode_data = data.get("decode") or {}
     if isinstance(decode_data, Mapping) and "seed" in decode_data:
         raise ConfigError("decode.seed: set the top-level 'seed' (it keys decode crops and augmentation alike)")
-    seed = _coerce(data.get("seed", 0), int, "seed")
-    decode = replace(_dataclass(DecodeConfig, decode_data, "decode"), seed=seed)
+    seed = coerce(data.get("seed", 0), int, "seed")
+    decode = replace(build(DecodeConfig, decode_data, "decode"), seed=seed)
     augment = _augment(data.get("augment"), "augment")
     eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment")
     mix = None if data.get("mix") is None else _spec(data["mix"], "mix", MIXES)
     if mix is not None and not any(s.name in ("ToDtype", "ToTensor") for s in augment):
         raise ConfigError(f"mix ({mix.name}): needs float images; end augment with a ToDtype")
-    loader = _dataclass(LoaderConfig, data.get("loader") or {}, "loader")
+    loader = build(LoaderConfig, data.get("loader") or {}, "loader")
     stream = replace(stream, on_error=decode.on_error)
     return PipelineConfig(source=source, stream=stream, decode=decode, augment=augment, eval_augment=eval_augment,
                           mix=mix, loader=loader, seed=seed)
@@ -349,7 +347,7 @@ def _source(data: Any) -> SourceConfig:
     if not isinstance(options, Mapping):
         raise ConfigError("source.storage_options: expected a mapping (values are kept secret)")
     rest = {k: v for k, v in data.items() if k != "storage_options"}
-    config = _dataclass(SourceConfig, rest, "source")
+    config = build(SourceConfig, rest, "source")
     return replace(config, storage_options=Secrets(options))
 
 
@@ -373,12 +371,12 @@ def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> Tra
         raise ConfigError(f"{path}: expected a mapping with 'name' and the transform's arguments")
     name = item["name"]
     if name not in registry:
-        raise ConfigError(f"{path}.name: unknown {name!r}{_suggest(str(name), registry)} "
+        raise ConfigError(f"{path}.name: unknown {name!r}{suggest(str(name), registry)} "
                           f"(supported: {', '.join(sorted(registry))})")
     args = {k: v for k, v in item.items() if k != "name"}
     params = inspect.signature(transform_class(name).__init__).parameters
     accepted = {p for p in params if p != "self"} | ({"dtype"} if name == "ToTensor" else set())
-    _check_keys(args, accepted, path)
+    check_keys(args, accepted, path)
     spec = TransformSpec(name, args)
     try:
         spec.build()
@@ -412,100 +410,7 @@ def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:
                               f"(write ${{{m.group(1)}:-default}} for a default)")
         return _ENV.sub(substitute, value)
     if isinstance(value, Mapping):
-        return {k: _interpolate(v, environ, _join(path, str(k))) for k, v in value.items()}
+        return {k: _interpolate(v, environ, join_path(path, str(k))) for k, v in value.items()}
     if isinstance(value, list):
         return [_interpolate(v, environ, f"{path}[{i}]") for i, v in enumerate(value)]
     return value
-
-
-# ------------------------------------------------------------------------------------ typing
-
-def _dataclass(cls: type, data: Any, path: str) -> Any:
-    """Build the frozen dataclass ``cls`` from a mapping, checking keys and types."""
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{path}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls) if f.init}
-    _check_keys(data, names, path)
-    kwargs = {k: _coerce(v, hints[k], _join(path, k)) for k, v in data.items()}
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        message = str(exc)
-        raise ConfigError(message if message.startswith(path) else f"{path}: {message}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-
-
-def _coerce(value: Any, hint: Any, path: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, path)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0]
-    if dataclasses.is_dataclass(hint):
-        return _dataclass(hint, value, path)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            choices = ", ".join(repr(m.value) for m in hint)
-            raise ConfigError(f"{path}: {value!r} is not one of {choices}") from None
-    if origin is tuple:
-        return _tuple(value, args, path)
-    if isinstance(origin, type) and issubclass(origin, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
-        return value
-    return _scalar(value, hint, path)
-
-
-def _tuple(value: Any, args: tuple, path: str) -> tuple:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{path}: expected a list, got {value!r}")
-    if len(args) == 2 and args[1] is Ellipsis:
-        return tuple(_coerce(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
-    if len(value) != len(args):
-        raise ConfigError(f"{path}: expected {len(args)} values, got {len(value)}")
-    return tuple(_coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-
-
-def _scalar(value: Any, hint: Any, path: str) -> Any:
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, str, bool) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
-        return value
-    if hint in (int, float, str, bool):
-        raise ConfigError(f"{path}: expected {hint.__name__}, got {type(value).__name__} {_show(value)}")
-    return value
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _check_keys(data: Mapping[str, Any], known: set | frozenset | Mapping, path: str) -> None:
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"{_join(path, str(key))}: unknown key{_suggest(str(key), known)} "
-                              f"(known: {', '.join(sorted(known))})")
-
-
-def _suggest(word: str, choices) -> str:
-    lowered = {str(c).lower(): str(c) for c in choices}
-    match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
-    return f"; did you mean {lowered[match[0]]!r}?" if match else ""
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
