@@ -52,7 +52,7 @@ def _run(root: str, backend: str, workers: int, where: str) -> subprocess.Comple
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("backend,workers", [("dali", 0), ("pil", 0), ("dali", 2)])
+@pytest.mark.parametrize("backend,workers", [("dali", 0), ("dali", 2)])
 def test_error_in_the_loop_body_is_a_python_exception(dataset, backend, workers):
     run = _run(f"{dataset}/good", backend, workers, "loop")
     assert run.returncode == 1, f"exit {run.returncode}: {run.stderr[-2000:]}"
