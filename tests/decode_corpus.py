@@ -35,7 +35,8 @@ from PIL import Image, features
 
 from gpupipe.synth import synthetic_jpeg
 
-__all__ = ["Expect", "natural_jpegs", "cases", "orientation_pattern", "png_bytes", "SEED"]
+__all__ = ["Expect", "natural_jpegs", "cases", "orientation_pattern", "oriented_jpegs", "stored_as", "png_bytes",
+           "SEED"]
 
 SEED = 20240601
 NATURAL = (80, 60)  # (width, height) of the natural-image cases
@@ -169,17 +170,32 @@ def _other_format_cases() -> dict[str, tuple[bytes, Expect]]:
     return out
 
 
+def stored_as(upright: np.ndarray, orientation: int, **jpeg) -> bytes:
+    """A JPEG that shows ``upright`` (h, w, 3) once EXIF ``orientation`` is applied: the pixels
+    stored transposed the other way, and the orientation in an Exif segment."""
+    stored = Image.fromarray(upright)
+    if orientation != 1:
+        stored = stored.transpose(_UPRIGHT[_INVERSE[orientation]])
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return _save(stored, "JPEG", exif=exif.tobytes(), **jpeg)
+
+
+def oriented_jpegs(size: tuple[int, int] = (203, 157), quality: int = 90) -> dict[int, bytes]:
+    """One photo-like upright image of ``size`` (width, height) stored under each EXIF
+    orientation 1..8. The default sides are odd, so neither the 8x8 blocks nor any DCT scale
+    divides them: a box carried between the stored and upright frames without minding the
+    rounded-up scaled size lands off by a pixel."""
+    upright = np.asarray(Image.open(io.BytesIO(natural_jpegs(1, size, quality, seed=SEED + 2)[0])).convert("RGB"))
+    return {o: stored_as(upright, o, quality=quality) for o in range(1, 9)}
+
+
 def _orientation_cases() -> dict[str, tuple[bytes, Expect]]:
     upright = orientation_pattern()
     size = upright.shape[:2]
     out = {}
     for o in range(1, 9):
-        stored = Image.fromarray(upright)
-        if o != 1:
-            stored = stored.transpose(_UPRIGHT[_INVERSE[o]])
-        exif = Image.Exif()
-        exif[0x0112] = o
-        data = _save(stored, "JPEG", quality=95, subsampling=0, exif=exif.tobytes())
+        data = stored_as(upright, o, quality=95, subsampling=0)
         out[f"exif-{o}"] = (data, Expect("ok", size, upright))
     stored = np.asarray(Image.fromarray(upright).transpose(_UPRIGHT[8]))
     exif = Image.Exif()

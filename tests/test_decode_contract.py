@@ -459,6 +459,31 @@ def test_random_crop_pixels_agree_with_the_pil_backend(make, backend):
     assert_close(hwc(out.images), expected, what=f"{backend.name} crops against pil's")
 
 
+# -- decode only what is used ---------------------------------------------------------------
+
+PHOTO = corpus.oriented_jpegs()  # one 203x157 (w x h) photo stored under orientations 1..8
+
+
+@pytest.mark.parametrize("resize", [ResizeMode.RANDOM_CROP, ResizeMode.SHORTER], ids=["rrc", "shorter"])
+def test_crop_modes_match_a_full_decode_under_every_orientation(make, resize):
+    """A crop mode may decode less than the whole image (only a window, or scaled down in the
+    DCT domain: gpupipe.decode.roi); its pixels stay within TOL of the reference, which decodes
+    everything, applies EXIF and resizes the same box. Boxes here are 5-10x the output, so the
+    shortcuts are taken, under every orientation (odd sides: no block or scale divides them)."""
+    from gpupipe.decode.common import crop_boxes
+    from gpupipe.formats.imageheader import probe
+
+    size, ids = (16, 20), list(range(20, 28))
+    options = {"image_size": size, "resize": resize, "scale": (0.3, 1.0), "seed": 1}
+    batch = encode([(f"o{o}", PHOTO[o]) for o in range(1, 9)], ids=ids, epoch=1)
+    out = make(**options).decode(batch)
+    boxes = crop_boxes([probe(PHOTO[o]) for o in range(1, 9)], ids, 1, DecodeConfig(**options))
+    for o, image, box in zip(range(1, 9), hwc(out.images), boxes.tolist()):
+        top, left, h, w = box
+        assert_close(image, pillow(PHOTO[o], size, box=(left, top, left + w, top + h)),
+                     what=f"{resize.value}, orientation {o}, box {box}")
+
+
 @pytest.mark.dali
 def test_dali_error_names_what_failed_not_dalis_banner():
     """A JPEG whose headers pass the checks but whose Huffman table is garbage: the error

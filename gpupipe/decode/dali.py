@@ -9,7 +9,9 @@ crop boxes, planned on the upright image, land where they were meant to.
 
 Encoded bytes go in through ``external_source`` as zero-copy numpy views of the batch
 buffer; each sample's crop box goes in beside it and ``fn.resize`` crops and resizes in
-one interpolation. Rows DALI does not decode are fed a JPEG of the same batch, so the
+one interpolation. For ``random_resized_crop`` and ``shorter`` only the window around the
+box is decoded (``decoders.image_slice``, :mod:`gpupipe.decode.roi`); ``fixed`` and
+``none`` decode whole images. Rows DALI does not decode are fed a JPEG of the same batch, so the
 output is always one dense (B, H, W, 3) tensor (DLPack on the GPU, the numpy buffer on
 the CPU); those rows are then overwritten with Pillow's pixels or, for bad images, with
 their replacement's pixels and label (:func:`gpupipe.decode.common.finish`).
@@ -29,8 +31,9 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import StandIn, account, finish, prepare
+from gpupipe.decode.common import StandIn, account, finish, prepare, upright_size
 from gpupipe.decode.pil import decode_many, pool
+from gpupipe.decode.roi import dali_slices
 from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader
 
@@ -39,6 +42,7 @@ __all__ = ["DaliDecoder", "decodes_well"]
 log = logging.getLogger(__name__)
 
 _DALI_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
+_ROI_MODES = (ResizeMode.SHORTER, ResizeMode.RANDOM_CROP)  # decode the window around the box only
 
 
 def decodes_well(header: ImageHeader) -> bool:
@@ -63,33 +67,48 @@ class DaliDecoder:
 
         cfg, gpu = self.config, self.device.type == "cuda"
         threads = cfg.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
-        resize = cfg.resize is not ResizeMode.NONE
+        window = cfg.resize in _ROI_MODES
 
         @pipeline_def(batch_size=max_batch, num_threads=threads, device_id=self.device.index or 0 if gpu else None,
                       prefetch_queue_depth=1, seed=cfg.seed)
         def pipeline():
             enc = fn.external_source(name="enc", dtype=types.UINT8, no_copy=False)
-            kwargs = {"hw_decoder_load": cfg.hw_decoder_load} if gpu else {}
-            img = fn.decoders.image(enc, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                                    adjust_orientation=True, **kwargs)
-            if resize:
+            kwargs = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB, "adjust_orientation": True,
+                      **({"hw_decoder_load": cfg.hw_decoder_load} if gpu else {})}
+            if window:  # upright (y, x) relative to the image; see gpupipe.decode.roi
+                img = fn.decoders.image_slice(enc, rel_start=fn.external_source(name="win_start", dtype=types.FLOAT),
+                                              rel_end=fn.external_source(name="win_end", dtype=types.FLOAT),
+                                              axis_names="HW", **kwargs)
+            else:
+                img = fn.decoders.image(enc, **kwargs)
+            if cfg.resize is not ResizeMode.NONE:
                 start = fn.external_source(name="roi_start", dtype=types.FLOAT)
                 end = fn.external_source(name="roi_end", dtype=types.FLOAT)
                 img = fn.resize(img, size=list(cfg.image_size), roi_start=start, roi_end=end,
-                                roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)
+                                roi_relative=window, antialias=True, interp_type=types.INTERP_LINEAR)
             return img
 
         pipe = pipeline()
         pipe.build()
         self._pipe, self._max_batch = pipe, max_batch
 
-    def _run(self, inputs: list[np.ndarray], boxes: np.ndarray):
+    def _placement(self, boxes: np.ndarray, checked) -> dict[str, np.ndarray]:
+        """Per-row inputs beside the bytes, each (B, 2) float32 (y, x): the decode window and
+        the box within it (ROI modes), the box in the image (``fixed``), nothing (``none``)."""
+        cfg = self.config
+        if cfg.resize in _ROI_MODES:
+            images = [None if h is None else upright_size(h) for h in checked.headers]
+            return dali_slices(boxes, images, cfg.image_size)
+        if cfg.resize is ResizeMode.NONE:
+            return {}
+        return {"roi_start": boxes[:, :2].astype(np.float32), "roi_end": (boxes[:, :2] + boxes[:, 2:]).astype(np.float32)}
+
+    def _run(self, inputs: list[np.ndarray], placement: dict[str, np.ndarray]):
         if self._pipe is None or len(inputs) > self._max_batch:
             self._build(max(len(inputs), self._max_batch))
         self._pipe.feed_input("enc", inputs)
-        if self.config.resize is not ResizeMode.NONE:
-            self._pipe.feed_input("roi_start", [b[:2].astype(np.float32) for b in boxes])
-            self._pipe.feed_input("roi_end", [(b[:2] + b[2:]).astype(np.float32) for b in boxes])
+        for name, rows in placement.items():
+            self._pipe.feed_input(name, list(rows))
         (out,) = self._pipe.run()
         return out
 
@@ -102,7 +121,7 @@ class DaliDecoder:
         jpegs = [i for i in good if decodes_well(checked.headers[i])]
         side = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
                            self.stats)
-        out, refused = self._decode_jpegs(batch, jpegs, boxes)
+        out, refused = self._decode_jpegs(batch, jpegs, self._placement(boxes, checked))
         side.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         if out is None:  # nothing for DALI in this batch
             h, w = next(iter(side.values())).shape[:2] if side else (self.config.image_size or (1, 1))
@@ -116,33 +135,33 @@ class DaliDecoder:
         account(self.stats, batch, t0)
         return result
 
-    def _decode_jpegs(self, batch, jpegs: list[int], boxes) -> tuple[torch.Tensor | None, dict[int, str]]:
+    def _decode_jpegs(self, batch, jpegs: list[int], placement) -> tuple[torch.Tensor | None, dict[int, str]]:
         """DALI on rows ``jpegs``: (B, H, W, 3) with those rows decoded (None if there are
         none), and why DALI refused the ones it refused."""
         if not jpegs:
             return None, {}
         try:
-            return self._dense(batch, jpegs, boxes), {}
+            return self._dense(batch, jpegs, placement), {}
         except RuntimeError:
             self._pipe = None  # DALI invalidates a pipeline after an error
         refused = {}
         for i in jpegs:  # find the culprits one by one
             try:
-                self._run([np.frombuffer(batch.image(i), np.uint8)], boxes[i:i + 1])
+                self._run([np.frombuffer(batch.image(i), np.uint8)], {k: v[i:i + 1] for k, v in placement.items()})
             except RuntimeError as exc:
                 self._pipe = None
                 refused[i] = f"DALI: {_dali_reason(exc)}"
                 log.info("DALI refused %s (%s); trying Pillow", batch.keys[i], refused[i])
         kept = [i for i in jpegs if i not in refused]
-        return (self._dense(batch, kept, boxes) if kept else None), refused
+        return (self._dense(batch, kept, placement) if kept else None), refused
 
-    def _dense(self, batch, rows: list[int], boxes) -> torch.Tensor:
+    def _dense(self, batch, rows: list[int], placement) -> torch.Tensor:
         """Decode the whole batch with every row outside ``rows`` fed one of ``rows``:
         (B, H, W, 3) uint8 on the device."""
         chosen = set(rows)
         src = [i if i in chosen else rows[0] for i in range(len(batch))]
         inputs = [np.frombuffer(batch.image(j), np.uint8) for j in src]
-        out = self._run(inputs, boxes[src])
+        out = self._run(inputs, {k: v[src] for k, v in placement.items()})
         return _to_torch(out, self.device, self.config)
 
     def close(self) -> None:

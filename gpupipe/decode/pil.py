@@ -18,8 +18,11 @@ import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import Checked, StandIn, account, assemble, prepare, record_bad
+from gpupipe.decode.roi import draft_scale, drafted_box
 
 __all__ = ["PilDecoder", "decode_one", "decode_many", "pool"]
+
+_ORIENTATION = 0x0112  # the EXIF tag
 
 
 def _to_rgb(img):
@@ -35,16 +38,33 @@ def _to_rgb(img):
 
 def decode_one(data, box, size: tuple[int, int] | None) -> np.ndarray:
     """Decode one image upright (EXIF applied), crop ``box`` (top, left, h, w) and
-    resize to ``size`` (h, w); HWC uint8. Raises OSError / ValueError on bad data."""
+    resize to ``size`` (h, w); HWC uint8. Raises OSError / ValueError on bad data.
+
+    A JPEG whose box is at least twice ``size`` is decoded scaled down in the DCT domain
+    (1/2, 1/4 or 1/8: :func:`gpupipe.decode.roi.draft_scale`) and the scaled box resized."""
     from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(bytes(data))) as raw:
+        ltrb = None if size is None else _draft(raw, box, size)
         raw.load()
         img = _to_rgb(ImageOps.exif_transpose(raw))
     if size is not None:
-        top, left, h, w = (int(v) for v in box)
-        img = img.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
+        img = img.resize((size[1], size[0]), Image.BILINEAR, box=ltrb)
     return np.array(img)  # a writable copy the batch can take
+
+
+def _draft(raw, box, size: tuple[int, int]) -> tuple[float, float, float, float]:
+    """Ask the decoder of ``raw`` (opened, not loaded) for the smallest DCT scale that keeps
+    ``box`` at least ``size``; return the box as (left, top, right, bottom) of the upright
+    image it will then decode to. Formats without DCT scaling decode at full size."""
+    top, left, h, w = (int(v) for v in box)
+    scale = draft_scale(box, size)
+    stored = raw.size
+    drafted = raw.draft(None, (stored[0] // scale, stored[1] // scale)) if scale > 1 else None
+    if drafted is None:
+        return left, top, left + w, top + h
+    orientation = raw.getexif().get(_ORIENTATION, 1)  # what ImageOps.exif_transpose reads
+    return drafted_box(box, orientation, stored, raw.size, stored[0] / drafted[1][2])
 
 
 def pool(config: DecodeConfig) -> ThreadPoolExecutor:
