@@ -8,6 +8,15 @@ and 20 ms per request), next to a plain sequential read of the same shard files
 in the same run; then peak RSS (main process + workers) streaming a dataset and
 one 10x its size. Each timing is the median of --repeat epochs after a warm-up
 epoch. Not a test: numbers go to docs/benchmarks.md with the command and hardware.
+
+``--in-place`` (issue 15) measures instead --in-place-images JPEGs as an image
+folder, and --table-images (the same JPEGs, cycled) as Parquet files and as tar
+shards (all with index.json) on a loopback S3 server (moto, in its own process),
+through the proxy at each --latency-ms: images/s, MB/s and requests per image,
+epochs of all of them taken in turn (so that the machine's load falls on each
+alike); then one epoch of the folder with one request in flight per worker.
+
+    .venv/bin/python benchmarks/stream_bench.py --in-place --in-place-images 3000 --out .bench/inplace.json
 """
 from __future__ import annotations
 
@@ -117,6 +126,114 @@ def s3_sequential(fs, bucket, proxy, repeat: int) -> dict:
     return plain_reads(lambda: sum(len(plain.cat_file(p)) for p in names), repeat)
 
 
+def in_place_sources(args) -> dict:
+    """The same JPEGs as an image folder, Parquet files and tar shards on loopback S3, each
+    with its index.json, streamed through the proxy at each latency."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fault_proxy import FaultProxy
+    from s3util import create_bucket
+
+    from gpupipe.indexer import index_in_place
+    from gpupipe.synth import synthetic_jpeg
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    rng = np.random.default_rng(0)
+    n, size = args.in_place_images, args.size
+    images = [synthetic_jpeg(rng, (size, size)) for _ in range(n)]  # all distinct: nothing is cached by content
+    server, endpoint = _moto_process()
+    out: dict = {"images": n, "image_bytes_mean": float(np.mean([len(b) for b in images]))}
+    try:
+        bucket = create_bucket(endpoint)
+        fs, opts = bucket.fs(), bucket.storage_options
+        for i, data in enumerate(images):
+            fs.pipe_file(f"{bucket.name}/folder/c{i % 10}/img{i:06d}.jpg", data)
+        per_file, rows = args.shard_size, [images[i % n] for i in range(args.table_images)]  # the folder's, cycled
+        tables = [f"parquet-rg{r}" for r in args.row_group_rows]
+        for k in range(0, len(rows), per_file):
+            table = pa.table({"image": pa.array(rows[k:k + per_file], pa.binary()),
+                              "label": pa.array([i % 10 for i in range(k, min(len(rows), k + per_file))], pa.int64())})
+            for name, group_rows in zip(tables, args.row_group_rows):
+                with fs.open(f"{bucket.name}/{name}/part-{k // per_file:05d}.parquet", "wb") as f:
+                    pq.write_table(table, f, row_group_size=group_rows)
+        with ShardSink(bucket.url("tar"), shard_size=per_file, storage_options=opts) as sink:
+            for i, data in enumerate(rows):
+                sink.write(f"img{i:08d}", {"jpg": data, "cls": str(i % 10).encode()})
+        for kind in ("folder", *tables):
+            index_in_place(bucket.url(kind + "/"), storage_options=opts, progress=False)
+        proxies = [FaultProxy(endpoint, latency_s=ms / 1000, methods=()).start() for ms in args.latency_ms]
+        try:
+            runs = [(f"{kind}_{ms}ms", kind, proxy, {})
+                    for ms, proxy in zip(args.latency_ms, proxies) for kind in ("folder", *tables, "tar")]
+            out.update(_interleaved(bucket, opts, runs, args))
+            one = {"concurrency": 1, "object_concurrency": 1}
+            control = [(f"folder_{ms}ms_concurrency_1", "folder", proxy, one)  # latency not hidden: one epoch
+                       for ms, proxy in zip(args.latency_ms, proxies) if ms]
+            out.update(_interleaved(bucket, opts, control, argparse.Namespace(**{**vars(args), "repeat": 0})))
+        finally:
+            for proxy in proxies:
+                proxy.stop()
+    finally:
+        server.terminate()
+        server.wait()
+    for kind in ("folder", *tables):
+        for latency_ms in args.latency_ms:
+            run = out[f"{kind}_{latency_ms}ms"]
+            run["vs_tar_same_latency"] = run["samples_per_s"] / out[f"tar_{latency_ms}ms"]["samples_per_s"]
+            run["vs_own_0ms"] = run["samples_per_s"] / out[f"{kind}_{args.latency_ms[0]}ms"]["samples_per_s"]
+    return out
+
+
+def _moto_process():
+    """A moto S3 server in its own process (its own interpreter lock, apart from the proxy's
+    threads in this one): ``(process, endpoint)``."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            return proc, endpoint
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
+
+
+def _interleaved(bucket, opts: dict, runs: list, args) -> dict:
+    """Each run's epochs taken in turn — run 1, run 2, ..., run 1 again — so that a change in
+    the machine's load falls on all of them alike: a warm-up round, then --repeat rounds."""
+    loaders, requests = {}, {}
+    for name, kind, proxy, fetch_options in runs:
+        fetch = FetchConfig(block_bytes=args.block_mb << 20, **{"concurrency": args.concurrency, **fetch_options})
+        loaders[name] = EncodedLoader(bucket.url(kind + "/"), batch_size=args.batch_size, num_workers=args.workers,
+                                      storage_options={**opts, "endpoint_url": proxy.url}, rank=0, world_size=1,
+                                      stream=StreamConfig(fetch=fetch))
+    times: dict[str, list] = {name: [] for name, *_ in runs}
+    for round_ in range(args.repeat + 1):
+        for name, _, proxy, _ in runs:
+            before = proxy.counts["requests"]
+            n, nbytes, secs = epoch(loaders[name])
+            requests[name] = (proxy.counts["requests"] - before) / n
+            if round_ or not args.repeat:  # without repeats, the one epoch is the measurement
+                times[name].append((n, nbytes, secs))
+    out = {}
+    for name, got in times.items():
+        secs = statistics.median(t[2] for t in got)
+        n, nbytes = got[0][0], got[0][1]
+        out[name] = {"samples": n, "bytes": nbytes, "seconds": secs, "samples_per_s": n / secs,
+                     "MB_per_s": nbytes / secs / MB, "runs_s": [round(t[2], 3) for t in got],
+                     "requests_per_image": requests[name]}
+    return out
+
+
 def peak_rss(folder: str, args) -> float:
     """Peak RSS (MB) of this process tree while streaming one epoch, in a fresh interpreter."""
     code = (f"import sys; sys.path[:0]=[{str(ROOT)!r}, {str(ROOT / 'benchmarks')!r}]\n"
@@ -172,9 +289,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--latency-ms", type=int, nargs="*", default=[0, 20])
     ap.add_argument("--rss-scale", type=int, default=10, help="the large RSS run has this many times the images")
+    ap.add_argument("--in-place", action="store_true", help="image folder / Parquet / tar on loopback S3 (issue 15)")
+    ap.add_argument("--in-place-images", type=int, default=3000)
+    ap.add_argument("--table-images", type=int, default=20000, help="rows of the Parquet and tar copies "
+                    "(the folder's images, cycled): long enough epochs for sources this fast")
+    ap.add_argument("--row-group-rows", type=int, nargs="*", default=[100, 250],
+                    help="one Parquet copy per row-group size (100: what Hugging Face datasets writes for images)")
+    ap.add_argument("--concurrency", type=int, default=8, help="stream.fetch.concurrency")
     ap.add_argument("--data", default=".bench/data")
     ap.add_argument("--out", default=".bench/stream.json")
     args = ap.parse_args()
+    if args.in_place:
+        load = os.getloadavg()
+        result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                  "args": vars(args), **in_place_sources(args), "load_avg_start": load, "load_avg_end": os.getloadavg()}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2))
+        return
 
     folder = f"{args.data}/stream-{args.images}-{args.size}"
     build(folder, args.images, args.size, args.shard_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import sys
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from gpupipe.errors import ConfigError
 from gpupipe.inplace import with_checksums
@@ -27,19 +27,20 @@ log = logging.getLogger(__name__)
 
 def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] | None = None, workers: int = 8,
                    checksums: bool = False, image_column: str | None = None, label_column: str | None = None,
-                   labels: str | None = None, progress: bool = True) -> Manifest | None:
+                   labels: str | None = None, classes: Sequence[str] | None = None,
+                   progress: bool = True) -> Manifest | None:
     """Write ``index.json`` for the image folder or Parquet files at ``url``; returns the
     manifest, or ``None`` when ``url`` names tar shards (nothing is written then).
 
-    ``workers``: requests in flight. ``image_column``, ``label_column`` and ``labels``
-    are as in :class:`~gpupipe.sources.Source`; the index remembers them.
+    ``workers``: requests in flight. ``image_column``, ``label_column``, ``labels`` and
+    ``classes`` are as in :class:`~gpupipe.sources.Source`; the index remembers them.
     """
     if workers < 1:
         raise ConfigError(f"index: workers must be >= 1, got {workers}")
     refuse_commands(expand_pattern(url))
     fetch = FetchConfig(concurrency=workers)
     source = Source(url, dict(storage_options or {}), image_column=image_column, label_column=label_column,
-                    labels=labels)
+                    labels=labels, classes=None if classes is None else tuple(classes))
     resolved = resolve(source, fetch, use_index=False)
     if resolved.kind == "tar":
         return None

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import zlib
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
-from gpupipe.errors import StorageError
-from gpupipe.formats.folder import LABEL_FILES, FolderListing, ObjectTable, folder_table, parse_label_file
+from gpupipe.errors import ConfigError, StorageError
+from gpupipe.formats.folder import LABEL_FILES, FolderListing, class_numbering, folder_table, parse_label_file
 from gpupipe.formats.rowgroups import (TAIL_BYTES, Pieces, RowGroupTable, describe_parquet, footer_range,
                                        read_columns, read_footer)
 from gpupipe.manifest import Manifest
@@ -26,15 +27,17 @@ __all__ = ["describe_folder", "parquet_paths", "describe_parquet_files", "with_c
 log = logging.getLogger(__name__)
 
 
-def describe_folder(fetcher: Fetcher, folder: str, listing: FolderListing, labels: str | None = None) -> Manifest:
+def describe_folder(fetcher: Fetcher, folder: str, listing: FolderListing, labels: str | None = None,
+                    classes: Sequence[str] | None = None) -> Manifest:
     """The manifest of an image folder (``folder``: its URL, ending in ``/``).
 
     ``labels``: the URL of a mapping file for a flat folder (default: ``labels.csv`` or
-    ``labels.json`` in it, when there)."""
+    ``labels.json`` in it, when there). ``classes``: the list that numbers class names
+    (default: the names found, sorted)."""
     found = [f"{listing.root}/{n}" for n in LABEL_FILES if f"{listing.root}/{n}" in listing.files]
     url = labels or (folder + found[0][len(listing.root) + 1:] if found else None)
     mapping = parse_label_file(fetcher.read(ByteRange(url)), url) if url else None
-    table, classes, _ = folder_table(listing, mapping, explicit=labels is not None)
+    table, classes, _ = folder_table(listing, mapping, explicit=labels is not None, classes=classes)
     if not len(table):
         raise StorageError("no images here (names ending in .jpg, .jpeg, .png, .webp, .bmp or .gif)", url=folder)
     return Manifest(shards=(), classes=classes, objects=table)
@@ -49,16 +52,23 @@ def parquet_paths(listing: FolderListing) -> tuple[list[str], list[int]]:
 
 
 def describe_parquet_files(fetcher: Fetcher, root: str, names: Sequence[str], sizes: Sequence[int],
-                           image_column: str | None = None, label_column: str | None = None) -> Manifest:
-    """The manifest of Parquet files ``root + name`` from their footers."""
+                           image_column: str | None = None, label_column: str | None = None,
+                           classes: Sequence[str] | None = None) -> Manifest:
+    """The manifest of Parquet files ``root + name`` from their footers. ``classes``
+    numbers string labels (default: the names found, sorted) and names integer ones."""
     urls = [root + n for n in names]
     footers = _footers(fetcher, urls, sizes)
     metas = [read_footer(s, a, f, u) for u, s, (a, f) in zip(urls, sizes, footers)]
-    table, classes = describe_parquet(names, sizes, footers, metas, image_column=image_column,
-                                      label_column=label_column, root=root)
+    table, named = describe_parquet(names, sizes, footers, metas, image_column=image_column,
+                                    label_column=label_column, root=root)
     if table.columns.string_labels:
-        classes = _string_classes(fetcher, table, urls, metas)
-    return Manifest(shards=(), classes=classes, parquet=table)
+        named = class_numbering(_string_classes(fetcher, table, urls, metas), classes, root)
+    elif classes is not None and named and tuple(classes) != named:
+        raise ConfigError(f"source.classes: {root} names its integer labels {list(named[:5])}... (Hugging Face "
+                          f"ClassLabel), not {list(classes[:5])}...; give the same list, or leave source.classes out")
+    elif classes is not None:
+        named = tuple(classes)
+    return Manifest(shards=(), classes=named, parquet=table)
 
 
 def _footers(fetcher: Fetcher, urls: Sequence[str], sizes: Sequence[int]) -> list[tuple[int, bytes]]:
@@ -101,18 +111,17 @@ def with_checksums(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str],
         t = manifest.objects
         crcs = []
         for i, got in enumerate(fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(t.sizes[i])), "")
-                                                        for i in range(len(t))))):
+                                                        for i in range(len(t))),
+                                              in_flight=fetcher.config.object_concurrency)):
             if isinstance(got, StorageError):
                 raise got
             tick(len(got))
             crcs.append(zlib.crc32(got))
-        return Manifest(shards=(), classes=manifest.classes,
-                        objects=ObjectTable(t.names, t.sizes, t.labels, crcs))
+        return replace(manifest, objects=replace(t, crc32=crcs))
     t = manifest.parquet
     crcs = [_group_crc(got, tick) for got in _group_bytes(fetcher, t, urls)]
-    table = RowGroupTable(t.columns, t.files, t.file_sizes, t.footer_sizes, t.file, t.index, t.first_row, t.rows,
-                          t.ranges, crcs)
-    return Manifest(shards=(), classes=manifest.classes, parquet=table)
+    table = replace(t, crc32=crcs)
+    return replace(manifest, parquet=table)
 
 
 def _group_bytes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str]) -> Iterator[list]:

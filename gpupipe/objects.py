@@ -4,9 +4,9 @@ At 20 ms a request one object at a time gives 50 images/s, so
 :func:`fetch_objects` keeps up to ``in_flight`` requests running on fsspec's own
 event loop (the ``_cat_file`` coroutines of an async filesystem such as s3fs,
 gcsfs or http), each retried on its own with the fetcher's rules — the same
-transient classes (:func:`~gpupipe.storage.is_transient`), capped exponential
-backoff with full jitter, ``request_timeout_s`` per attempt, and the same
-``StorageError`` messages and :class:`~gpupipe.storage.FetchStats` counters as
+fault classes and messages (:meth:`~gpupipe.storage.Fetcher.give_up`), capped
+exponential backoff with full jitter, ``request_timeout_s`` per attempt, and the
+same :class:`~gpupipe.storage.FetchStats` counters as
 :class:`~gpupipe.storage.Fetcher`. Results come back in request order; at most
 ``in_flight`` requests and about ``readahead_bytes`` are outstanding, so memory
 does not grow with the dataset.
@@ -29,12 +29,13 @@ from collections import deque
 from typing import Iterable, Iterator
 
 from gpupipe.errors import StorageError
-from gpupipe.storage import Fetcher, is_transient
+from gpupipe.storage import Fetcher
 from gpupipe.types import ByteRange
 
 __all__ = ["fetch_objects", "read_object_fresh"]
 
 log = logging.getLogger(__name__)
+_JITTER = random.Random()  # timing only; never touches data order
 
 
 class _ShortBody(OSError):
@@ -102,7 +103,8 @@ def _window(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], in_flight
 
 
 async def _get(fetcher: Fetcher, r: ByteRange) -> bytes:
-    """One ranged GET with the fetcher's retry rules (runs on the filesystem's loop)."""
+    """One ranged GET, retried by the fetcher's rules (:meth:`Fetcher.give_up` decides and
+    counts; the wait is on this loop, not a thread)."""
     fs, cfg, stats = fetcher.fs, fetcher.config, fetcher.stats
     path = fs._strip_protocol(r.url)
     for n in range(cfg.retries + 1):
@@ -112,16 +114,13 @@ async def _get(fetcher: Fetcher, r: ByteRange) -> bytes:
             stats.bytes += len(data)
             if len(data) != r.stop - r.start:
                 raise _ShortBody(f"got {len(data)} of {r.stop - r.start} bytes for range [{r.start}, {r.stop})")
+            fetcher.answered = True
             return bytes(data)
-        except Exception as exc:  # classified below, exactly as Fetcher does
-            if not is_transient(exc):
-                raise StorageError(f"{type(exc).__name__}: {exc}", url=r.url) from exc
-            stats.errors[type(exc).__name__] = stats.errors.get(type(exc).__name__, 0) + 1
-            if n == cfg.retries:
-                raise StorageError(f"gave up after {n + 1} attempts; last error {type(exc).__name__}: {exc}",
-                                   url=r.url) from exc
-            stats.retries += 1
-            delay = random.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))  # timing only, never order
+        except Exception as exc:  # classified by give_up, exactly as for every other read
+            error = fetcher.give_up(exc, r.url, attempts=n + 1)
+            if error is not None:
+                raise error from exc
+            delay = _JITTER.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
             log.debug("retrying %s in %.2fs after %s", r.url, delay, type(exc).__name__)
             await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: give_up ends the last attempt")

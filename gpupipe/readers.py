@@ -11,8 +11,8 @@ tar shards.
   checked and, when damaged, read again up to ``fetch.refetch`` times.
 * :func:`rowgroup_spans` — Parquet: a unit is a row group. Each row group is one or two
   ranged requests (its image and label column chunks, pipelined through
-  :meth:`Fetcher.read_many`), plus the file's footer the first time a worker meets the
-  file; consecutive spans of one row group decode it once.
+  :meth:`Fetcher.read_many`), decoded with the file's footer from the table (read once,
+  when the source was described); consecutive spans of one row group decode it once.
 
 A sample looks like a WebDataset sample: ``{<ext>: image bytes, "cls": b"<label>"}``,
 keyed by the object's name without its extension, or ``<file>#<row>``.
@@ -61,7 +61,7 @@ def object_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[Re
     urls = source.shard_urls
     ahead, mine = itertools.tee(spans)
     fetched = fetch_objects(fetcher, ((ByteRange(urls[s.shard], 0, int(table.sizes[s.shard])), _version(table, s.shard))
-                                      for s in ahead))
+                                      for s in ahead), in_flight=fetcher.config.object_concurrency)
     for s, got in zip(mine, fetched):
         yield _object(fetcher, table, s.shard, urls[s.shard], got)
 
@@ -102,55 +102,41 @@ def rowgroup_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[
     """The samples of each span of a Parquet source (a unit is a row group)."""
     table, urls, classes = source.manifest.parquet, source.shard_urls, source.manifest.classes
     ahead, mine = itertools.tee(spans)
-    order: deque = deque()  # (group, requests for it, footer among them?), in request order
+    order: deque = deque()  # (group, requests for it), in request order
     footers: OrderedDict = OrderedDict()  # file -> parsed footer, most recent last
-    asked: set[int] = set()
 
     def requests() -> Iterator[tuple[ByteRange, str]]:
         last = None
         for s in ahead:
-            if s.shard == last:
-                continue
-            last, f = s.shard, int(table.file[s.shard])
-            url, size, ranges = urls[s.shard], int(table.file_sizes[f]), table.byte_ranges(s.shard)
-            footer = f not in asked  # once per file; an evicted footer is read again on use
-            asked.add(f)
-            order.append((s.shard, len(ranges) + footer, footer))  # before its first request is yielded
-            if footer:
-                yield ByteRange(url, size - int(table.footer_sizes[f]), size), ""
-            yield from ((ByteRange(url, a, b), "") for a, b in ranges)
+            if s.shard != last:  # consecutive spans of one row group read it once
+                last, ranges = s.shard, table.byte_ranges(s.shard)
+                order.append((s.shard, len(ranges)))  # before its first request is yielded
+                yield from ((ByteRange(urls[s.shard], a, b), "") for a, b in ranges)
 
     fetched = fetcher.read_many(requests())
     group: _Group | None = None
     for s in mine:
         if group is None or group.index != s.shard:
             first = next(fetched)  # pulls the group's requests, so its entry is in `order` now
-            g, n, footer = order.popleft()
+            g, n = order.popleft()
             got = [first] + [next(fetched) for _ in range(n - 1)]
-            meta = _footer(fetcher, table, urls[g], footers, got.pop(0) if footer else None, g)
-            group = _decode(fetcher, table, classes, urls[g], g, meta, got)
+            group = _decode(fetcher, table, classes, urls[g], g, _footer(table, urls[g], footers, g), got)
         yield ReadSpan(group.samples[s.start:s.stop],
                        {i - s.start: e for i, e in group.problems.items() if s.start <= i < s.stop})
 
 
-def _footer(fetcher: Fetcher, table, url: str, footers: OrderedDict, got, g: int):
-    """The parsed footer of row group ``g``'s file: from ``got`` (just fetched), kept from
-    before, or (evicted since) read again now. A ``GpupipeError`` when it cannot be had."""
+def _footer(table, url: str, footers: OrderedDict, g: int):
+    """The parsed footer of row group ``g``'s file (from the table; the last few kept
+    parsed), or the ``ShardFormatError`` saying it does not parse."""
     f = int(table.file[g])
-    if got is None and f in footers:
+    if f in footers:
         footers.move_to_end(f)
         return footers[f]
-    size = int(table.file_sizes[f])
-    start = size - int(table.footer_sizes[f])
-    if got is None:
-        got = next(fetcher.read_many([(ByteRange(url, start, size), "")]))
-    if isinstance(got, StorageError):
-        return got
+    start, footer = table.footer(f)
     try:
-        meta = read_footer(size, start, b"".join(got), url)
+        meta = read_footer(int(table.file_sizes[f]), start, footer, url)
     except ShardFormatError as exc:
-        return ShardFormatError(f"{exc.reason} where index.json says the footer is (the file changed after it "
-                                "was written: rerun `gpupipe index`)", shard=url)
+        return ShardFormatError(f"{exc.reason} (a damaged index.json: rerun `gpupipe index`)", shard=url)
     footers[f] = meta
     if len(footers) > _FOOTERS_KEPT:
         footers.popitem(last=False)

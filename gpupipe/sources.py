@@ -34,6 +34,7 @@ import numpy as np
 
 from gpupipe.errors import ConfigError, StorageError
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
+from gpupipe.formats.parquet import require_pyarrow
 from gpupipe.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
@@ -50,8 +51,10 @@ class Source:
 
     For sources read in place: ``image_column`` / ``label_column`` name the Parquet
     columns (default: detected), ``labels`` the mapping file of a flat image folder
-    (default: ``labels.csv`` or ``labels.json`` in it). An ``index.json`` written with
-    them by ``gpupipe index`` remembers them.
+    (default: ``labels.csv`` or ``labels.json`` in it), ``classes`` the class list that
+    numbers class names (default: the names found, sorted — give the training split's
+    list to a split that may lack a class). An ``index.json`` written with them by
+    ``gpupipe index`` remembers them.
     """
 
     url: str | tuple[str, ...]
@@ -59,10 +62,13 @@ class Source:
     image_column: str | None = None
     label_column: str | None = None
     labels: str | None = None
+    classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.url, list):
             object.__setattr__(self, "url", tuple(self.url))
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(self.classes))
         if not self.url:
             raise ConfigError("source.url: empty; give a folder, a pattern or a list of shard URLs")
 
@@ -141,6 +147,7 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
         folder = u[: -len(MANIFEST_NAME)] if u.endswith(MANIFEST_NAME) else u.rstrip("/") + "/"
         manifest = _load_manifest(fetcher, folder + MANIFEST_NAME) if use_index else None
         if manifest is not None:
+            _check_classes(manifest, source, folder)
             return _with_manifest(folder, manifest, source)
         in_place = _listed_folder(fetcher, folder, source, warn=use_index)
         if in_place is not None:
@@ -171,9 +178,20 @@ def _with_manifest(folder: str, manifest: Manifest, source: Source) -> ResolvedS
     if manifest.objects is not None:
         return ResolvedSource(UnitURLs(folder, manifest.objects.names), manifest, source.storage_options)
     if manifest.parquet is not None:
+        require_pyarrow()  # here, not first in each worker: a clear error, and forked workers inherit it
         urls = UnitURLs(folder, manifest.parquet.files, manifest.parquet.file)
         return ResolvedSource(urls, manifest, source.storage_options)
     return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options)
+
+
+def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
+    """A source read in place whose index numbers classes otherwise than ``source.classes``
+    asks for is refused (its labels would mean other classes)."""
+    if manifest.kind != "tar" and source.classes is not None and manifest.classes and \
+            tuple(manifest.classes) != tuple(source.classes):
+        raise ConfigError(f"source.classes: {where}{MANIFEST_NAME} numbers {len(manifest.classes)} classes "
+                          f"{list(manifest.classes[:4])}..., not as the {len(source.classes)} given "
+                          f"{list(source.classes[:4])}...; rerun `gpupipe index` with this class list")
 
 
 def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:
@@ -186,13 +204,19 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
                            "that holds them", url=folder)
     if listing.kind == "parquet":
         paths, sizes = parquet_paths(listing)
-        manifest = describe_parquet_files(fetcher, folder, paths, sizes, source.image_column, source.label_column)
+        manifest = describe_parquet_files(fetcher, folder, paths, sizes, source.image_column, source.label_column,
+                                          source.classes)
     else:
-        manifest = describe_folder(fetcher, folder, listing, source.labels)
-    (log.warning if warn else log.debug)("no %s in %s: described %d %s on the fly (each rank does this at start). `gpupipe index %s` "
-                "writes one: a faster start, and CRC-32 checks with --checksums.", MANIFEST_NAME, folder,
-                manifest.num_units, "images" if manifest.kind == "folder" else "row groups", folder)
+        manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes)
+    _described_at_start(manifest, folder, warn)
     return _with_manifest(folder, manifest, source)
+
+
+def _described_at_start(manifest: Manifest, where: str, warn: bool) -> None:
+    (log.warning if warn else log.debug)(
+        "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` writes one: a "
+        "faster start, and CRC-32 checks with --checksums.", MANIFEST_NAME, where, manifest.num_units,
+        "images" if manifest.kind == "folder" else "row groups")
 
 
 def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_index: bool) -> ResolvedSource:
@@ -203,11 +227,13 @@ def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_inde
     manifest = _load_manifest(fetcher, folder + MANIFEST_NAME) if folder and use_index else None
     if manifest is not None and manifest.parquet is not None and \
             {folder + n for n in manifest.parquet.files} == set(paths):
+        _check_classes(manifest, source, folder)
         return _with_manifest(folder, manifest, source)
     root = _common_folder(paths)
     sizes = [fetcher.size(p) for p in paths]
     manifest = describe_parquet_files(fetcher, root, [p[len(root):] for p in paths], sizes, source.image_column,
-                                      source.label_column)
+                                      source.label_column, source.classes)
+    _described_at_start(manifest, root, use_index)
     return _with_manifest(root, manifest, source)
 
 

@@ -52,6 +52,7 @@ class FetchConfig:
     """How bytes are fetched. Plain data: safe to pickle into workers."""
 
     concurrency: int = 8  # requests in flight per worker
+    object_concurrency: int = 32  # the same, for an image folder (one small request per image)
     readahead_bytes: int = 64 * MiB  # bytes requested but not yet consumed, per worker
     block_bytes: int = 8 * MiB  # largest single request
     retries: int = 8  # attempts after the first, for transient errors
@@ -63,7 +64,7 @@ class FetchConfig:
     refetch: int = 8  # new reads of a sample whose bytes failed their checksum or tar header
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "readahead_bytes", "block_bytes", "cache_bytes"):
+        for name in ("concurrency", "object_concurrency", "readahead_bytes", "block_bytes", "cache_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"stream.{name}: must be >= 1, got {getattr(self, name)}")
         if self.retries < 0 or self.refetch < 0 or self.request_timeout_s <= 0:
@@ -123,6 +124,7 @@ def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    config.setdefault("max_pool_connections", 32)  # botocore's 10 would cap FetchConfig.object_concurrency
     return {**options, "config_kwargs": config}
 
 

@@ -59,6 +59,24 @@ def test_flat_folder_image_without_a_label_is_refused(tmp_path):
         loader(str(tmp_path / "flat"))
 
 
+def test_a_split_lacking_a_class_numbers_the_rest_by_the_given_list(tmp_path):
+    write_class_folder(str(tmp_path / "val"), 6)
+    for p in (tmp_path / "val" / "c0").iterdir():  # val has no c0 images
+        p.unlink()
+    (tmp_path / "val" / "c0").rmdir()
+    own = resolve(Source(str(tmp_path / "val"))).manifest
+    assert own.classes == ("c1", "c2") and own.objects.labels.tolist() == [0, 0, 1, 1]  # shifted by one
+    train = ("c0", "c1", "c2")
+    given = resolve(Source(str(tmp_path / "val"), classes=train)).manifest
+    assert given.classes == train and given.objects.labels.tolist() == [1, 1, 2, 2]
+    with pytest.raises(ConfigError, match=r"class\(es\) \['c2'\] that the class list"):
+        resolve(Source(str(tmp_path / "val"), classes=("c0", "c1")))
+    index_in_place(str(tmp_path / "val"), classes=train, progress=False)
+    assert sorted(epoch_ids(loader(str(tmp_path / "val")))) == [1, 2, 4, 5]  # labels checked: c<i % 3>
+    with pytest.raises(ConfigError, match="numbers 3 classes"):
+        resolve(Source(str(tmp_path / "val"), classes=("c1", "c2")))
+
+
 def test_images_at_two_levels_are_refused(tmp_path):
     write_class_folder(str(tmp_path / "imgs"), 4)
     (tmp_path / "imgs" / "top.jpg").write_bytes(payload(7))
@@ -93,14 +111,16 @@ def test_checksums_catch_an_object_replaced_after_indexing(tmp_path):
 
 def test_index_makes_the_same_plan_without_listing(tmp_path, caplog):
     write_class_folder(str(tmp_path / "imgs"), 17)
-    listed = [image_ids(b) for b in loader(str(tmp_path / "imgs"), seed=3)]
+    with caplog.at_level(logging.WARNING):
+        listed = [image_ids(b) for b in loader(str(tmp_path / "imgs"), seed=3)]
+    assert "described 17 images at start" in caplog.text
     manifest = index_in_place(str(tmp_path / "imgs"), progress=False)
     assert manifest.kind == "folder" and manifest.num_samples == 17
     assert json.loads((tmp_path / "imgs" / "index.json").read_text())["version"] == 2
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         indexed = loader(str(tmp_path / "imgs"), seed=3)
-    assert "on the fly" not in caplog.text
+    assert "index.json" not in caplog.text
     assert [image_ids(b) for b in indexed] == listed
 
 

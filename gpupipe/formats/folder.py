@@ -32,7 +32,7 @@ from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_
 from gpupipe.formats.tar import MAX_MEMBER_BYTES
 
 __all__ = ["LABEL_FILES", "NameList", "ObjectTable", "FolderListing", "classify_listing", "parse_label_file",
-           "folder_table"]
+           "class_numbering", "folder_table"]
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +210,27 @@ def _pick(names: Sequence[str], wanted: Sequence[str], what: str) -> str:
     return found
 
 
-def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None, *, explicit: bool = False
-                 ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+def class_numbering(found: Iterable[str], given: Sequence[str] | None, where: str) -> tuple[str, ...]:
+    """The class list that numbers the labels: ``given`` (e.g. the training split's, so
+    that a split lacking a class numbers the others the same), or the sorted names found.
+    A name found but not given raises ``ConfigError`` (its label would mean nothing)."""
+    found = set(found)
+    if given is None:
+        return tuple(sorted(found))
+    unknown = sorted(found - set(given))
+    if unknown:
+        raise ConfigError(f"source.classes: {where} has class(es) {unknown[:5]} that the class list "
+                          f"({len(given)} classes) does not name; add them to it, or leave them out of the data")
+    return tuple(given)
+
+
+def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None, *, explicit: bool = False,
+                 classes: Sequence[str] | None = None) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
     """``(table, classes, skipped)`` for an image folder listing: the layout is class
     sub-folders when every image sits below the top level, flat when every one sits at
     it (labels from ``mapping``, else -1); a mix raises ``ConfigError``. A mapping given
-    ``explicit``-ly for a folder with class sub-folders is refused (it would be ignored)."""
+    ``explicit``-ly for a folder with class sub-folders is refused (it would be ignored).
+    ``classes`` numbers class names (see :func:`class_numbering`)."""
     root = listing.root
     rel = {p: p[len(root):].lstrip("/") for p in listing.files}
     top = sorted(r for r in rel.values() if "/" not in r and extension(r) in IMAGE_EXTENSIONS and not _hidden(r))
@@ -228,12 +243,14 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
         if mapping is not None and explicit:
             raise ConfigError(f"source.labels: {root} has class sub-folders, which give the labels; a labels file "
                               "is for a flat folder of images. Leave source.labels out.")
-        return _class_layout(listing)
-    return _flat_layout(listing, rel, mapping)
+        return _class_layout(listing, classes)
+    return _flat_layout(listing, rel, mapping, classes)
 
 
-def _class_layout(listing: FolderListing) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
-    images, classes, rejected = scan_image_folder(listing.root, {p: {"size": s} for p, s in listing.files.items()})
+def _class_layout(listing: FolderListing, given: Sequence[str] | None
+                  ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+    images, found, rejected = scan_image_folder(listing.root, {p: {"size": s} for p, s in listing.files.items()})
+    classes = class_numbering(found, given, listing.root)
     label = {c: i for i, c in enumerate(classes)}
     names = [im.path[len(listing.root):].lstrip("/") for im in images]
     table = ObjectTable(NameList(names), [listing.files[im.path] for im in images],
@@ -241,8 +258,8 @@ def _class_layout(listing: FolderListing) -> tuple[ObjectTable, tuple[str, ...],
     return table, classes, _reported(listing.root, rejected)
 
 
-def _flat_layout(listing: FolderListing, rel: Mapping[str, str], mapping: Mapping[str, int | str] | None
-                 ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+def _flat_layout(listing: FolderListing, rel: Mapping[str, str], mapping: Mapping[str, int | str] | None,
+                 given: Sequence[str] | None) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
     keep, rejected = [], []
     for path in sorted(listing.files):
         r, size = rel[path], listing.files[path]
@@ -252,14 +269,15 @@ def _flat_layout(listing: FolderListing, rel: Mapping[str, str], mapping: Mappin
             rejected.append((path, f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte limit"))
         else:
             keep.append(r)
-    labels, classes = _mapped_labels(keep, mapping)
+    labels, classes = _mapped_labels(keep, mapping, given, listing.root)
     table = ObjectTable(NameList(keep), [listing.files[f"{listing.root}/{r}"] for r in keep], labels)
     return table, classes, _reported(listing.root, rejected)
 
 
-def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None) -> tuple[list[int], tuple[str, ...]]:
+def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None, given: Sequence[str] | None,
+                   where: str) -> tuple[list[int], tuple[str, ...]]:
     if mapping is None:
-        return [-1] * len(names), ()
+        return [-1] * len(names), tuple(given or ())
     known, stems = set(names), {n.rpartition(".")[0] or n: n for n in names}
     by_name = {(k if k in known else stems.get(k, k)): v for k, v in mapping.items()}
     missing = [n for n in names if n not in by_name]
@@ -268,10 +286,10 @@ def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None) ->
                           f"({', '.join(missing[:3])}, ...); add them to the labels file or move them out of the folder")
     values = [by_name[n] for n in names]
     if all(isinstance(v, int) for v in values):
-        return [int(v) for v in values], ()
+        return [int(v) for v in values], tuple(given or ())
     if any(isinstance(v, int) for v in values):
         raise ConfigError("source.labels: the labels mix integers and names; use one kind")
-    classes = tuple(sorted(set(values)))
+    classes = class_numbering(values, given, where)
     index = {c: i for i, c in enumerate(classes)}
     return [index[v] for v in values], classes
 

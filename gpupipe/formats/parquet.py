@@ -17,7 +17,8 @@ from typing import NamedTuple, Sequence
 
 from gpupipe.errors import ConfigError, MissingDependencyError
 
-__all__ = ["LABEL_COLUMNS", "RowGroup", "ParquetPlan", "ParquetRow", "plan_parquet", "read_row_group"]
+__all__ = ["LABEL_COLUMNS", "RowGroup", "ParquetPlan", "ParquetRow", "plan_parquet", "read_row_group",
+           "require_pyarrow", "is_image_type", "classlabel_names"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class ParquetRow(NamedTuple):
     data: bytes | None
 
 
-def _pq():
+def require_pyarrow():
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -81,7 +82,7 @@ def plan_parquet(fs, paths: Sequence[str], *, image_column: str | None = None,
     must have them with the same types. Raises ``ConfigError`` naming the file and the
     columns it has when a column is missing or of a type that cannot be used.
     """
-    pq = _pq()
+    pq = require_pyarrow()
     if not paths:
         raise ConfigError("ingest: no .parquet files in the source")
     groups: list[RowGroup] = []
@@ -102,7 +103,7 @@ def plan_parquet(fs, paths: Sequence[str], *, image_column: str | None = None,
                 total += n
             if string_labels:
                 names.update(v for v in pf.read(columns=[label]).column(0).to_pylist() if v is not None)
-    classes = tuple(sorted(names)) if string_labels else _classlabel_names(first_schema, label)
+    classes = tuple(sorted(names)) if string_labels else classlabel_names(first_schema, label)
     return ParquetPlan(image, label, string_labels, classes, tuple(groups))
 
 
@@ -110,23 +111,23 @@ def _image_column(schema, wanted: str | None, path: str) -> str:
     if wanted is not None:
         if wanted not in schema.names:
             raise ConfigError(f"ingest.image_column: {path} has no column {wanted!r}; its columns are {schema.names}")
-        if not _is_image_type(schema.field(wanted).type):
+        if not is_image_type(schema.field(wanted).type):
             raise ConfigError(f"ingest.image_column: column {wanted!r} of {path} is {schema.field(wanted).type}, "
                               "not binary or a struct with a binary 'bytes' field")
         return wanted
     for field in schema:
-        if _is_image_type(field.type):
+        if is_image_type(field.type):
             return field.name
     raise ConfigError(f"ingest: {path} has no image-bytes column (binary, or a struct {{bytes, path}}); "
                       f"its columns are {schema.names}; name one with image_column")
 
 
-def _is_image_type(t) -> bool:
+def is_image_type(t) -> bool:
     import pyarrow as pa
 
     if pa.types.is_struct(t):
         idx = t.get_field_index("bytes")
-        return idx >= 0 and _is_image_type(t.field(idx).type) and not pa.types.is_struct(t.field(idx).type)
+        return idx >= 0 and is_image_type(t.field(idx).type) and not pa.types.is_struct(t.field(idx).type)
     return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
@@ -161,7 +162,7 @@ def _check_same(schema, first, columns: tuple[str, str], path: str) -> None:
                               "in the first file; all Parquet files of a source need the same columns")
 
 
-def _classlabel_names(schema, label: str) -> tuple[str, ...]:
+def classlabel_names(schema, label: str) -> tuple[str, ...]:
     """Class names from HuggingFace ``datasets`` metadata (``ClassLabel(names=...)``), if any."""
     raw = (schema.metadata or {}).get(b"huggingface")
     try:
@@ -173,7 +174,7 @@ def _classlabel_names(schema, label: str) -> tuple[str, ...]:
 
 def read_row_group(fs, plan: ParquetPlan, group: RowGroup) -> list[ParquetRow]:
     """The rows of one row group, in order, read in record batches of a few hundred rows."""
-    pq = _pq()
+    pq = require_pyarrow()
     index = {c: i for i, c in enumerate(plan.classes)} if plan.string_labels else None
     file_stem = posixpath.basename(group.path).rsplit(".", 1)[0]
     file_start = _file_start(plan, group)

@@ -18,16 +18,17 @@ label column gives label -1 (with a warning).
 """
 from __future__ import annotations
 
+import base64
 import io
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from gpupipe.errors import ConfigError, MissingDependencyError, ShardFormatError
+from gpupipe.errors import ConfigError, ShardFormatError
 from gpupipe.formats.folder import NameList
+from gpupipe.formats.parquet import classlabel_names, is_image_type, require_pyarrow
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "TAIL_BYTES", "Columns", "RowGroupTable", "Pieces", "footer_range",
            "read_footer", "describe_parquet", "read_columns", "decode_row_group"]
@@ -37,14 +38,6 @@ log = logging.getLogger(__name__)
 IMAGE_COLUMNS = ("image", "img", "jpg", "jpeg", "png", "bytes")
 LABEL_COLUMNS = ("label", "labels", "cls", "class", "target")
 TAIL_BYTES = 64 << 10  # first read of a file's tail: holds the footer of most files
-
-
-def _pq():
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise MissingDependencyError("pyarrow", extra="parquet", feature="reading Parquet sources") from None
-    return pq
 
 
 @dataclass(frozen=True)
@@ -74,8 +67,9 @@ def _read_only(values, dtype=np.int64) -> np.ndarray:
 class RowGroupTable:
     """The row groups of a Parquet source, in file order then row-group order.
 
-    Per file (``files`` relative to the root): ``file_sizes`` and ``footer_sizes``
-    (the footer plus its 8-byte trailer). Per row group: ``file``, ``index`` in its file,
+    Per file (``files`` relative to the root): ``file_sizes``, and its footer (plus the
+    8-byte trailer) kept whole — ``footer_blob`` holds them back to back, ``footer_sizes``
+    their lengths — so that a worker decodes row groups without asking for footers. Per row group: ``file``, ``index`` in its file,
     ``first_row`` in its file, ``rows``, and ``ranges`` (R, 4): start and stop of the image
     column chunk, then of the label column chunk (``-1, -1`` without labels); ``crc32``
     of those bytes when indexed with checksums.
@@ -85,6 +79,7 @@ class RowGroupTable:
     files: NameList
     file_sizes: np.ndarray = field(repr=False)
     footer_sizes: np.ndarray = field(repr=False)
+    footer_blob: bytes = field(repr=False)
     file: np.ndarray = field(repr=False)
     index: np.ndarray = field(repr=False)
     first_row: np.ndarray = field(repr=False)
@@ -102,8 +97,9 @@ class RowGroupTable:
         if not all(len(getattr(self, a)) == n for a in ("file", "index", "first_row")) or (
                 self.crc32 is not None and len(self.crc32) != n):
             raise ShardFormatError(f"row-group table lists {n} row groups but other columns of other lengths")
-        if len(self.file_sizes) != len(self.files) or len(self.footer_sizes) != len(self.files):
-            raise ShardFormatError("row-group table: one size and one footer size per file needed")
+        if len(self.file_sizes) != len(self.files) or len(self.footer_sizes) != len(self.files) or \
+                int(self.footer_sizes.sum()) != len(self.footer_blob):
+            raise ShardFormatError("row-group table: one size and one footer per file needed")
         if n and (self.file.min() < 0 or self.file.max() >= len(self.files) or self.rows.min() < 0):
             raise ShardFormatError("row-group table: a row group names a file that is not listed")
         for i in range(len(self.files)):
@@ -113,6 +109,12 @@ class RowGroupTable:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def footer(self, f: int) -> tuple[int, bytes]:
+        """``(start in the file, bytes)`` of file ``f``'s footer and trailer."""
+        end = int(self.footer_sizes[:f + 1].sum())
+        n = int(self.footer_sizes[f])
+        return int(self.file_sizes[f]) - n, self.footer_blob[end - n:end]
 
     def byte_ranges(self, group: int) -> list[tuple[int, int]]:
         """The byte ranges to fetch for row group ``group``: one, or two when the label
@@ -128,7 +130,8 @@ class RowGroupTable:
         doc = {"image_column": c.image, "image_field": c.image_field, "label_column": c.label,
                "string_labels": c.string_labels,
                "files": {"names": list(self.files), "sizes": self.file_sizes.tolist(),
-                         "footers": self.footer_sizes.tolist()},
+                         "footers": self.footer_sizes.tolist(),
+                         "footer_bytes": base64.b64encode(self.footer_blob).decode("ascii")},
                "row_groups": {"file": self.file.tolist(), "index": self.index.tolist(),
                               "first_row": self.first_row.tolist(), "rows": self.rows.tolist(),
                               "ranges": self.ranges.reshape(-1).tolist()}}
@@ -144,7 +147,7 @@ class RowGroupTable:
         columns = Columns(str(doc["image_column"]), doc.get("image_field"), doc.get("label_column"),
                           bool(doc.get("string_labels", False)))
         return cls(columns, NameList(files["names"]), _ints(files["sizes"]), _ints(files["footers"]),
-                   _ints(groups["file"]), _ints(groups["index"]), _ints(groups["first_row"]), _ints(groups["rows"]),
+                   base64.b64decode(files["footer_bytes"], validate=True), _ints(groups["file"]), _ints(groups["index"]), _ints(groups["first_row"]), _ints(groups["rows"]),
                    _ints(groups["ranges"]), _ints(groups["crc32"]) if "crc32" in groups else None)
 
 
@@ -212,7 +215,7 @@ def read_footer(size: int, start: int, footer: bytes, name: str):
     """pyarrow ``FileMetaData`` from the footer (and trailer) bytes at ``start`` of a file
     of ``size``: parsed on their own, with the header magic in front (the offsets in it
     stay those of the file)."""
-    pq = _pq()
+    pq = require_pyarrow()
     import pyarrow as pa
 
     if len(footer) != size - start or footer[-4:] != b"PAR1":
@@ -239,8 +242,9 @@ def describe_parquet(names: Sequence[str], sizes: Sequence[int], footers: Sequen
     for url, meta in zip(urls[1:], metas[1:]):
         _check_same(meta.schema.to_arrow_schema(), schema, columns, url, urls[0])
     rows = _row_groups(metas, columns, urls)
-    table = RowGroupTable(columns, NameList(names), list(sizes), [len(f) for _, f in footers], **rows)
-    return table, _classlabel_names(schema, columns.label)
+    table = RowGroupTable(columns, NameList(names), list(sizes), [len(f) for _, f in footers],
+                          b"".join(f for _, f in footers), **rows)
+    return table, classlabel_names(schema, columns.label)
 
 
 def _row_groups(metas, columns: Columns, names: Sequence[str]) -> dict[str, list]:
@@ -294,26 +298,17 @@ def _columns(schema, image: str | None, label: str | None, name: str) -> Columns
 
 def _image_column(schema, wanted: str | None, name: str) -> str:
     if wanted is not None:
-        if wanted not in schema.names or not _is_image_type(schema.field(wanted).type):
+        if wanted not in schema.names or not is_image_type(schema.field(wanted).type):
             got = schema.field(wanted).type if wanted in schema.names else "missing"
             raise ConfigError(f"source.image_column: column {wanted!r} of {name} is {got}; it must hold binary "
                               f"values or a {{bytes, path}} struct (columns: {schema.names})")
         return wanted
-    usable = [f.name for f in schema if _is_image_type(f.type)]
+    usable = [f.name for f in schema if is_image_type(f.type)]
     named = next((c for c in IMAGE_COLUMNS if c in usable), None)
     if named or len(usable) == 1:
         return named or usable[0]
     raise ConfigError(f"source: cannot tell the image column of {name}: binary columns {usable or 'none'} among "
                       f"{schema.names}; name it with image_column")
-
-
-def _is_image_type(t) -> bool:
-    import pyarrow as pa
-
-    if pa.types.is_struct(t):
-        i = t.get_field_index("bytes")
-        return i >= 0 and (pa.types.is_binary(t.field(i).type) or pa.types.is_large_binary(t.field(i).type))
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
 def _check_same(schema, first, columns: Columns, name: str, first_name: str) -> None:
@@ -324,19 +319,9 @@ def _check_same(schema, first, columns: Columns, name: str, first_name: str) -> 
                               f"{first_name}; every Parquet file of a source needs the same columns")
 
 
-def _classlabel_names(schema, label: str | None) -> tuple[str, ...]:
-    """Class names from Hugging Face ``datasets`` metadata (``ClassLabel(names=...)``), if any."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    try:
-        feature = json.loads(raw)["info"]["features"][label]
-        return tuple(str(n) for n in feature["names"]) if feature.get("_type") == "ClassLabel" else ()
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return ()
-
-
 def read_columns(meta, file: Pieces, index: int, leaves: Sequence[str]):
     """Columns ``leaves`` of row group ``index`` as a pyarrow table, read from ``file``."""
-    pq = _pq()
+    pq = require_pyarrow()
     try:
         return pq.ParquetFile(file, metadata=meta, pre_buffer=False).read_row_group(index, columns=list(leaves))
     except Exception as exc:  # pyarrow: ArrowInvalid, OSError (thrift, decompression, a missing range)
