@@ -298,3 +298,16 @@ def test_memory_filesystem_works_too():
     finally:
         fsspec.filesystem("memory").rm("/inplace-mem", recursive=True)
 
+
+
+def test_gpupipe_index_cli_describes_folders_and_parquet(tmp_path, capsys):
+    from gpupipe.cli import main
+
+    write_class_folder(str(tmp_path / "imgs"), 8)
+    write_parquet(str(tmp_path / "t"), [5, 6], row_group_rows=4)
+    assert main(["index", str(tmp_path / "imgs"), "--quiet", "--checksums"]) == 0
+    assert "indexed 8 samples in 8 images" in capsys.readouterr().out
+    assert Manifest.from_json((tmp_path / "imgs" / "index.json").read_text()).objects.crc32 is not None
+    assert main(["index", str(tmp_path / "t" / "*.parquet"), "--quiet"]) == 0
+    assert "indexed 11 samples in 4 row groups" in capsys.readouterr().out
+    assert sorted(epoch_ids(loader(str(tmp_path / "t")))) == list(range(11))
