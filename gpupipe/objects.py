@@ -60,11 +60,12 @@ def fetch_objects(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], *, 
 
 
 def read_object_fresh(fetcher: Fetcher, r: ByteRange, version: str = "") -> bytes | StorageError:
-    """``r`` once more from storage (bytes that failed their checksum), retried as usual."""
-    fetcher.stats.refetches += 1
+    """``r`` once more from storage (bytes that failed their checksum), retried as usual
+    and counted in ``stats.refetches``."""
     if not _is_async(fetcher):
-        got = fetcher.read_fresh(r, version)
+        got = fetcher.read_fresh(r, version)  # counts it
         return got if isinstance(got, StorageError) else b"".join(got)
+    fetcher.stats.refetches += 1
     return next(_window(fetcher, [(r, version)], 1))
 
 

@@ -95,3 +95,18 @@ def test_stopping_early_cancels_what_runs():
 def test_a_range_without_a_size_is_refused():
     with pytest.raises(ValueError, match="needs the size of o1"):
         list(fetch_objects(Fetcher(SlowObjects()), [(ByteRange("o1"), "")]))
+
+
+@pytest.mark.parametrize("is_async", [True, False])
+def test_a_fresh_read_counts_once(is_async):
+    import fsspec
+
+    from gpupipe.objects import read_object_fresh
+
+    if is_async:
+        fetcher, r = Fetcher(SlowObjects()), ByteRange("o2", 0, 3)
+    else:
+        fs = fsspec.filesystem("memory")
+        fs.pipe_file("/objects-fresh/o2", b"\x02" * 3)
+        fetcher, r = Fetcher(fs), ByteRange("memory://objects-fresh/o2", 0, 3)
+    assert read_object_fresh(fetcher, r) == b"\x02" * 3 and fetcher.stats.refetches == 1
