@@ -174,6 +174,18 @@ def test_dali_decodes_only_the_window_in_crop_modes(dali_calls, resize):
 
 
 @pytest.mark.dali
+def test_dali_decodes_whole_images_when_no_window_is_smaller(dali_calls):
+    """``shorter`` on square images: every window is the whole image, and a whole decode costs
+    less than a full-size slice (250x250: 6,542 against 5,774 images/s); one photo with a real
+    window in the batch makes it a window decode."""
+    square = corpus.natural_jpegs(2, (96, 96))
+    decode("dali", square, image_size=(16, 16), resize=ResizeMode.SHORTER)
+    assert dali_calls["built"] == ["image"] and "win_start" not in dali_calls
+    decode("dali", [*square, PHOTO[6]], image_size=(16, 16), resize=ResizeMode.SHORTER)
+    assert dali_calls["built"] == ["image", "image_slice"] and len(dali_calls["win_start"]) == 1
+
+
+@pytest.mark.dali
 @pytest.mark.parametrize("resize", [ResizeMode.FIXED, ResizeMode.NONE])
 def test_dali_decodes_whole_images_without_a_crop(dali_calls, resize):
     out = decode("dali", [PHOTO[1], PHOTO[3]], image_size=(16, 20), resize=resize)

@@ -10,8 +10,8 @@ crop boxes, planned on the upright image, land where they were meant to.
 Encoded bytes go in through ``external_source`` as zero-copy numpy views of the batch
 buffer; each sample's crop box goes in beside it and ``fn.resize`` crops and resizes in
 one interpolation. For ``random_resized_crop`` and ``shorter`` only the window around the
-box is decoded (``decoders.image_slice``, :mod:`gpupipe.decode.roi`); ``fixed`` and
-``none`` decode whole images. Rows DALI does not decode are fed a JPEG of the same batch, so the
+box is decoded (``decoders.image_slice``, :mod:`gpupipe.decode.roi`), unless every window
+of the batch is its whole image; ``fixed`` and ``none`` decode whole images. Rows DALI does not decode are fed a JPEG of the same batch, so the
 output is always one dense (B, H, W, 3) tensor (DLPack on the GPU, the numpy buffer on
 the CPU); those rows are then overwritten with Pillow's pixels or, for bad images, with
 their replacement's pixels and label (:func:`gpupipe.decode.common.finish`).
@@ -33,7 +33,7 @@ import torch
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, finish, prepare, upright_size
 from gpupipe.decode.pil import decode_many, pool
-from gpupipe.decode.roi import dali_slices
+from gpupipe.decode.roi import any_partial, dali_slices
 from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader
 
@@ -56,18 +56,18 @@ class DaliDecoder:
     def __init__(self, config: DecodeConfig, device: torch.device):
         self.config, self.device = config, device
         self.stats = DecodeStats()
-        self._pipe = None
-        self._max_batch = 0
+        self._pipes: dict[bool, tuple[object, int]] = {}  # window decode? -> (pipeline, its batch size)
         self._pool = pool(config)
         self._stand_in = StandIn()
 
     # -- pipeline ------------------------------------------------------------------------------
-    def _build(self, max_batch: int):
+    def _build(self, max_batch: int, window: bool):
+        """A pipeline that decodes whole images, or (``window``) the window of each image fed
+        as ``win_start``/``win_end``; either then resizes each row's ``roi_start``/``roi_end``."""
         from nvidia.dali import fn, pipeline_def, types
 
         cfg, gpu = self.config, self.device.type == "cuda"
         threads = cfg.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
-        window = cfg.resize in _ROI_MODES
 
         @pipeline_def(batch_size=max_batch, num_threads=threads, device_id=self.device.index or 0 if gpu else None,
                       prefetch_queue_depth=1, seed=cfg.seed)
@@ -90,26 +90,32 @@ class DaliDecoder:
 
         pipe = pipeline()
         pipe.build()
-        self._pipe, self._max_batch = pipe, max_batch
+        return pipe
 
     def _placement(self, boxes: np.ndarray, checked) -> dict[str, np.ndarray]:
         """Per-row inputs beside the bytes, each (B, 2) float32 (y, x): the decode window and
-        the box within it (ROI modes), the box in the image (``fixed``), nothing (``none``)."""
+        the box within it (ROI modes, unless every window is its whole image: a whole decode
+        costs less than a full-size slice), else the box in the image; nothing for ``none``."""
         cfg = self.config
-        if cfg.resize in _ROI_MODES:
-            images = [None if h is None else upright_size(h) for h in checked.headers]
-            return dali_slices(boxes, images, cfg.image_size)
         if cfg.resize is ResizeMode.NONE:
             return {}
+        if cfg.resize in _ROI_MODES:
+            images = [None if h is None else upright_size(h) for h in checked.headers]
+            if any_partial(boxes, images, cfg.image_size):
+                return dali_slices(boxes, images, cfg.image_size)
         return {"roi_start": boxes[:, :2].astype(np.float32), "roi_end": (boxes[:, :2] + boxes[:, 2:]).astype(np.float32)}
 
     def _run(self, inputs: list[np.ndarray], placement: dict[str, np.ndarray]):
-        if self._pipe is None or len(inputs) > self._max_batch:
-            self._build(max(len(inputs), self._max_batch))
-        self._pipe.feed_input("enc", inputs)
+        window = "win_start" in placement
+        pipe, size = self._pipes.get(window, (None, 0))
+        if pipe is None or len(inputs) > size:
+            size = max(len(inputs), size)
+            pipe = self._build(size, window)
+            self._pipes[window] = (pipe, size)
+        pipe.feed_input("enc", inputs)
         for name, rows in placement.items():
-            self._pipe.feed_input(name, list(rows))
-        (out,) = self._pipe.run()
+            pipe.feed_input(name, list(rows))
+        (out,) = pipe.run()
         return out
 
     # -- decode --------------------------------------------------------------------------------
@@ -143,13 +149,13 @@ class DaliDecoder:
         try:
             return self._dense(batch, jpegs, placement), {}
         except RuntimeError:
-            self._pipe = None  # DALI invalidates a pipeline after an error
+            self._pipes.clear()  # DALI invalidates a pipeline after an error
         refused = {}
         for i in jpegs:  # find the culprits one by one
             try:
                 self._run([np.frombuffer(batch.image(i), np.uint8)], {k: v[i:i + 1] for k, v in placement.items()})
             except RuntimeError as exc:
-                self._pipe = None
+                self._pipes.clear()
                 refused[i] = f"DALI: {_dali_reason(exc)}"
                 log.info("DALI refused %s (%s); trying Pillow", batch.keys[i], refused[i])
         kept = [i for i in jpegs if i not in refused]
@@ -165,7 +171,7 @@ class DaliDecoder:
         return _to_torch(out, self.device, self.config)
 
     def close(self) -> None:
-        self._pipe = None
+        self._pipes.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

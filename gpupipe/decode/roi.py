@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["filter_reach", "decode_window", "dali_slices", "draft_scale", "drafted_box", "transpose_box"]
+__all__ = ["filter_reach", "decode_window", "any_partial", "dali_slices", "draft_scale", "drafted_box", "transpose_box"]
 
 # A quarter pixel into each integer edge: DALI turns relative slice coordinates into pixels by
 # rounding; the quarter keeps float error from moving an edge by one pixel either way.
@@ -43,6 +43,13 @@ def decode_window(box: Sequence[int], image: tuple[int, int], size: tuple[int, i
     bottom = min(image[0], int(box[0]) + int(box[2]) + reach)
     right = min(image[1], int(box[1]) + int(box[3]) + reach)
     return top, left, bottom - top, right - left
+
+
+def any_partial(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int]) -> bool:
+    """Whether the window of any row is smaller than its image (``images[i]``: upright (h, w),
+    None for a row not decoded as itself)."""
+    return any(image is not None and decode_window(box, image, size) != (0, 0, *image)
+               for box, image in zip(boxes, images))
 
 
 def dali_slices(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int]) -> dict[str, np.ndarray]:
