@@ -88,15 +88,18 @@ class AugmentPlace(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SourceConfig:
-    """Where each split's shards are: a URL pattern (braces, globs), or a list of them.
+    """Where each split's data is: a URL pattern (braces, globs), or a list of them.
     ``classes``: the dataset's class list, in label order (``None``: the one the splits'
-    indexes agree on)."""
+    indexes agree on). ``image_column`` / ``label_column``: the Parquet columns (``None``:
+    detected)."""
 
     train: str | tuple[str, ...] | None = None
     val: str | tuple[str, ...] | None = None
     test: str | tuple[str, ...] | None = None
     predict: str | tuple[str, ...] | None = None
     classes: tuple[str, ...] | None = None
+    image_column: str | None = None
+    label_column: str | None = None
     storage_options: Secrets = field(default_factory=Secrets)
 
     def __post_init__(self) -> None:
@@ -183,7 +186,9 @@ class PipelineConfig:
             augment = self.eval_augment if self.eval_augment is not None else \
                 tuple(s for s in self.augment if s.name in _EVAL_SAFE)
         return SplitConfig(
-            source=Source(url=urls, storage_options=self.source.storage_options), name=name,
+            source=Source(url=urls, storage_options=self.source.storage_options, classes=self.source.classes,
+                          image_column=self.source.image_column, label_column=self.source.label_column),
+            name=name,
             batch_size=self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size),
             stream=replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train),
             decode=decode, augment=augment, mix=self.mix if train else None, classes=self.source.classes,

@@ -189,6 +189,31 @@ def test_parquet_columns_can_be_named(tmp_path):
     assert sorted(epoch_ids(loader(str(tmp_path / "odd.parquet")))) == list(range(6))  # the index remembers
 
 
+def test_a_config_passes_its_class_list_and_columns_to_every_split(tmp_path):
+    """YAML's source.classes numbers a val folder that lacks a class like train (it raised a
+    mismatch: the split was resolved without the list), and source.image_column/label_column
+    reach a Parquet split."""
+    from gpupipe.config import load_config
+
+    write_class_folder(str(tmp_path / "train"), 6)
+    write_class_folder(str(tmp_path / "val"), 6)
+    for p in (tmp_path / "val" / "c0").iterdir():
+        p.unlink()
+    (tmp_path / "val" / "c0").rmdir()
+    import pyarrow.parquet as pq
+
+    pq.write_table(pyarrow.table({"pixels": [payload(i) for i in range(6)], "y": [label_of(i) for i in range(6)],
+                                  "z": [payload(0)] * 6}), str(tmp_path / "odd.parquet"))
+    cfg = load_config({"source": {"train": str(tmp_path / "train"), "val": str(tmp_path / "val"),
+                                  "test": str(tmp_path / "odd.parquet"), "classes": ["c0", "c1", "c2"],
+                                  "image_column": "pixels", "label_column": "y"},
+                       "loader": {"batch_size": 4, "num_workers": 0}, "augment": "none"})
+    val = EncodedLoader(cfg.split("val"))
+    assert val.source.manifest.classes == ("c0", "c1", "c2")
+    assert sorted(epoch_ids(val)) == [1, 2, 4, 5]  # image_ids checks each label: c<i % 3>, not shifted
+    assert sorted(epoch_ids(EncodedLoader(cfg.split("test")))) == list(range(6))
+
+
 def test_parquet_with_the_wrong_schema_names_file_and_columns(tmp_path):
     write_parquet(str(tmp_path / "t"), [4, 4])
     import pyarrow.parquet as pq
