@@ -1,26 +1,36 @@
 """``gpupipe validate``: pre-flight a dataset before a long training run.
 
-Reads every sample of every shard (a folder, pattern or list of shards, or a config's
-split), runs the same pre-decode header checks the loader runs (magic bytes, declared size,
-``max_pixels``, a complete file), then really decodes each image with the backend training
-would use (``--decode auto|dali|pil``), and collects everything that failed: unreadable
-tar data, samples without an image or with a non-integer label, checksum mismatches
-against ``index.json``, bad headers and undecodable images.
+Reads every sample of a source — tar shards (a folder, pattern or list of them), an image
+folder or Parquet files read in place, or a config's split — runs the same pre-decode header
+checks the loader runs (magic bytes, declared size, ``max_pixels``, a complete file), then
+really decodes each image with the backend training would use (``--decode auto|dali|pil``),
+and collects everything that failed: unreadable tar data, objects or row groups, samples
+without an image (a null Parquet cell) or with a non-integer label, checksum mismatches
+against ``index.json``, bad headers and undecodable images. How each kind of source is read,
+and what ``shard``/``key``/``offset`` name for it: :mod:`gpupipe.validate_read`. Files of an
+image folder that the loader does not read as images (``notes.txt``) are listed as skipped,
+not quarantined: training never sees them.
 
 Exit codes: ``0`` every sample is good; ``1`` something was quarantined (the summary says
-what, by kind); ``2`` bad input (a missing path, a bad config), one line on stderr.
+what, by kind); ``2`` bad input, one line on stderr: a missing path, a bad config, or a
+source the loader could not open at all (a Parquet file whose footer is damaged: no
+``on_error: skip`` gets past that, so there is nothing to quarantine).
 
 The quarantine list (``--quarantine FILE``) has one line per bad sample: JSON lines
 (``{"shard", "key", "offset", "kind", "reason"}``) when FILE ends in ``.jsonl`` or
 ``.json``, else tab-separated ``shard<TAB>key<TAB>offset<TAB>kind<TAB>reason`` after one
-``#`` header line. ``offset`` is the byte offset of the sample's first tar header in the
-shard; a problem that ends a shard (damaged tar data) has an empty ``key``. How to use it:
+``#`` header line. For tar shards ``offset`` is the byte offset of the sample's first tar
+header in the shard, and a problem that ends a shard (damaged tar data) has an empty
+``key``; for an image folder ``shard`` is the image's URL and ``key`` its path in the
+folder; for Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to
+use it:
 
 * training survives these samples with ``decode.on_error: skip`` (each is replaced, counted
   and its key logged); the list tells you up front which they are and why;
 * :func:`read_quarantine` gives the ``(shard, key)`` pairs, e.g. to drop them while
   rewriting shards with :class:`gpupipe.formats.writer.ShardSink` and ``gpupipe index``,
-  or to fix the source images and run ``gpupipe ingest`` again.
+  to move bad images out of a folder, or to fix the source images and run ``gpupipe
+  ingest`` again.
 """
 from __future__ import annotations
 
@@ -32,8 +42,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from gpupipe.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError
+from gpupipe.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
+from gpupipe.validate_read import Good, Problem
 
 __all__ = ["Problem", "Report", "validate", "write_quarantine", "read_quarantine", "add_arguments", "run"]
 
@@ -47,95 +58,31 @@ _HEADER_KINDS = (("truncated", "truncated"), ("exceeds max_pixels", "too many pi
                  ("absurd", "bad size"), ("has no pixels", "bad size"))
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One quarantined sample (or the unreadable rest of a shard, with ``key=""``)."""
-
-    shard: str
-    key: str
-    offset: int
-    kind: str
-    reason: str
-
-    def to_json(self) -> str:
-        return json.dumps({"shard": self.shard, "key": self.key, "offset": self.offset, "kind": self.kind,
-                           "reason": self.reason})
-
-
 @dataclass
 class Report:
-    """What :func:`validate` found: samples checked, shards read and the problems."""
+    """What :func:`validate` found: samples checked, units read (``shards``: tar shards,
+    images or row groups; ``units`` says which, in words), the problems, and the files of
+    an image folder that the loader skips (``(path, why)``: not samples, not problems)."""
 
     checked: int = 0
     shards: int = 0
     backend: str = ""
     problems: list[Problem] = field(default_factory=list)
+    units: str = ""
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def by_kind(self) -> dict[str, int]:
         return dict(collections.Counter(p.kind for p in self.problems).most_common())
 
 
-@dataclass(frozen=True)
-class _Good:
-    """A sample that passed the checks so far, with its encoded image."""
-
-    shard: str
-    key: str
-    offset: int
-    image: bytes
-
-
 # ------------------------------------------------------------------------------------ stages
 
-def _read_shards(fetcher, resolved) -> Iterator[_Good | Problem]:
-    """Every sample of every shard, whole-shard reads; tar damage ends its shard as a Problem,
-    a sample failing its manifest checksum is a Problem."""
-    from gpupipe.formats.tar import group_by_key, iter_members
-    from gpupipe.types import ByteRange
-
-    urls = resolved.shard_urls
-    entries = resolved.manifest.shards if resolved.manifest is not None else [None] * len(urls)
-    fetched = fetcher.read_many((ByteRange(u), "") for u in urls)
-    for url, entry in zip(urls, entries):
-        blocks, offset = next(fetched), 0
-        try:
-            if isinstance(blocks, GpupipeError):
-                raise blocks
-            for i, sample in enumerate(group_by_key(iter_members(blocks, shard=url), shard=url)):
-                offset = sample.offset
-                yield _sample_verdict(sample, url, entry, i)
-        except GpupipeError as exc:
-            yield Problem(url, "", getattr(exc, "offset", None) or offset, "unreadable shard",
-                          getattr(exc, "reason", str(exc)))
-
-
-def _sample_verdict(sample, url: str, entry, index: int) -> _Good | Problem:
-    from gpupipe.batch import image_field, label_of
-    from gpupipe.formats.tar import sample_crc32
-
-    def problem(kind: str, reason: str) -> Problem:
-        return Problem(url, sample.key, sample.offset, kind, reason)
-
-    if entry is not None and entry.crc32 is not None and index < entry.num_samples \
-            and sample_crc32(sample.key, sample.fields) != int(entry.crc32[index]):
-        return problem("checksum", "fails its index.json checksum (damaged, or the shard changed: rerun "
-                                   "`gpupipe index`)")
-    image = image_field(sample)
-    if not image:
-        return problem("no image", f"no image member (has {sorted(sample.fields)})")
-    try:
-        label_of(sample)
-    except ShardFormatError as exc:
-        return problem("bad label", exc.reason)
-    return _Good(url, sample.key, sample.offset, bytes(image))
-
-
-def _check_headers(items: Iterable[_Good | Problem], max_pixels: int | None) -> Iterator[_Good | Problem]:
+def _check_headers(items: Iterable[Good | Problem], max_pixels: int | None) -> Iterator[Good | Problem]:
     """The loader's pre-decode checks on each image: magic bytes, declared size, complete file."""
     from gpupipe.formats.imageheader import check_complete, probe
 
     for item in items:
-        if isinstance(item, _Good):
+        if isinstance(item, Good):
             try:
                 check_complete(item.image, probe(item.image, max_pixels=max_pixels))
             except DecodeError as exc:
@@ -145,10 +92,10 @@ def _check_headers(items: Iterable[_Good | Problem], max_pixels: int | None) -> 
         yield item
 
 
-def _decode_all(items: Iterable[_Good | Problem], decoder, batch_size: int) -> Iterator[_Good | Problem]:
+def _decode_all(items: Iterable[Good | Problem], decoder, batch_size: int) -> Iterator[Good | Problem]:
     """Decode the images that passed so far, a batch at a time; a batch that fails is decoded
     again image by image to name each bad one."""
-    pending: list[_Good] = []
+    pending: list[Good] = []
     for item in items:
         if isinstance(item, Problem):
             yield item
@@ -160,7 +107,7 @@ def _decode_all(items: Iterable[_Good | Problem], decoder, batch_size: int) -> I
     yield from _decode_batch(pending, decoder)
 
 
-def _decode_batch(goods: Sequence[_Good], decoder) -> Iterator[_Good | Problem]:
+def _decode_batch(goods: Sequence[Good], decoder) -> Iterator[Good | Problem]:
     if not goods:
         return
     try:
@@ -177,7 +124,7 @@ def _decode_batch(goods: Sequence[_Good], decoder) -> Iterator[_Good | Problem]:
             yield Problem(good.shard, good.key, good.offset, "decode failed", _decode_reason(exc, good, decoder))
 
 
-def _decode_reason(exc: DecodeError, good: _Good, decoder) -> str:
+def _decode_reason(exc: DecodeError, good: Good, decoder) -> str:
     """The decoder's message, without the key it repeats; DALI's first line says little, so
     Pillow's opinion of the same bytes is added."""
     reason = str(exc)
@@ -194,7 +141,7 @@ def _decode_reason(exc: DecodeError, good: _Good, decoder) -> str:
         return f"{decoder.name}: {reason} (Pillow: {type(pil_exc).__name__}: {pil_exc})"
 
 
-def _pack(goods: Sequence[_Good]):
+def _pack(goods: Sequence[Good]):
     from gpupipe.batch import pack
     from gpupipe.types import Sample
 
@@ -205,41 +152,40 @@ def _pack(goods: Sequence[_Good]):
 
 # ------------------------------------------------------------------------------------ driver
 
-def validate(url: str | Sequence[str], *, storage_options: Mapping | None = None, decode: str = "auto",
+def validate(url, *, storage_options: Mapping | None = None, decode: str = "auto",
              device=None, max_pixels: int | None = MAX_PIXELS, batch_size: int = 32,
              progress: bool = False) -> Report:
-    """Check every sample under ``url``; returns a :class:`Report` (nothing is raised for bad
-    samples; a missing source or bad arguments raise ``GpupipeError``/``OSError``)."""
+    """Check every sample under ``url`` (a URL, a list of them, or a
+    :class:`~gpupipe.sources.Source` naming Parquet columns, a labels file or classes);
+    returns a :class:`Report` (nothing is raised for bad samples; a missing source or bad
+    arguments raise ``GpupipeError``/``OSError``)."""
     from tqdm import tqdm
 
     from gpupipe.decode import DecodeConfig, make_decoder
     from gpupipe.sources import Source, resolve
     from gpupipe.storage import Fetcher
     from gpupipe.types import ErrorPolicy
+    from gpupipe.validate_read import read_samples, skipped_files
 
     if batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
-    resolved = resolve(Source(url, dict(storage_options or {})))
-    if not resolved.shard_urls or resolved.num_samples == 0:
-        raise ConfigError(f"{url}: the dataset is empty: its index.json lists {len(resolved.shard_urls)} shard(s) and "
-                          "no samples (an ingest that found no images?); ingest a folder of <class>/<image> files "
-                          "again")
-    if resolved.kind != "tar":
-        raise ConfigError(f"{url}: gpupipe validate reads tar shards, and this index.json describes a {resolved.kind} "
-                          "read in place, which it cannot check yet; train with decode.on_error: skip to survive bad "
-                          "images, or ingest the data into shards and validate those")
+    source = url if isinstance(url, Source) else Source(url, dict(storage_options or {}))
+    resolved = resolve(source)
+    _refuse_empty(source.url, resolved)
     decoder = make_decoder(DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE,
                                         max_pixels=max_pixels), device or "cpu")
     fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)
-    report = Report(shards=len(resolved.shard_urls), backend=f"{decoder.name} on {decoder.device}")
+    report = Report(shards=len(resolved.shard_urls), backend=f"{decoder.name} on {decoder.device}",
+                    units=_units(resolved))
     try:
-        items = _decode_all(_check_headers(_read_shards(fetcher, resolved), max_pixels), decoder, batch_size)
+        report.skipped = skipped_files(fetcher, resolved)
+        items = _decode_all(_check_headers(read_samples(fetcher, resolved), max_pixels), decoder, batch_size)
         with tqdm(total=resolved.num_samples, disable=not progress, file=sys.stderr, unit="img",
                   desc="validate") as bar:
             for item in items:
                 if isinstance(item, Problem):
                     report.problems.append(item)
-                if isinstance(item, _Good) or item.key:
+                if isinstance(item, Good) or item.key:
                     report.checked += 1
                     bar.update()
     finally:
@@ -248,6 +194,25 @@ def validate(url: str | Sequence[str], *, storage_options: Mapping | None = None
     order = {u: i for i, u in enumerate(resolved.shard_urls)}
     report.problems.sort(key=lambda p: (order.get(p.shard, -1), p.offset))  # batches decode out of order
     return report
+
+
+def _refuse_empty(url, resolved) -> None:
+    if resolved.kind == "tar" and (not resolved.shard_urls or resolved.num_samples == 0):
+        raise ConfigError(f"{url}: the dataset is empty: its index.json lists {len(resolved.shard_urls)} shard(s) and "
+                          "no samples (an ingest that found no images?); ingest a folder of <class>/<image> files "
+                          "again")
+    if resolved.num_samples == 0:
+        raise ConfigError(f"{url}: the dataset is empty: {_units(resolved)} hold no rows; give Parquet files with "
+                          "images in them")
+
+
+def _units(resolved) -> str:
+    """What was read, in words: ``3 shard(s)``, ``1 image folder``, ``4 row group(s) in 2 Parquet file(s)``."""
+    if resolved.kind == "folder":
+        return "1 image folder"
+    if resolved.kind == "parquet":
+        return f"{len(resolved.shard_urls)} row group(s) in {len(resolved.manifest.parquet.files)} Parquet file(s)"
+    return f"{len(resolved.shard_urls)} shard(s)"
 
 
 def write_quarantine(path: str, problems: Sequence[Problem]) -> None:
@@ -294,7 +259,8 @@ def _is_json(path: str) -> bool:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpupipe.cliargs import device_option, storage_arguments
 
-    p.add_argument("url", nargs="?", help="shard folder, index.json, pattern or glob (or give --config)")
+    p.add_argument("url", nargs="?", help="shard folder, image folder, Parquet folder or glob, index.json, shard "
+                                          "pattern (or give --config)")
     p.add_argument("--config", metavar="FILE", help="validate a split of this pipeline config instead of URL")
     p.add_argument("--split", default="train", help="the config's split (default train)")
     p.add_argument("--decode", default=None, choices=["auto", "dali", "nvjpeg", "pil"],
@@ -306,25 +272,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quarantine", metavar="FILE",
                    help="write the bad samples here (.jsonl: JSON lines; else tab-separated)")
     p.add_argument("--show", type=int, default=10, metavar="N", help="bad samples to list (default 10)")
-    storage_arguments(p, what="the shards")
+    storage_arguments(p, what="the data")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.epilog = "exit status: 0 all good, 1 some samples quarantined, 2 bad input"
 
 
 def _target(args: argparse.Namespace) -> tuple[object, dict, str, int | None]:
-    """(url, storage options, backend, max_pixels) from the command line or the config."""
+    """(url or Source, storage options, backend, max_pixels) from the command line or the config."""
     if (args.url is None) == (args.config is None):
         raise ConfigError("give a dataset URL or --config FILE (one of them)")
     if args.config is None:
         max_pixels = args.max_pixels if args.max_pixels is not None else MAX_PIXELS
         return args.url, dict(args.storage_options), args.decode or "auto", max_pixels
+    from dataclasses import replace
+
     from gpupipe.config import load_config
 
     config = load_config(args.config)
-    url = getattr(config.source, config.checked_split(args.split))
-    options = {**config.source.storage_options, **dict(args.storage_options)}
+    source = config.split(args.split).source  # with the config's classes and Parquet columns
+    options = {**source.storage_options, **dict(args.storage_options)}
     max_pixels = args.max_pixels if args.max_pixels is not None else config.decode.max_pixels
-    return list(url) if isinstance(url, tuple) else url, options, args.decode or config.decode.backend, max_pixels
+    return replace(source, storage_options=options), options, args.decode or config.decode.backend, max_pixels
 
 
 def run(args: argparse.Namespace) -> int:
@@ -332,15 +300,30 @@ def run(args: argparse.Namespace) -> int:
     report = validate(url, storage_options=options, decode=backend, device=args.device, max_pixels=max_pixels,
                       batch_size=args.batch_size, progress=not args.quiet)
     bad = sum(1 for p in report.problems if p.key)
-    print(f"gpupipe validate: {report.checked} samples in {report.shards} shard(s), decoded with {report.backend}: "
+    print(f"gpupipe validate: {report.checked} samples in {report.units}, decoded with {report.backend}: "
           f"{report.checked - bad} good, {len(report.problems)} quarantined")
     for kind, count in report.by_kind().items():
         print(f"  {kind:<18} {count}")
     for p in report.problems[:max(0, args.show)]:
-        print(f"  {p.shard}#{p.key or '(rest of shard)'} @{p.offset}: {p.reason}")
+        print(f"  {_where(p)}: {p.reason}")
     if len(report.problems) > args.show > 0:
         print(f"  ... and {len(report.problems) - args.show} more")
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} file(s) that are not images (the loader skips them too; not "
+              "quarantined):")
+        for path, why in report.skipped[:3]:
+            print(f"  {path}: {why}")
     if args.quarantine:
         write_quarantine(args.quarantine, report.problems)
         print(f"quarantine list: {args.quarantine} ({len(report.problems)} entries)")
     return EXIT_QUARANTINED if report.problems else EXIT_CLEAN
+
+
+def _where(p: Problem) -> str:
+    """Where a problem is, for a person: an image's URL, a Parquet file and row, a tar shard,
+    key and offset."""
+    if p.key and p.shard.endswith("/" + p.key):
+        return p.shard
+    if p.key.startswith("row "):
+        return f"{p.shard}, {p.key}"
+    return f"{p.shard}#{p.key or '(rest of shard)'} @{p.offset}"

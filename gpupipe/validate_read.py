@@ -1,0 +1,174 @@
+"""How ``gpupipe validate`` reads samples: tar shards, image folders and Parquet files.
+
+Each reader turns a resolved source into :class:`Good` items (a sample whose bytes were
+read and which has an image and an integer label) and :class:`Problem` items, in unit
+order; :mod:`gpupipe.validate` then runs the same header checks and decodes on the
+images of every kind. Sources read in place are read by the loader's own readers
+(:mod:`gpupipe.readers`), so a sample validate passes is one the loader delivers:
+
+* tar shards: whole-shard reads; tar damage ends its shard as one Problem (``key=""``);
+* an image folder: ``shard`` is the object's URL, ``key`` its path in the folder,
+  ``offset`` 0; files the loader does not read as images (``notes.txt`` in a class
+  folder) are not samples: :func:`skipped_files` lists them, and they are no problem;
+* Parquet: ``shard`` is the file's URL, ``key`` ``row <n>``, ``offset`` the row number
+  ``n`` in the file.
+
+With CRC-32s in ``index.json`` every sample, object or row group is checked against them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
+
+__all__ = ["Problem", "Good", "read_samples", "skipped_files"]
+
+log = logging.getLogger(__name__)
+
+# (substring of a reader's message, kind) for samples of a source read in place
+_READ_KINDS = (("fails its checksum", "checksum"), ("image cell is null", "no image"),
+               ("label cell is null", "bad label"), ("cannot be decoded", "unreadable row group"),
+               ("footer", "unreadable row group"))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One quarantined sample (or the unreadable rest of a shard, with ``key=""``)."""
+
+    shard: str
+    key: str
+    offset: int
+    kind: str
+    reason: str
+
+    def to_json(self) -> str:
+        return json.dumps({"shard": self.shard, "key": self.key, "offset": self.offset, "kind": self.kind,
+                           "reason": self.reason})
+
+
+@dataclass(frozen=True)
+class Good:
+    """A sample that passed the checks so far, with its encoded image."""
+
+    shard: str
+    key: str
+    offset: int
+    image: bytes
+
+
+def read_samples(fetcher, resolved) -> Iterator[Good | Problem]:
+    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.ResolvedSource`), in order."""
+    reader = {"tar": _read_shards, "folder": _read_objects, "parquet": _read_rowgroups}[resolved.kind]
+    return reader(fetcher, resolved)
+
+
+# ------------------------------------------------------------------------------- tar shards
+
+def _read_shards(fetcher, resolved) -> Iterator[Good | Problem]:
+    """Whole-shard reads; tar damage ends its shard as a Problem, a sample failing its
+    manifest checksum is a Problem."""
+    from gpupipe.formats.tar import group_by_key, iter_members
+    from gpupipe.types import ByteRange
+
+    urls = resolved.shard_urls
+    entries = resolved.manifest.shards if resolved.manifest is not None else [None] * len(urls)
+    fetched = fetcher.read_many((ByteRange(u), "") for u in urls)
+    for url, entry in zip(urls, entries):
+        blocks, offset = next(fetched), 0
+        try:
+            if isinstance(blocks, GpupipeError):
+                raise blocks
+            for i, sample in enumerate(group_by_key(iter_members(blocks, shard=url), shard=url)):
+                offset = sample.offset
+                yield _sample_verdict(sample, url, entry, i)
+        except GpupipeError as exc:
+            yield Problem(url, "", getattr(exc, "offset", None) or offset, "unreadable shard",
+                          getattr(exc, "reason", str(exc)))
+
+
+def _sample_verdict(sample, url: str, entry, index: int) -> Good | Problem:
+    from gpupipe.batch import image_field, label_of
+    from gpupipe.formats.tar import sample_crc32
+
+    def problem(kind: str, reason: str) -> Problem:
+        return Problem(url, sample.key, sample.offset, kind, reason)
+
+    if entry is not None and entry.crc32 is not None and index < entry.num_samples \
+            and sample_crc32(sample.key, sample.fields) != int(entry.crc32[index]):
+        return problem("checksum", "fails its index.json checksum (damaged, or the shard changed: rerun "
+                                   "`gpupipe index`)")
+    image = image_field(sample)
+    if not image:
+        return problem("no image", f"no image member (has {sorted(sample.fields)})")
+    try:
+        label_of(sample)
+    except ShardFormatError as exc:
+        return problem("bad label", exc.reason)
+    return Good(url, sample.key, sample.offset, bytes(image))
+
+
+# ------------------------------------------------------------------------- read in place
+
+def _read_objects(fetcher, resolved) -> Iterator[Good | Problem]:
+    """An image folder through the loader's object reader: one span per object."""
+    from gpupipe.plan import Span
+    from gpupipe.readers import object_spans
+
+    names = resolved.manifest.objects.names
+    spans = (Span(i, 0, 1) for i in range(len(names)))
+    for i, read in enumerate(object_spans(fetcher, resolved, spans)):
+        yield _in_place_verdict(read, 0, resolved.shard_urls[i], names[i], 0)
+
+
+def _read_rowgroups(fetcher, resolved) -> Iterator[Good | Problem]:
+    """Parquet through the loader's row-group reader: one span per row group."""
+    from gpupipe.plan import Span
+    from gpupipe.readers import rowgroup_spans
+
+    table = resolved.manifest.parquet
+    spans = (Span(g, 0, int(table.rows[g])) for g in range(len(table)))
+    for g, read in enumerate(rowgroup_spans(fetcher, resolved, spans)):
+        first = int(table.first_row[g])
+        for i in range(len(read.samples)):
+            yield _in_place_verdict(read, i, resolved.shard_urls[g], f"row {first + i}", first + i)
+
+
+def _in_place_verdict(read, i: int, url: str, key: str, offset: int) -> Good | Problem:
+    """Sample ``i`` of a reader's span as a Good (its image, empty or not: the header check
+    names an empty one) or the Problem the reader found."""
+    sample = read.samples[i]
+    if sample is not None:
+        image = next(v for k, v in sample.fields.items() if k != "cls")
+        return Good(url, key, offset, bytes(image))
+    exc = read.problems[i]
+    reason = getattr(exc, "reason", str(exc))
+    kind = "unreadable" if isinstance(exc, StorageError) else \
+        next((k for needle, k in _READ_KINDS if needle in reason), "unreadable")
+    return Problem(url, key, offset, kind, reason)
+
+
+def skipped_files(fetcher, resolved) -> list[tuple[str, str]]:
+    """``(path, why)`` of the files in an image folder that the loader does not read as
+    images (a ``notes.txt`` in a class folder, a hidden file); ``[]`` for other sources.
+    One listing of the folder; the loader's warning about them is not repeated."""
+    from gpupipe.formats.folder import classify_listing, folder_table
+
+    if resolved.kind != "folder":
+        return []
+    root = resolved.shard_urls.root
+    found = fetcher.call(root, "find", None, False, True)
+    listing = classify_listing(fetcher.fs._strip_protocol(root), found)
+    if listing.kind != "folder":
+        return []
+    folder_log = logging.getLogger("gpupipe.formats.folder")
+    was, folder_log.disabled = folder_log.disabled, True  # resolve() has warned already, if it listed
+    try:
+        return folder_table(listing, None)[2]
+    except GpupipeError as exc:  # the layout is checked where it is read; here only the extras matter
+        log.debug("%s: cannot list the files the loader skips: %s", root, exc)
+        return []
+    finally:
+        folder_log.disabled = was
