@@ -132,32 +132,57 @@ def _index_run(args: argparse.Namespace) -> int:
 
 
 def _inspect_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="dataset folder, index.json, shard pattern or glob")
+    p.add_argument("url", help="dataset folder (tar shards, images or Parquet), index.json, shard pattern or glob")
     p.add_argument("--keys", type=int, default=5, metavar="N", help="how many first keys to show (default 5)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    storage_arguments(p, what="the shards")
+    storage_arguments(p, what="the data")
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
     from gpupipe.ingest import inspect
+    from gpupipe.sourceinfo import KIND_NAMES
 
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     unknown = "unknown (no index.json; run `gpupipe index`)"
-    size = f"{info['bytes'] / 2**20:.1f} MiB" if info["bytes"] is not None else unknown
     classes = info["classes"]
+    in_place = info["kind"] != "tar"
     print(f"url:      {info['url']}")
-    print(f"shards:   {info['shards']}")
+    print(f"kind:     {KIND_NAMES[info['kind']]}" + (" (read in place)" if in_place else ""))
+    print(_inspect_units(info))
     print(f"samples:  {info['samples'] if info['samples'] is not None else unknown}")
-    print(f"bytes:    {size}")
+    print(f"bytes:    {_inspect_size(info['bytes']) if info['bytes'] is not None else unknown}")
     print(f"classes:  {len(classes)}" + (f" ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})" if classes else ""))
-    print(f"fields:   {', '.join(info['fields'])}")
-    print(f"first keys ({info['first_shard']}):")
+    if info["kind"] == "parquet":
+        print(f"columns:  image={info['image_column']}, label={info['label_column'] or 'none (labels are -1)'}")
+    if info["fields"]:
+        print(f"fields:   {', '.join(info['fields'])}")
+    print("first objects:" if info["kind"] == "folder" else f"first keys ({info['first_shard']}):")
     for key in info["first_keys"]:
         print(f"  {key}")
     return 0
+
+
+def _inspect_units(info: dict) -> str:
+    """``shards:   8``, ``units:    10 images`` or ``units:    4 row groups in 2 files``."""
+    if info["kind"] == "tar":
+        return f"shards:   {info['shards']}"
+    n, unit = info["units"], info["unit"]
+    files = f" in {info['files']} file{'s' if info['files'] != 1 else ''}" if info["kind"] == "parquet" else ""
+    return f"units:    {n} {unit}{'s' if n != 1 else ''}{files}"
+
+
+def _inspect_size(n: int) -> str:
+    """Bytes in the largest binary unit that keeps a whole number in front: ``43.0 MiB``, ``5.2 KiB``, ``310 B``."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} TiB"
 
 
 # ---------------------------------------------------------------- demo

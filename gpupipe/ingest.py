@@ -446,9 +446,11 @@ def _read_classes(fs, folder: str) -> tuple[str, ...]:
 
 
 def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys: int = 5) -> dict[str, Any]:
-    """A JSON-able summary of a dataset: ``manifest`` (bool), ``shards``, ``samples`` and
-    ``bytes`` (``None`` without a manifest), ``classes``, ``first_shard``, ``first_keys``
-    (up to ``keys``) and the ``fields`` of those samples.
+    """A JSON-able summary of a dataset: ``kind`` (``tar``, ``folder``, ``parquet``),
+    ``manifest`` (bool), ``shards`` (units), ``samples`` and ``bytes`` (``None`` without a
+    manifest), ``classes``, ``first_shard``, ``first_keys`` (up to ``keys``) and the
+    ``fields`` of those samples; for a source read in place also the keys of
+    :func:`gpupipe.sourceinfo.in_place_summary` (units, files, columns).
 
     With a manifest the first keys come from one byte-range read; without, the first shard
     is streamed until ``keys`` samples have been seen.
@@ -456,12 +458,16 @@ def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys:
     resolved = resolve(Source(url, dict(storage_options or {})))
     manifest = resolved.manifest
     out: dict[str, Any] = {
-        "url": url, "manifest": manifest is not None, "shards": len(resolved.shard_urls),
+        "url": url, "kind": resolved.kind, "manifest": manifest is not None, "shards": len(resolved.shard_urls),
         "samples": manifest.num_samples if manifest else None,
         "bytes": manifest.total_bytes if manifest else None,
         "classes": list(manifest.classes) if manifest else [],
         "first_shard": None, "first_keys": [], "fields": [],
     }
+    if resolved.kind != "tar":  # an image folder or Parquet read in place: its manifest says it all
+        from gpupipe.sourceinfo import in_place_summary
+
+        return {**out, **in_place_summary(resolved, keys)}
     if not resolved.shard_urls or keys < 1:
         return out
     fs, _ = open_filesystem(resolved.shard_urls[0], storage_options)

@@ -97,3 +97,33 @@ def test_validate_a_parquet_file_with_a_damaged_footer_is_one_line(tmp_path: Pat
     assert main(["validate", str(tmp_path / "pq"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpupipe: error: ") and str(path) in err[0] and "footer" in err[0], err
+
+
+def test_inspect_an_image_folder_says_what_it_is(tmp_path: Path, capsys):
+    from datagen import payload
+    from inplace_data import write_class_folder
+
+    write_class_folder(str(tmp_path / "imgs"), 5)
+    assert main(["inspect", str(tmp_path / "imgs"), "--keys", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    size = sum(len(payload(i)) for i in range(5))
+    assert lines[1:7] == ["kind:     image folder (read in place)", "units:    5 images", "samples:  5",
+                          f"bytes:    {size} B", "classes:  3 (c0, c1, c2)", "fields:   cls, jpg"]
+    assert lines[7:] == ["first objects:", "  c0/img00000.jpg", "  c0/img00003.jpg"]
+
+
+def test_inspect_parquet_names_its_row_groups_columns_and_first_rows(tmp_path: Path, capsys):
+    from inplace_data import write_parquet
+
+    write_parquet(str(tmp_path / "pq"), [5, 5], layout="hf", row_group_rows=3)
+    assert main(["inspect", str(tmp_path / "pq"), "--keys", "4", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["kind"], info["units"], info["files"], info["samples"]) == ("parquet", 4, 2, 10)
+    assert info["bytes"] == sum(p.stat().st_size for p in (tmp_path / "pq").glob("*.parquet"))
+    assert (info["image_column"], info["label_column"], info["classes"]) == ("image.bytes", "label", ["c0", "c1", "c2"])
+    assert info["first_keys"] == ["part-000.parquet#0", "part-000.parquet#1", "part-000.parquet#2",
+                                  "part-000.parquet#3"]  # across the first row group's end
+    assert main(["inspect", str(tmp_path / "pq")]) == 0
+    out = capsys.readouterr().out
+    assert "units:    4 row groups in 2 files" in out and "columns:  image=image.bytes, label=label" in out
+    assert f"first keys ({tmp_path / 'pq'}/part-000.parquet):" in out
