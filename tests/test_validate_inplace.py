@@ -127,3 +127,19 @@ def test_inspect_parquet_names_its_row_groups_columns_and_first_rows(tmp_path: P
     out = capsys.readouterr().out
     assert "units:    4 row groups in 2 files" in out and "columns:  image=image.bytes, label=label" in out
     assert f"first keys ({tmp_path / 'pq'}/part-000.parquet):" in out
+
+
+def test_validate_a_config_split_uses_its_parquet_columns(tmp_path: Path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"thumb": pa.array([b"x"] * 2, pa.binary()), "jpeg": pa.array([real_jpeg(0), None]),
+                             "label": [0, 1]}), tmp_path / "pq" / "part-0.parquet")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({
+        "source": {"train": str(tmp_path / "pq"), "image_column": "jpeg"}, "decode": {"image_size": [8, 8]},
+        "loader": {"batch_size": 2, "num_workers": 0}}))
+    # two binary columns: only the config's source.image_column says which one holds the images
+    assert main(["validate", "--config", str(tmp_path / "p.yaml"), "--decode", "pil", "--quiet"]) == 1
+    assert "1 good, 1 quarantined" in capsys.readouterr().out
