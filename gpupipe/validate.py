@@ -40,11 +40,14 @@ import json
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from gpupipe.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
 from gpupipe.validate_read import Good, Problem
+
+if TYPE_CHECKING:
+    from gpupipe.sources import Source
 
 __all__ = ["Problem", "Report", "validate", "write_quarantine", "read_quarantine", "add_arguments", "run"]
 
@@ -152,7 +155,7 @@ def _pack(goods: Sequence[Good]):
 
 # ------------------------------------------------------------------------------------ driver
 
-def validate(url, *, storage_options: Mapping | None = None, decode: str = "auto",
+def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | None = None, decode: str = "auto",
              device=None, max_pixels: int | None = MAX_PIXELS, batch_size: int = 32,
              progress: bool = False) -> Report:
     """Check every sample under ``url`` (a URL, a list of them, or a
