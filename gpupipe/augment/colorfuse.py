@@ -395,10 +395,27 @@ def run_steps(images: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, *
     step_b = slice_samples or slice_size(images)
     if step_b >= B:
         return _run_slice(images, steps, out_dtype, owned)
-    cl = C > 1 and images.is_contiguous(memory_format=torch.channels_last)
-    out = torch.empty((B, out_channels(C, steps), H, W), dtype=out_dtype, device=images.device,
-                      memory_format=torch.channels_last if cl else torch.contiguous_format)
+    out = _slice_output(images, steps, out_dtype, owned)
     for lo in range(0, B, step_b):
         hi = min(B, lo + step_b)
-        out[lo:hi] = _run_slice(images[lo:hi], [_slice(s, lo, hi) for s in steps], out_dtype, owned)
+        part = _run_slice(images[lo:hi], [_slice(s, lo, hi) for s in steps], out_dtype, owned)
+        if not _same_memory(part, out[lo:hi]):
+            out[lo:hi] = part
     return out
+
+
+def _slice_output(images: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, owned: bool) -> torch.Tensor:
+    """Where the slices' results go: ``images`` itself when it is ours and already of the
+    output's dtype and channel count (each slice is then worked on in place: no second
+    batch-sized buffer, whose fresh pages cost as much as the pass), else a new buffer."""
+    B, C, H, W = images.shape
+    channels = out_channels(C, steps)
+    if owned and images.dtype == out_dtype and channels == C:
+        return images
+    cl = C > 1 and images.is_contiguous(memory_format=torch.channels_last)
+    return torch.empty((B, channels, H, W), dtype=out_dtype, device=images.device,
+                       memory_format=torch.channels_last if cl else torch.contiguous_format)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()

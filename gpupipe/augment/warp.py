@@ -1,12 +1,12 @@
 """The core of the geometric transforms: one homography per sample, applied with one
-:func:`kornia.geometry.transform.warp_perspective`; the base class, the matrices of
-boxes, and torchvision's argument checks.
+``grid_sample`` (the grid built here, as Kornia's ``warp_perspective`` would, in fewer
+passes); the base class, the matrices of boxes, and torchvision's argument checks.
 
 Coordinates are pixel centres: pixel ``(x, y)`` sits at integer ``(x, y)`` and an
 image of width ``W`` spans ``[-0.5, W - 0.5]`` (torchvision's / ``align_corners=False``
 resampling convention). ``matrix(params, in_hw)`` takes INPUT pixel coordinates to
 OUTPUT pixel coordinates (Kornia's convention). Because the matrices are already in
-pixel-centre coordinates they are handed to Kornia with ``align_corners=True``,
+pixel-centre coordinates they are sampled with ``align_corners=True``,
 which maps pixel ``0`` / ``W - 1`` to ``-1`` / ``1`` exactly, so a resize matches
 ``F.interpolate(mode="bilinear", align_corners=False, antialias=False)``, a flip or
 integer crop samples pixels exactly, and ``grid_sample``'s "reflection" reflects
@@ -25,7 +25,7 @@ import torch
 
 from .base import AugKey, Transform
 
-__all__ = ["HW", "GeometricTransform", "warp", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
+__all__ = ["HW", "GeometricTransform", "warp", "sampling_grid", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
            "check_fill", "INTERPOLATIONS"]
 
 HW = tuple[int, int]
@@ -40,27 +40,78 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
 
     ``padding_mode``: Kornia's ("zeros", "border", "reflection", or "fill" with
     ``fill`` one value or one per channel, in the images' units). ``affine``: the
-    matrices' last rows are (0, 0, 1), so Kornia's ``warp_affine`` (an ``affine_grid``,
-    ~15% cheaper on the CPU) does. Shape: (B, C, H, W) → (B, C, *out_hw), the input's
-    dtype: an integer batch is warped in float32, then rounded and clamped to its range
-    (torchvision's integer path). ``keep_float``: return that rounded float32 batch
-    instead of casting it back (``Compose`` hands it to a colour pass that would convert
-    it to float32 again).
-    """
-    from kornia.geometry.transform import warp_affine, warp_perspective
+    matrices' last rows are (0, 0, 1), so the sampling grid needs no division.
+    Shape: (B, C, H, W) → (B, C, *out_hw), the input's dtype: an integer batch is
+    warped in float32, then rounded and clamped to its range (torchvision's integer
+    path). ``keep_float``: return that rounded float32 batch instead of casting it back
+    (``Compose`` hands it to a colour pass that would convert it to float32 again).
 
+    The sampling grid is built here (:func:`sampling_grid`) and handed to
+    ``grid_sample``, as Kornia's ``warp_affine`` / ``warp_perspective`` do; only the
+    "fill" mode goes through Kornia (its fill blend).
+    """
     x = images.to(torch.float32)
-    fill_value = None
-    if padding_mode == "fill":
-        fill_value = torch.tensor(fill or (0.0,), dtype=torch.float32).to(x.device, non_blocking=True)
     m = matrix.to(device=x.device, dtype=torch.float32)
-    fn = warp_affine if affine else warp_perspective
-    out = fn(x, m[:, :2] if affine else m, dsize=(int(out_hw[0]), int(out_hw[1])), mode=interpolation,
-             padding_mode=padding_mode, align_corners=True, fill_value=fill_value)
+    hw = (int(out_hw[0]), int(out_hw[1]))
+    if padding_mode == "fill":
+        out = _kornia_fill_warp(x, m, hw, interpolation, fill, affine)
+    else:
+        grid = sampling_grid(m, (int(x.shape[-2]), int(x.shape[-1])), hw, affine)
+        out = torch.nn.functional.grid_sample(x, grid, mode=interpolation, padding_mode=padding_mode,
+                                              align_corners=True)
     if images.is_floating_point():
         return out.to(images.dtype)
     return to_integer(out, images.dtype, clamp=interpolation == "bicubic" or padding_mode == "fill",
                       keep_float=keep_float)
+
+
+def sampling_grid(matrix: torch.Tensor, in_hw: HW, out_hw: HW, affine: bool = False) -> torch.Tensor:
+    """``grid_sample``'s (B, h, w, 2) grid (``align_corners=True``) for the (B, 3, 3)
+    input→output pixel homographies ``matrix``: each output pixel's input position.
+
+    The inverse, with the input's pixel → [-1, 1] scaling folded in, is one small float64
+    matrix per sample (``inv_ex``: no device sync); the grid is then written per axis as a
+    row term plus a column term, (B, 1, w) + (B, h, 1), straight into its slot of the
+    output — two passes over the grid where an affine map is all there is (Kornia builds
+    it from six full-size products and a stack: a third of a 128² warp's CPU time), and
+    a division by the projective denominator otherwise.
+    """
+    (H, W), (h, w) = in_hw, out_hw
+    inverse = torch.linalg.inv_ex(matrix.to(torch.float64))[0]
+    to_unit = torch.tensor([[2.0 / max(W - 1, 1), 0.0, -1.0], [0.0, 2.0 / max(H - 1, 1), -1.0], [0.0, 0.0, 1.0]],
+                           dtype=torch.float64).to(matrix.device, non_blocking=True)
+    t = (to_unit @ inverse).to(torch.float32)  # (B, 3, 3): output pixel → input in [-1, 1]
+    xs = torch.arange(w, dtype=torch.float32, device=matrix.device)
+    ys = torch.arange(h, dtype=torch.float32, device=matrix.device)
+    grid = torch.empty((matrix.shape[0], h, w, 2), dtype=torch.float32, device=matrix.device)
+    rows = [_plane(t[:, r], xs, ys) for r in range(2 if affine else 3)]
+    if affine:
+        for axis, (along_x, along_y) in enumerate(rows):
+            torch.add(along_x, along_y, out=grid[..., axis])
+        return grid
+    denominator = rows[2][0] + rows[2][1]
+    for axis, (along_x, along_y) in enumerate(rows[:2]):
+        torch.div(along_x + along_y, denominator, out=grid[..., axis])
+    return grid
+
+
+def _plane(row: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``row`` (B, 3) · (x, y, 1) over the output pixels as two broadcastable terms:
+    (B, 1, w) ``a·x`` and (B, h, 1) ``b·y + c``."""
+    along_x = row[:, 0, None] * xs
+    along_y = torch.addcmul(row[:, 2, None], row[:, 1, None], ys)
+    return along_x[:, None, :], along_y[:, :, None]
+
+
+def _kornia_fill_warp(x: torch.Tensor, m: torch.Tensor, hw: HW, interpolation: str,
+                      fill: tuple[float, ...] | None, affine: bool) -> torch.Tensor:
+    """The "fill" padding mode: Kornia's warp, which blends a warped mask with the fill."""
+    from kornia.geometry.transform import warp_affine, warp_perspective
+
+    fill_value = torch.tensor(fill or (0.0,), dtype=torch.float32).to(x.device, non_blocking=True)
+    fn = warp_affine if affine else warp_perspective
+    return fn(x, m[:, :2] if affine else m, dsize=hw, mode=interpolation, padding_mode="fill",
+              align_corners=True, fill_value=fill_value)
 
 
 def to_integer(x: torch.Tensor, dtype: torch.dtype, clamp: bool = True, keep_float: bool = False) -> torch.Tensor:
