@@ -14,7 +14,10 @@ from typing import Any, Mapping, Sequence
 
 from gpupipe.errors import ConfigError, StorageError
 
-__all__ = ["agreed_classes", "check_class_names", "class_list", "class_lines", "describe", "refuse_unlisted"]
+__all__ = ["CLASSES_NAME", "agreed_classes", "check_class_names", "class_list", "class_lines", "describe",
+           "refuse_unlisted"]
+
+CLASSES_NAME = "classes.txt"  # one class name per line, beside the shards
 
 _SHOWN = 8  # class names shown in a message before "..."
 

@@ -115,7 +115,7 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
 
 def _index_run(args: argparse.Namespace) -> int:
     from gpupipe.indexer import index_in_place
-    from gpupipe.ingest import index
+    from gpupipe.indexer import index
 
     options = dict(args.storage_options)
     manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,
@@ -139,7 +139,7 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
-    from gpupipe.ingest import inspect
+    from gpupipe.sourceinfo import inspect
     from gpupipe.sourceinfo import KIND_NAMES
 
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)

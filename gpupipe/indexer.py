@@ -1,26 +1,29 @@
-"""``gpupipe index`` for sources read in place: an image folder or Parquet files.
+"""``gpupipe index``: the ``index.json`` of tar shards, of an image folder or of Parquet files.
 
-:func:`index_in_place` describes the source afresh (one listing, or one footer read
+:func:`index` scans tar shards made elsewhere (e.g. by ``webdataset``) in blocks, never whole,
+and writes their manifest (sample offsets and sizes). :func:`index_in_place` describes the source afresh (one listing, or one footer read
 per file — never an old ``index.json``) and writes the manifest beside it: in the
 folder, or in the folder of the Parquet files. With ``checksums`` it also reads every
 byte the stream will read once and stores a CRC-32 per object or row group, which the
 stream then checks exactly as it checks shards. Tar shards are left to
-:func:`gpupipe.ingest.index` (it returns ``None`` for them).
+:func:`index` (it returns ``None`` for them).
 """
 from __future__ import annotations
 
 import logging
 import posixpath
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gpupipe.errors import ConfigError
+from gpupipe.classes import CLASSES_NAME, class_lines
+from gpupipe.errors import ConfigError, StorageError
 from gpupipe.inplace import with_checksums
-from gpupipe.manifest import MANIFEST_NAME, Manifest
+from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.sources import Source, expand_pattern, resolve
-from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands
+from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
+from gpupipe.types import ByteRange
 
-__all__ = ["index_in_place"]
+__all__ = ["index", "index_in_place"]
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +64,82 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
     log.info("indexed %d samples (%s, %d units) under %s", manifest.num_samples, manifest.kind, manifest.num_units,
              root)
     return manifest
+
+
+def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = None, workers: int = 4,
+          progress: bool = True) -> Manifest:
+    """Scan existing shards and write their ``index.json``; returns the manifest.
+
+    ``url``: a folder (its ``*.tar``), a brace pattern, a glob or a list of these; all
+    shards must sit in one folder, where the manifest goes. Shards are read in blocks
+    (``workers`` requests at once, bounded read-ahead), never whole. Class names come from a
+    ``classes.txt`` in that folder when there is one.
+    """
+    if workers < 1:
+        raise ConfigError(f"index: workers must be >= 1, got {workers}")
+    urls = expand_pattern(url)
+    refuse_commands(urls)
+    fs, _ = open_filesystem(urls[0], storage_options)
+    with storage_errors(urls[0]):
+        paths = _shard_paths(fs, urls)
+    folders = {posixpath.dirname(p) for p in paths}
+    if len(folders) != 1:
+        raise ConfigError(f"index: the shards must share one folder (for its {MANIFEST_NAME}); "
+                          f"they are in {sorted(folders)[:3]}; index each folder on its own")
+    folder = folders.pop()
+    fetcher = Fetcher(fs, FetchConfig(concurrency=workers))
+    try:
+        sizes = [fetcher.size(p) for p in paths]
+        from tqdm import tqdm
+
+        with tqdm(total=sum(sizes), disable=not progress, file=sys.stderr, unit="B", unit_scale=True,
+                  desc="index") as bar:
+            entries = _index_shards(fetcher, folder, paths, sizes, bar.update)
+    finally:
+        fetcher.close()
+    manifest = Manifest(shards=tuple(entries), classes=_read_classes(fs, folder))
+    fs.pipe_file(f"{folder}/{MANIFEST_NAME}", manifest.to_json().encode())
+    log.info("indexed %d samples in %d shards under %s", manifest.num_samples, len(entries), folder)
+    return manifest
+
+
+def _shard_paths(fs, urls: list[str]) -> list[str]:
+    """Filesystem paths of the shards that ``urls`` name, globs and folders expanded."""
+    out: list[str] = []
+    for u in urls:
+        p = fs._strip_protocol(u).rstrip("/")
+        if any(ch in p for ch in "*?["):
+            found = sorted(fs.glob(p))
+        elif fs.isdir(p):
+            found = sorted(fs.glob(p + "/*.tar"))
+        else:
+            found = [p]
+        if not found:
+            raise StorageError("no shards here (no *.tar, or nothing matches)", url=u)
+        out.extend(f for f in found if f not in out)
+    return out
+
+
+def _index_shards(fetcher: Fetcher, folder: str, paths: list[str], sizes: list[int],
+                  tick: Callable[[int], Any]) -> list[ShardEntry]:
+    step = fetcher.config.block_bytes
+    spans = [[(s, min(s + step, size)) for s in range(0, size, step)] for size in sizes]
+    blocks = fetcher.read_many((ByteRange(p, s, e), "") for p, sp in zip(paths, spans) for s, e in sp)
+
+    def take(n: int) -> Iterator[bytes]:
+        for _ in range(n):
+            got = next(blocks)
+            if isinstance(got, StorageError):
+                raise got
+            for chunk in got:
+                tick(len(chunk))
+                yield chunk
+
+    return [index_shard(p[len(folder) + 1:], take(len(sp))) for p, sp in zip(paths, spans)]
+
+
+def _read_classes(fs, folder: str) -> tuple[str, ...]:
+    try:
+        return class_lines(fs.cat_file(f"{folder}/{CLASSES_NAME}"))
+    except FileNotFoundError:
+        return ()

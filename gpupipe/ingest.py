@@ -1,4 +1,4 @@
-"""Make, describe and look at a shard dataset: ``ingest``, ``index`` and ``inspect``.
+"""Make a shard dataset: ``gpupipe ingest``.
 
 :func:`ingest` turns an image folder (``src/<class>/<image>``, ImageNet layout) or Parquet
 files (an image-bytes column and a label column) into WebDataset-layout tar shards plus the
@@ -8,8 +8,8 @@ the :class:`IngestReport` -- never dropped silently. The output order is a permu
 from ``seed`` (readers shuffle only within a window, so the order at rest matters) and the
 same inputs and seed give byte-identical shards.
 
-:func:`index` writes the manifest for shards made elsewhere (e.g. by ``webdataset``), and
-:func:`inspect` summarises a dataset and shows its first keys. None of these print.
+:func:`gpupipe.indexer.index` writes the manifest for shards made elsewhere (e.g. by
+``webdataset``) and :func:`gpupipe.sourceinfo.inspect` summarises a dataset. Nothing here prints.
 """
 from __future__ import annotations
 
@@ -26,27 +26,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
-from gpupipe.classes import check_class_names, class_lines, class_list, describe, refuse_unlisted
+from gpupipe.classes import CLASSES_NAME, check_class_names, class_list, describe, refuse_unlisted
 from gpupipe.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
-from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.formats.writer import ShardSink
-from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
+from gpupipe.manifest import MANIFEST_NAME, Manifest
 from gpupipe.plan import shuffle_buffer
-from gpupipe.sources import Source, expand_pattern, resolve
-from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
-from gpupipe.types import ByteRange
+from gpupipe.storage import open_filesystem, storage_errors
 
-__all__ = ["CLASSES_NAME", "IngestReport", "ingest", "in_val_split", "index", "inspect"]
+__all__ = ["IngestReport", "ingest", "in_val_split"]
 
 log = logging.getLogger(__name__)
 
-CLASSES_NAME = "classes.txt"  # one class name per line, beside the shards
 _EXT_OF_FORMAT = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "gif": "gif"}
 _READS_AHEAD_PER_WORKER = 4  # image files requested but not yet written, per worker
 _PARQUET_SHUFFLE_BUFFER = 2048  # rows mixed across row groups (which are themselves permuted)
-_STREAM_BLOCK = 1 << 20
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -358,135 +353,3 @@ def _sanitise(part: str) -> str:
 def _skip(skipped: list, name: str, reason: str) -> None:
     log.warning("skipping %s: %s", name, reason)
     skipped.append((name, reason))
-
-
-# ---------------------------------------------------------------- index
-
-
-def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = None, workers: int = 4,
-          progress: bool = True) -> Manifest:
-    """Scan existing shards and write their ``index.json``; returns the manifest.
-
-    ``url``: a folder (its ``*.tar``), a brace pattern, a glob or a list of these; all
-    shards must sit in one folder, where the manifest goes. Shards are read in blocks
-    (``workers`` requests at once, bounded read-ahead), never whole. Class names come from a
-    ``classes.txt`` in that folder when there is one.
-    """
-    if workers < 1:
-        raise ConfigError(f"index: workers must be >= 1, got {workers}")
-    urls = expand_pattern(url)
-    refuse_commands(urls)
-    fs, _ = open_filesystem(urls[0], storage_options)
-    with storage_errors(urls[0]):
-        paths = _shard_paths(fs, urls)
-    folders = {posixpath.dirname(p) for p in paths}
-    if len(folders) != 1:
-        raise ConfigError(f"index: the shards must share one folder (for its {MANIFEST_NAME}); "
-                          f"they are in {sorted(folders)[:3]}; index each folder on its own")
-    folder = folders.pop()
-    fetcher = Fetcher(fs, FetchConfig(concurrency=workers))
-    try:
-        sizes = [fetcher.size(p) for p in paths]
-        from tqdm import tqdm
-
-        with tqdm(total=sum(sizes), disable=not progress, file=sys.stderr, unit="B", unit_scale=True,
-                  desc="index") as bar:
-            entries = _index_shards(fetcher, folder, paths, sizes, bar.update)
-    finally:
-        fetcher.close()
-    manifest = Manifest(shards=tuple(entries), classes=_read_classes(fs, folder))
-    fs.pipe_file(f"{folder}/{MANIFEST_NAME}", manifest.to_json().encode())
-    log.info("indexed %d samples in %d shards under %s", manifest.num_samples, len(entries), folder)
-    return manifest
-
-
-def _shard_paths(fs, urls: list[str]) -> list[str]:
-    """Filesystem paths of the shards that ``urls`` name, globs and folders expanded."""
-    out: list[str] = []
-    for u in urls:
-        p = fs._strip_protocol(u).rstrip("/")
-        if any(ch in p for ch in "*?["):
-            found = sorted(fs.glob(p))
-        elif fs.isdir(p):
-            found = sorted(fs.glob(p + "/*.tar"))
-        else:
-            found = [p]
-        if not found:
-            raise StorageError("no shards here (no *.tar, or nothing matches)", url=u)
-        out.extend(f for f in found if f not in out)
-    return out
-
-
-def _index_shards(fetcher: Fetcher, folder: str, paths: list[str], sizes: list[int],
-                  tick: Callable[[int], Any]) -> list[ShardEntry]:
-    step = fetcher.config.block_bytes
-    spans = [[(s, min(s + step, size)) for s in range(0, size, step)] for size in sizes]
-    blocks = fetcher.read_many((ByteRange(p, s, e), "") for p, sp in zip(paths, spans) for s, e in sp)
-
-    def take(n: int) -> Iterator[bytes]:
-        for _ in range(n):
-            got = next(blocks)
-            if isinstance(got, StorageError):
-                raise got
-            for chunk in got:
-                tick(len(chunk))
-                yield chunk
-
-    return [index_shard(p[len(folder) + 1:], take(len(sp))) for p, sp in zip(paths, spans)]
-
-
-def _read_classes(fs, folder: str) -> tuple[str, ...]:
-    try:
-        return class_lines(fs.cat_file(f"{folder}/{CLASSES_NAME}"))
-    except FileNotFoundError:
-        return ()
-
-
-# ---------------------------------------------------------------- inspect
-
-
-def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys: int = 5) -> dict[str, Any]:
-    """A JSON-able summary of a dataset: ``kind`` (``tar``, ``folder``, ``parquet``),
-    ``manifest`` (bool), ``shards`` (units), ``samples`` and ``bytes`` (``None`` without a
-    manifest), ``classes``, ``first_shard``, ``first_keys`` (up to ``keys``) and the
-    ``fields`` of those samples; for a source read in place also the keys of
-    :func:`gpupipe.sourceinfo.in_place_summary` (units, files, columns).
-
-    With a manifest the first keys come from one byte-range read; without, the first shard
-    is streamed until ``keys`` samples have been seen.
-    """
-    resolved = resolve(Source(url, dict(storage_options or {})))
-    manifest = resolved.manifest
-    out: dict[str, Any] = {
-        "url": url, "kind": resolved.kind, "manifest": manifest is not None, "shards": len(resolved.shard_urls),
-        "samples": manifest.num_samples if manifest else None,
-        "bytes": manifest.total_bytes if manifest else None,
-        "classes": list(manifest.classes) if manifest else [],
-        "first_shard": None, "first_keys": [], "fields": [],
-    }
-    if resolved.kind != "tar":  # an image folder or Parquet read in place: its manifest says it all
-        from gpupipe.sourceinfo import in_place_summary
-
-        return {**out, **in_place_summary(resolved, keys)}
-    if not resolved.shard_urls or keys < 1:
-        return out
-    fs, _ = open_filesystem(resolved.shard_urls[0], storage_options)
-    samples = _first_samples(fs, resolved.shard_urls, manifest, keys)
-    out["first_shard"] = samples[0].shard if samples else resolved.shard_urls[0]
-    out["first_keys"] = [s.key for s in samples]
-    out["fields"] = sorted({ext for s in samples for ext in s.fields})
-    return out
-
-
-def _first_samples(fs, shard_urls: tuple[str, ...], manifest: Manifest | None, keys: int) -> list:
-    if manifest is None:
-        url = shard_urls[0]
-        with fs.open(fs._strip_protocol(url), "rb") as f:
-            chunks = iter(lambda: f.read(_STREAM_BLOCK), b"")
-            return list(itertools.islice(group_by_key(iter_members(chunks, shard=url), shard=url), keys))
-    for url, entry in zip(shard_urls, manifest.shards):
-        if entry.num_samples:
-            start, stop = entry.byte_range(0, min(keys, entry.num_samples))
-            data = Fetcher(fs).read(ByteRange(url, start, stop))
-            return list(group_by_key(iter_members([data], shard=url, base_offset=start), shard=url))
-    return []

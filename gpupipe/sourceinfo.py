@@ -1,6 +1,7 @@
-"""What ``gpupipe inspect`` says about a source read in place, from its manifest alone.
+"""``gpupipe inspect``: what a source is — kind, units, samples, bytes, classes, first keys.
 
-An image folder's or Parquet source's manifest (``index.json``, or the one described at
+For tar shards the first keys come from one byte-range read (or streaming the first shard
+when there is no manifest). An image folder's or Parquet source's manifest (``index.json``, or the one described at
 start) already holds what a summary needs — the objects with their sizes and labels, or
 the files, row groups and columns — so no image byte is read: the first keys are the
 first object names (``c0/img1.jpg``) or the keys the loader gives the first rows
@@ -8,15 +9,68 @@ first object names (``c0/img1.jpg``) or the keys the loader gives the first rows
 """
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, Mapping
 
-__all__ = ["KIND_NAMES", "in_place_summary"]
+from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.manifest import Manifest
+from gpupipe.sources import Source, resolve
+from gpupipe.storage import Fetcher, open_filesystem
+from gpupipe.types import ByteRange
+
+__all__ = ["KIND_NAMES", "inspect", "in_place_summary"]
 
 KIND_NAMES = {"tar": "tar shards", "folder": "image folder", "parquet": "Parquet"}
+_STREAM_BLOCK = 1 << 20
+
+
+def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys: int = 5) -> dict[str, Any]:
+    """A JSON-able summary of a dataset: ``kind`` (``tar``, ``folder``, ``parquet``),
+    ``manifest`` (bool), ``shards`` (units), ``samples`` and ``bytes`` (``None`` without a
+    manifest), ``classes``, ``first_shard``, ``first_keys`` (up to ``keys``) and the
+    ``fields`` of those samples; for a source read in place also the keys of
+    :func:`in_place_summary` (units, files, columns).
+
+    With a manifest the first keys come from one byte-range read; without, the first shard
+    is streamed until ``keys`` samples have been seen.
+    """
+    resolved = resolve(Source(url, dict(storage_options or {})))
+    manifest = resolved.manifest
+    out: dict[str, Any] = {
+        "url": url, "kind": resolved.kind, "manifest": manifest is not None, "shards": len(resolved.shard_urls),
+        "samples": manifest.num_samples if manifest else None,
+        "bytes": manifest.total_bytes if manifest else None,
+        "classes": list(manifest.classes) if manifest else [],
+        "first_shard": None, "first_keys": [], "fields": [],
+    }
+    if resolved.kind != "tar":  # an image folder or Parquet read in place: its manifest says it all
+        return {**out, **in_place_summary(resolved, keys)}
+    if not resolved.shard_urls or keys < 1:
+        return out
+    fs, _ = open_filesystem(resolved.shard_urls[0], storage_options)
+    samples = _first_samples(fs, resolved.shard_urls, manifest, keys)
+    out["first_shard"] = samples[0].shard if samples else resolved.shard_urls[0]
+    out["first_keys"] = [s.key for s in samples]
+    out["fields"] = sorted({ext for s in samples for ext in s.fields})
+    return out
+
+
+def _first_samples(fs, shard_urls: tuple[str, ...], manifest: Manifest | None, keys: int) -> list:
+    if manifest is None:
+        url = shard_urls[0]
+        with fs.open(fs._strip_protocol(url), "rb") as f:
+            chunks = iter(lambda: f.read(_STREAM_BLOCK), b"")
+            return list(itertools.islice(group_by_key(iter_members(chunks, shard=url), shard=url), keys))
+    for url, entry in zip(shard_urls, manifest.shards):
+        if entry.num_samples:
+            start, stop = entry.byte_range(0, min(keys, entry.num_samples))
+            data = Fetcher(fs).read(ByteRange(url, start, stop))
+            return list(group_by_key(iter_members([data], shard=url, base_offset=start), shard=url))
+    return []
 
 
 def in_place_summary(resolved, keys: int) -> dict[str, Any]:
-    """The keys :func:`gpupipe.ingest.inspect` adds for an image folder or Parquet source:
+    """The keys :func:`inspect` adds for an image folder or Parquet source:
     ``units`` (images or row groups) and ``unit``, ``files``, ``image_column`` and
     ``label_column`` (Parquet), ``first_shard`` (the first object or file), ``first_keys``
     (up to ``keys``) and ``fields`` (an image folder's: the image extensions and ``cls``

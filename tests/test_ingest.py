@@ -13,7 +13,9 @@ import pytest
 
 from gpupipe.errors import ConfigError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members
-from gpupipe.ingest import _ordered_map, index, ingest, inspect
+from gpupipe.indexer import index
+from gpupipe.ingest import _ordered_map, ingest
+from gpupipe.sourceinfo import inspect
 from gpupipe.plan import shuffle_buffer
 from gpupipe.manifest import MANIFEST_NAME, Manifest
 
@@ -366,20 +368,20 @@ def test_ingest_to_and_from_s3(tmp_path, s3_bucket):
 def test_index_reads_shards_in_blocks(tmp_path, monkeypatch):
     """Many small blocks (not whole shards), crossing member and shard boundaries, give the
     same manifest as ingest wrote."""
-    import gpupipe.ingest as ingest_module
+    import gpupipe.indexer as indexer_module
     from gpupipe.storage import FetchConfig
 
     make_image_folder(str(tmp_path / "src"))
     ingest(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=6, progress=False)
     original = (tmp_path / "out" / MANIFEST_NAME).read_text()
     sizes = []
-    real_index_shard = ingest_module.index_shard
+    real_index_shard = indexer_module.index_shard
 
     def spy(name, chunks):
         return real_index_shard(name, (sizes.append(len(c)) or c for c in chunks))
 
-    monkeypatch.setattr(ingest_module, "index_shard", spy)
-    monkeypatch.setattr(ingest_module, "FetchConfig",
+    monkeypatch.setattr(indexer_module, "index_shard", spy)
+    monkeypatch.setattr(indexer_module, "FetchConfig",
                         lambda **kw: FetchConfig(block_bytes=1000, readahead_bytes=3000, **kw))
     assert index(str(tmp_path / "out"), workers=3, progress=False).to_json() == original
     assert max(sizes) == 1000 and len(sizes) > 3 * 3

@@ -28,7 +28,9 @@ from gpupipe import GpuLoader
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.writer import ShardSink
-from gpupipe.ingest import index, ingest, inspect
+from gpupipe.indexer import index
+from gpupipe.ingest import ingest
+from gpupipe.sourceinfo import inspect
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import FetchConfig
 from gpupipe.synth import synthetic_jpeg
