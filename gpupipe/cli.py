@@ -114,8 +114,7 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _index_run(args: argparse.Namespace) -> int:
-    from gpupipe.indexer import index_in_place
-    from gpupipe.indexer import index
+    from gpupipe.indexer import index, index_in_place
 
     options = dict(args.storage_options)
     manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,
@@ -139,8 +138,7 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
-    from gpupipe.sourceinfo import inspect
-    from gpupipe.sourceinfo import KIND_NAMES
+    from gpupipe.sourceinfo import KIND_NAMES, inspect
 
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
     if args.json:
