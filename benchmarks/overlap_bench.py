@@ -1,8 +1,14 @@
 """Overlapping stages (issue 16): GpuLoader with decode and augment in two threads vs one
-thread doing both, interleaved in one run, for a few decode thread counts.
+thread doing both, interleaved in one run, for a few decode thread counts and augment-stage
+thread counts.
 
     .venv/bin/python benchmarks/overlap_bench.py /tmp/bench/paper/shards --sets simple,complex \
         --threads 1,2 --repeat 5 --out docs/results/overlap-2core.json
+    .venv/bin/python benchmarks/overlap_bench.py SHARDS --modes two --threads 1,2 --augment-threads 1,torch
+
+``--augment-threads``: torch intra-op threads in the augment stage's thread
+(``GpuLoader.augment_threads``; ``torch``: torch's default, one per core); CPU ms/img is the
+process's CPU time per image.
 
 Each configuration times whole epochs after one warm-up epoch (worker start, DALI build);
 rounds go over all configurations in turn so that a change of machine load hits them
@@ -47,28 +53,39 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--augment-threads", default="", help="augment stage threads to try, 'torch' for torch's "
+                   "default (the default)")
+    p.add_argument("--modes", default="one,two", help="one (a thread decodes, then augments), two (stages)")
     p.add_argument("--out")
     args = p.parse_args()
-    configs = [(s, int(t), o) for s in args.sets.split(",") for t in args.threads.split(",") for o in (False, True)]
-    loaders = {c: loader_for(args.shards, *c, args) for c in configs}
+    choices = [None if n == "torch" else int(n) for n in args.augment_threads.split(",") if n] or [None]
+    modes = [m == "two" for m in args.modes.split(",")]
+    configs = [(s, int(t), o, n) for s in args.sets.split(",") for t in args.threads.split(",") for o in modes
+               for n in choices]
+    loaders = {c: loader_for(args.shards, *c[:3], args) for c in configs}
     rates: dict = {c: [] for c in configs}
     stages: dict = {c: [] for c in configs}
+    cpu: dict = {c: [] for c in configs}
     for _ in range(args.repeat):
         for c, loader in loaders.items():
+            loader.augment_threads = c[3]
             loader.stats.__init__()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             n = sum(len(b) for b in loader)
             rates[c].append(n / (time.perf_counter() - t0))
+            cpu[c].append(1000 * (time.process_time() - c0) / n)
             stages[c].append(loader.stats.as_dict())
     rows = []
-    for (s, t, o), r in rates.items():
-        row = {"set": s, "decode_threads": t, "overlap": o, "images_per_s": statistics.median(r),
-               "min": min(r), "max": max(r),
-               "decode_busy_ms_per_img": statistics.median(1000 * x["decode_s"] / x["images"] for x in stages[(s, t, o)]),
-               "augment_busy_ms_per_img": statistics.median(1000 * x["augment_s"] / x["images"] for x in stages[(s, t, o)])}
+    for (s, t, o, n), r in rates.items():
+        row = {"set": s, "decode_threads": t, "overlap": o, "augment_threads": n, "images_per_s": statistics.median(r),
+               "min": min(r), "max": max(r), "cpu_ms_per_img": statistics.median(cpu[(s, t, o, n)]),
+               "decode_busy_ms_per_img": statistics.median(1000 * x["decode_s"] / x["images"] for x in stages[(s, t, o, n)]),
+               "augment_busy_ms_per_img": statistics.median(1000 * x["augment_s"] / x["images"]
+                                                            for x in stages[(s, t, o, n)])}
         rows.append(row)
-        print(f"{s:8s} decode threads {t}  {'two stages' if o else 'one thread':10s}  {row['images_per_s']:7,.0f} "
-              f"images/s ({row['min']:,.0f}-{row['max']:,.0f})  busy ms/img: decode {row['decode_busy_ms_per_img']:.3f}"
+        print(f"{s:8s} decode threads {t} augment {n or 'torch'}  {'two stages' if o else 'one thread':10s}  "
+              f"{row['images_per_s']:7,.0f} images/s ({row['min']:,.0f}-{row['max']:,.0f})  CPU ms/img "
+              f"{row['cpu_ms_per_img']:.3f}  busy ms/img: decode {row['decode_busy_ms_per_img']:.3f}"
               f" augment {row['augment_busy_ms_per_img']:.3f}")
     env = {"cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
            "load_after": os.getloadavg(), "batch_size": args.batch_size, "image_size": args.image_size,

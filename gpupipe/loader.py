@@ -85,6 +85,7 @@ class GpuLoader:
         self.stats = StageStats()
         self.timeline: list[tuple[str, float, float]] | None = None  # a list: (stage, start, end) per batch
         self.overlap = True  # decode and augment in two threads; False: one thread does both (for A/B runs)
+        self.augment_threads: int | None = None  # torch threads in the augment stage's thread (None: torch's)
         self._decoder = None  # built on first use, in this (the training) process
 
     # -- delegated -------------------------------------------------------------------------------
@@ -136,7 +137,8 @@ class GpuLoader:
         timeline = self.timeline is not None
         stages = [Stage("decode", functools.partial(self._decode, decoder, side), timeline=timeline)]
         if self.augment is not None and self.overlap:
-            stages.append(Stage("augment", functools.partial(self._augment, side), timeline=timeline))
+            stages.append(Stage("augment", functools.partial(self._augment, side), timeline=timeline,
+                                threads=self.augment_threads))
         elif self.augment is not None:  # one thread decodes, then augments (benchmarks/overlap_bench.py)
             stages = [Stage("decode", _then(stages[0].run, functools.partial(self._augment, side)), timeline=timeline)]
         run = Stages(self.encoded.batches, stages, self.split.prefetch)

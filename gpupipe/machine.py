@@ -1,12 +1,12 @@
-"""What gpupipe decides from the machine: worker counts from the cores, and the
-allocator setting that keeps long-running workers' memory flat."""
+"""What gpupipe decides from the machine: worker counts from the cores, a stage
+thread's own torch threads, and the allocator setting that keeps long-running workers' memory flat."""
 from __future__ import annotations
 
 import os
 
 from gpupipe.types import World
 
-__all__ = ["default_num_workers", "fix_malloc_mmap_threshold"]
+__all__ = ["default_num_workers", "limit_this_threads_intraop", "fix_malloc_mmap_threshold"]
 
 
 def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
@@ -29,6 +29,27 @@ def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
     if decode_on_cpu and per_rank <= 4:
         return 0
     return max(1, min(8, per_rank - 1))
+
+
+def limit_this_threads_intraop(threads: int | None) -> None:
+    """Run torch's CPU ops in the *calling* thread on ``threads`` threads; other threads
+    (the training loop's) keep theirs. ``torch.set_num_threads`` would not do: it also
+    sets MKL's process-wide count and the default every later thread starts with. With
+    torch's OpenMP backend the count is the thread's own OpenMP setting; elsewhere
+    (another backend, no OpenMP runtime found) nothing changes."""
+    if threads is None:
+        return
+    import ctypes
+
+    import torch
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return
+    torch.get_num_threads()  # torch sets this thread's OpenMP count on first use: let it, then override
+    try:
+        ctypes.CDLL(None).omp_set_num_threads(int(threads))  # the runtime torch loaded; this thread only
+    except (OSError, AttributeError):
+        pass
 
 
 def fix_malloc_mmap_threshold(threshold: int = 1 << 20) -> None:

@@ -24,6 +24,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from gpupipe.machine import limit_this_threads_intraop
+
 __all__ = ["END", "Stage", "Stages"]
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,20 @@ _JOIN_TIMEOUT_S = 30.0
 @dataclass
 class Stage:
     """One thread's job: ``run(item) -> item``; ``busy_s`` sums the seconds it worked, and
-    ``spans`` (when ``timeline`` is on) holds each item's (start, end) ``perf_counter``."""
+    ``spans`` (when ``timeline`` is on) holds each item's (start, end) ``perf_counter``.
+    ``threads``: torch intra-op threads in this stage's thread (None: torch's default;
+    ``GpuLoader.augment_threads``, docs/tuning.md)."""
 
     name: str
     run: Callable[[Any], Any]
     busy_s: float = 0.0
     timeline: bool = False
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and int(self.threads) < 1:
+            raise ValueError(f"stage {self.name!r}: threads={self.threads!r}; use 1 or more, or None for torch's "
+                             "default (GpuLoader.augment_threads)")
     spans: list[tuple[float, float]] = field(default_factory=list)
 
     def __call__(self, item: Any) -> Any:
@@ -96,6 +106,7 @@ class Stages:
 
     # -- the threads ---------------------------------------------------------------------------
     def _loop(self, stage: Stage, inbox: queue.Queue | None, outbox: queue.Queue, source) -> None:
+        limit_this_threads_intraop(stage.threads)
         if inbox is None:
             self._first(stage, outbox, source)
             return

@@ -69,3 +69,26 @@ def test_colour_pass_on_an_owned_buffer_writes_in_place():
     not_owned = x.clone()
     run_steps(not_owned, steps, torch.float32, owned=False, slice_samples=4)
     assert torch.equal(not_owned, x)  # a buffer not handed over is left as it was
+
+
+def test_a_stage_thread_runs_torch_on_its_own_thread_count():
+    """``Stage(threads=1)``: torch ops in that stage's thread run on 1 thread; the consumer's
+    thread keeps its count (``torch.set_num_threads`` would have changed both)."""
+    from gpupipe.stages import END, Stage, Stages
+
+    before = torch.get_num_threads()
+    run = Stages(lambda: iter([0, 1]), [Stage("decode", lambda i: i),
+                                        Stage("augment", lambda i: torch.get_num_threads(), threads=1)], prefetch=2)
+    try:
+        seen = [run.get() for _ in range(3)]
+    finally:
+        run.stop()
+    assert seen == [1, 1, END]
+    assert torch.get_num_threads() == before
+
+
+def test_a_stage_thread_count_below_one_is_refused():
+    from gpupipe.stages import Stage
+
+    with pytest.raises(ValueError, match="stage 'augment': threads=0; use 1 or more"):
+        Stage("augment", lambda i: i, threads=0)
