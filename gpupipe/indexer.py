@@ -3,7 +3,7 @@
 :func:`index` scans tar shards made elsewhere (e.g. by ``webdataset``) in blocks, never whole,
 and writes their manifest (sample offsets and sizes). :func:`index_in_place` describes the source afresh (one listing, or one footer read
 per file — never an old ``index.json``) and writes the manifest beside it: in the
-folder, or in the folder of the Parquet files. With ``checksums`` it also reads every
+folder, or in the folder of the Parquet files (for a Delta table: ``_gpupipe_index.json``, with its version). With ``checksums`` it also reads every
 byte the stream will read once and stores a CRC-32 per object or row group, which the
 stream then checks exactly as it checks shards. Tar shards are left to
 :func:`index` (it returns ``None`` for them).
@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gpupipe.classes import CLASSES_NAME, class_lines
 from gpupipe.errors import ConfigError, StorageError
+from gpupipe.formats.delta import DELTA_INDEX, index_json
 from gpupipe.inplace import with_checksums
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.sources import Source, expand_pattern, resolve
@@ -60,7 +61,9 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
                 manifest = with_checksums(fetcher, manifest, resolved.shard_urls, bar.update)
         finally:
             fetcher.close()
-    fs.pipe_file(posixpath.join(folder.rstrip("/"), MANIFEST_NAME), manifest.to_json().encode())
+    name, text = (MANIFEST_NAME, manifest.to_json().encode()) if resolved.delta_version is None else \
+        (DELTA_INDEX, index_json(manifest.to_json(), resolved.delta_version))
+    fs.pipe_file(posixpath.join(folder.rstrip("/"), name), text)
     log.info("indexed %d samples (%s, %d units) under %s", manifest.num_samples, manifest.kind, manifest.num_units,
              root)
     return manifest

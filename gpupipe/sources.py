@@ -9,7 +9,10 @@ Accepted forms, on any fsspec filesystem (local paths, ``file://``, ``s3://``,
   flat with a ``labels.csv`` / ``labels.json`` (:mod:`gpupipe.formats.folder`);
 * ``shard-{000000..000127}.tar`` brace ranges and lists (``{a,b}``);
 * globs (``train/*.tar``, ``table/*.parquet``; not on http, which cannot list);
-* a list of any of these.
+* a list of any of these;
+* a Delta Lake table folder (``_delta_log/`` in its listing), read as the Parquet files of
+  its latest version, or ``table@v<N>`` for version ``N`` (:mod:`gpupipe.formats.delta`,
+  the ``delta`` extra); its index is ``_gpupipe_index.json`` and names the version.
 
 When an ``index.json`` sits beside the data, its entries describe it (sizes,
 sample counts, offsets; row groups and their byte ranges; objects, labels) and no
@@ -27,12 +30,13 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from gpupipe.errors import ConfigError, StorageError
+from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.parquet import require_pyarrow
 from gpupipe.inplace import describe_folder, describe_parquet_files, parquet_paths
@@ -97,11 +101,13 @@ class UnitURLs(Sequence[str]):
 @dataclass(frozen=True)
 class ResolvedSource:
     """The URL of each unit (a tar shard, an object, a Parquet row group's file) and the
-    manifest describing them in the same order (``None``: tar shards without one)."""
+    manifest describing them in the same order (``None``: tar shards without one);
+    ``delta_version``: the Delta table version they are the files of."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    delta_version: int | None = None
 
     @property
     def num_samples(self) -> int | None:
@@ -139,9 +145,12 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     ``use_index=False`` ignores an ``index.json`` (``gpupipe index`` describes afresh).
     """
     urls = expand_pattern(source.url)
+    urls[0], pinned = split_version(urls[0]) if len(urls) == 1 else (urls[0], None)
     fs, _ = open_filesystem(urls[0], source.storage_options)
     protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
     fetcher = Fetcher(fs, fetch or FetchConfig())
+    if pinned is not None:
+        return _delta_source(fetcher, urls[0].rstrip("/") + "/", source, pinned, use_index)
     if len(urls) == 1 and _is_folder(fetcher, urls[0]):
         u = urls[0]
         folder = u[: -len(MANIFEST_NAME)] if u.endswith(MANIFEST_NAME) else u.rstrip("/") + "/"
@@ -197,6 +206,8 @@ def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
 def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:
     """An image folder or Parquet files, described from one listing (``None``: tar shards)."""
     listing = _listing(fetcher, folder)
+    if is_delta(listing):
+        return _delta_source(fetcher, folder, source, latest_version(listing), warn)
     if listing.kind == "tar":
         return None
     if listing.kind == "empty":
@@ -235,6 +246,27 @@ def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_inde
                                       source.label_column, source.classes)
     _described_at_start(manifest, root, use_index)
     return _with_manifest(root, manifest, source)
+
+
+def _delta_source(fetcher: Fetcher, folder: str, source: Source, version: int, use_index: bool) -> ResolvedSource:
+    """The Parquet files of version ``version`` of the Delta table at ``folder``: from its
+    ``_gpupipe_index.json`` when that describes this version, else from the log and footers."""
+    text = _read_text(fetcher, folder + DELTA_INDEX) if use_index else None
+    indexed = None if text is None else parse_index(text, folder + DELTA_INDEX)
+    if indexed is not None and indexed != version:
+        log.warning("%s describes version %d of the table, not version %d: ignored (its file list is stale), the "
+                    "files described afresh. Rerun `gpupipe index %s`, or pin its version: %s@v%d", folder +
+                    DELTA_INDEX, indexed, version, folder, folder.rstrip("/"), indexed)
+        text = None
+    if text is not None:
+        manifest = Manifest.from_json(text, source=folder + DELTA_INDEX)
+        _check_classes(manifest, source, folder)
+    else:
+        snap = read_snapshot(folder, source.storage_options, version, source.label_column)
+        manifest = describe_parquet_files(fetcher, folder, snap.names, snap.sizes, source.image_column,
+                                          source.label_column, source.classes)
+        _described_at_start(manifest, folder, use_index)
+    return replace(_with_manifest(folder, manifest, source), delta_version=version)
 
 
 def _listing(fetcher: Fetcher, folder: str) -> FolderListing:
@@ -287,13 +319,18 @@ def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> Manifest | None:
 
 def _load_manifest(fetcher: Fetcher, url: str) -> Manifest | None:
     """The manifest at ``url``; ``None`` when there is none (other storage errors raise)."""
+    text = _read_text(fetcher, url)
+    return None if text is None else Manifest.from_json(text, source=url)
+
+
+def _read_text(fetcher: Fetcher, url: str) -> bytes | None:
+    """The bytes at ``url``; ``None`` when there is no such object (other storage errors raise)."""
     try:
-        text = fetcher.read(ByteRange(url))
+        return fetcher.read(ByteRange(url))
     except StorageError as exc:
         if isinstance(exc.__cause__, FileNotFoundError) and "bucket" not in str(exc.__cause__).lower():
             return None
         raise
-    return Manifest.from_json(text, source=url)
 
 
 def _is_folder(fetcher: Fetcher, url: str) -> bool:

@@ -1,0 +1,126 @@
+"""Delta Lake tables read in place (issue 15's optional item): the files of one snapshot.
+
+Tiny tables written with ``deltalake.write_deltalake`` from inplace_data's payloads, read by
+the same loader as Parquet files, locally and on the loopback S3 server.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+
+from gpupipe.dataset import EncodedLoader, StreamConfig
+from gpupipe.errors import ConfigError, MissingDependencyError
+from gpupipe.formats import delta
+from gpupipe.indexer import index_in_place
+from gpupipe.manifest import MANIFEST_NAME
+from gpupipe.sources import Source, resolve
+from inplace_data import image_ids, parquet_table, write_parquet
+from s3util import storage_options_via
+
+pytest.importorskip("pyarrow")
+deltalake = pytest.importorskip("deltalake")
+
+
+def write(url, ids, mode="append", storage_options=None, **kw):
+    deltalake.write_deltalake(url, parquet_table(list(ids)), mode=mode,
+                              storage_options=delta.delta_storage_options(storage_options or {}), **kw)
+
+
+def epoch_ids(url, storage_options=None, workers=0) -> list[int]:
+    ld = EncodedLoader(url, batch_size=4, num_workers=workers, rank=0, world_size=1, drop_last=False,
+                       stream=StreamConfig(shuffle_buffer=8), storage_options=storage_options or {})
+    return sorted(i for b in ld for i in image_ids(b))  # image_ids checks each label too
+
+
+def test_table_reads_the_same_samples_as_its_parquet_files(tmp_path):
+    write(str(tmp_path / "t"), range(12))
+    write(str(tmp_path / "t"), range(12, 20))
+    write_parquet(str(tmp_path / "p"), [12, 8])
+    resolved = resolve(Source(str(tmp_path / "t")))
+    assert resolved.kind == "parquet" and resolved.delta_version == 1 and resolved.num_samples == 20
+    assert epoch_ids(str(tmp_path / "t"), workers=2) == epoch_ids(str(tmp_path / "p")) == list(range(20))
+
+
+def test_overwritten_files_are_not_read_where_a_parquet_glob_reads_them(tmp_path):
+    url = str(tmp_path / "t")
+    write(url, range(10))
+    write(url, range(10, 15), mode="overwrite")
+    assert epoch_ids(url) == list(range(10, 15))
+    assert epoch_ids(url + "/*.parquet") == list(range(15))  # the stale files are still in the folder
+
+
+def test_a_pinned_version_reads_that_snapshot(tmp_path):
+    url = str(tmp_path / "t")
+    write(url, range(10))
+    write(url, range(10, 15), mode="overwrite")
+    assert resolve(Source(url + "@v0")).delta_version == 0
+    assert epoch_ids(url + "@v0") == list(range(10))
+    with pytest.raises(Exception, match=r"version 7"):
+        resolve(Source(url + "@v7"))
+
+
+def test_index_names_its_version_and_a_later_version_ignores_it(tmp_path, monkeypatch, caplog):
+    url = str(tmp_path / "t")
+    write(url, range(10))
+    index_in_place(url, progress=False)
+    assert not (tmp_path / "t" / MANIFEST_NAME).exists()  # VACUUM would delete a non-hidden file
+    assert json.loads((tmp_path / "t" / delta.DELTA_INDEX).read_text())["delta_version"] == 0
+
+    def no_log_replay(*a, **kw):
+        raise AssertionError("the index describes this version: no log replay")
+
+    with monkeypatch.context() as m:
+        m.setattr("gpupipe.sources.read_snapshot", no_log_replay)
+        assert epoch_ids(url) == list(range(10))
+    write(url, range(10, 13))
+    with caplog.at_level(logging.WARNING, logger="gpupipe.sources"):
+        assert epoch_ids(url) == list(range(13))
+    assert "describes version 0 of the table, not version 1" in caplog.text
+    monkeypatch.setattr("gpupipe.sources.read_snapshot", no_log_replay)
+    assert epoch_ids(url + "@v0") == list(range(10))  # the pinned version is the indexed one
+
+
+def test_deletion_vectors_are_refused_naming_the_feature(tmp_path):
+    url = str(tmp_path / "t")
+    write(url, range(5))
+    deltalake.DeltaTable(url).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+    with pytest.raises(ConfigError, match=r"deletionVectors.*will not read deleted rows"):
+        resolve(Source(url))
+
+
+def test_a_partition_label_is_refused_naming_it(tmp_path):
+    url = str(tmp_path / "t")
+    write(url, range(6), partition_by=["label"])
+    with pytest.raises(ConfigError, match=r"'label' is a partition column"):
+        resolve(Source(url))
+
+
+def test_without_deltalake_the_error_names_the_extra(tmp_path, monkeypatch):
+    url = str(tmp_path / "t")
+    write(url, range(3))
+    monkeypatch.setitem(sys.modules, "deltalake", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'gpupipe\[delta\]'"):
+        resolve(Source(url))
+
+
+def test_s3fs_options_become_object_store_options(s3_bucket):
+    opts = delta.delta_storage_options(s3_bucket.storage_options)
+    assert opts == {"AWS_ACCESS_KEY_ID": s3_bucket.key, "AWS_SECRET_ACCESS_KEY": s3_bucket.secret,
+                    "AWS_ENDPOINT_URL": s3_bucket.endpoint, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    nested = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "https://127.0.0.1:9"}, "anon": False}
+    assert delta.delta_storage_options(nested) == {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                                                   "AWS_ENDPOINT_URL": "https://127.0.0.1:9", "AWS_REGION": "us-east-1"}
+
+
+def test_table_on_s3_through_the_proxy(s3_bucket, s3_proxy):
+    url = s3_bucket.url("t")
+    write(url, range(8), storage_options=s3_bucket.storage_options)
+    write(url, range(8, 14), mode="overwrite", storage_options=s3_bucket.storage_options)
+    proxy = s3_proxy()
+    opts = storage_options_via(proxy, s3_bucket)
+    assert resolve(Source(url + "/", opts)).delta_version == 1
+    assert epoch_ids(url + "/", opts) == list(range(8, 14))
+    assert proxy.counts["requests"] > 0  # the log and the data went through the loopback proxy
