@@ -223,10 +223,10 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
     return _with_manifest(folder, manifest, source)
 
 
-def _described_at_start(manifest: Manifest, where: str, warn: bool) -> None:
+def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:
     (log.warning if warn else log.debug)(
         "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` writes one: a "
-        "faster start, and CRC-32 checks with --checksums.", MANIFEST_NAME, where, manifest.num_units,
+        "faster start, and CRC-32 checks with --checksums.", index, where, manifest.num_units,
         "images" if manifest.kind == "folder" else "row groups")
 
 
@@ -265,7 +265,7 @@ def _delta_source(fetcher: Fetcher, folder: str, source: Source, version: int, u
         snap = read_snapshot(folder, source.storage_options, version, source.label_column)
         manifest = describe_parquet_files(fetcher, folder, snap.names, snap.sizes, source.image_column,
                                           source.label_column, source.classes)
-        _described_at_start(manifest, folder, use_index)
+        _described_at_start(manifest, folder, use_index, DELTA_INDEX)
     return replace(_with_manifest(folder, manifest, source), delta_version=version)
 
 

@@ -79,6 +79,7 @@ def test_index_names_its_version_and_a_later_version_ignores_it(tmp_path, monkey
     with caplog.at_level(logging.WARNING, logger="gpupipe.sources"):
         assert epoch_ids(url) == list(range(13))
     assert "describes version 0 of the table, not version 1" in caplog.text
+    assert f"no {delta.DELTA_INDEX} for" in caplog.text  # described afresh, and told where its index goes
     monkeypatch.setattr("gpupipe.sources.read_snapshot", no_log_replay)
     assert epoch_ids(url + "@v0") == list(range(10))  # the pinned version is the indexed one
 
@@ -91,11 +92,19 @@ def test_deletion_vectors_are_refused_naming_the_feature(tmp_path):
         resolve(Source(url))
 
 
-def test_a_partition_label_is_refused_naming_it(tmp_path):
+def test_column_mapping_is_refused_naming_the_feature(tmp_path):
     url = str(tmp_path / "t")
-    write(url, range(6), partition_by=["label"])
-    with pytest.raises(ConfigError, match=r"'label' is a partition column"):
+    write(url, range(5), configuration={"delta.columnMapping.mode": "name"})
+    with pytest.raises(ConfigError, match=r"uses columnMapping"):
         resolve(Source(url))
+
+
+def test_a_partition_label_is_refused_naming_it_and_other_partitions_are_read(tmp_path):
+    write(str(tmp_path / "t"), range(6), partition_by=["label"])
+    with pytest.raises(ConfigError, match=r"'label' is a partition column"):
+        resolve(Source(str(tmp_path / "t")))
+    write(str(tmp_path / "c"), range(4), partition_by=["caption"])  # "caption=no. 0/part-....parquet"
+    assert epoch_ids(str(tmp_path / "c")) == list(range(4))
 
 
 def test_without_deltalake_the_error_names_the_extra(tmp_path, monkeypatch):
@@ -124,3 +133,8 @@ def test_table_on_s3_through_the_proxy(s3_bucket, s3_proxy):
     assert resolve(Source(url + "/", opts)).delta_version == 1
     assert epoch_ids(url + "/", opts) == list(range(8, 14))
     assert proxy.counts["requests"] > 0  # the log and the data went through the loopback proxy
+    index_in_place(url, storage_options=opts, checksums=True, progress=False)
+    assert s3_bucket.fs().exists(f"{s3_bucket.name}/t/{delta.DELTA_INDEX}")
+    indexed = resolve(Source(url + "/", opts))
+    assert indexed.delta_version == 1 and indexed.manifest.parquet.crc32 is not None
+    assert epoch_ids(url + "/", opts) == list(range(8, 14))
