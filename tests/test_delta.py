@@ -107,12 +107,15 @@ def test_a_partition_label_is_refused_naming_it_and_other_partitions_are_read(tm
     assert epoch_ids(str(tmp_path / "c")) == list(range(4))
 
 
-def test_without_deltalake_the_error_names_the_extra(tmp_path, monkeypatch):
+def test_without_deltalake_the_error_names_the_extra_and_an_index_needs_none(tmp_path, monkeypatch):
     url = str(tmp_path / "t")
     write(url, range(3))
+    index_in_place(url, progress=False)
+    write(url, range(3, 5))
     monkeypatch.setitem(sys.modules, "deltalake", None)
+    assert epoch_ids(url + "@v0") == list(range(3))  # the index describes version 0
     with pytest.raises(MissingDependencyError, match=r"pip install 'gpupipe\[delta\]'"):
-        resolve(Source(url))
+        resolve(Source(url))  # version 1 has no index: the log must be read
 
 
 def test_s3fs_options_become_object_store_options(s3_bucket):
