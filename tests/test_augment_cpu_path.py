@@ -92,3 +92,23 @@ def test_a_stage_thread_count_below_one_is_refused():
 
     with pytest.raises(ValueError, match="stage 'augment': threads=0; use 1 or more"):
         Stage("augment", lambda i: i, threads=0)
+
+
+def test_cpu_warp_samples_a_contiguous_batch_with_the_same_pixels(monkeypatch):
+    """DALI hands channels_last uint8; on the CPU grid_sample reads (B, C, H, W) contiguous
+    faster, so the float32 conversion changes the layout — and nothing else."""
+    seen = []
+    grid_sample = torch.nn.functional.grid_sample
+
+    def spy(x, *args, **kwargs):
+        seen.append(x.is_contiguous())
+        return grid_sample(x, *args, **kwargs)
+
+    hwc = torch.randint(0, 256, (3, 16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    channels_last = hwc.permute(0, 3, 1, 2)
+    m = _matrices(3, affine=True, seed=5)
+    want = warp(channels_last.contiguous(), m, (16, 16), "zeros", "bilinear", None, True)
+    monkeypatch.setattr(torch.nn.functional, "grid_sample", spy)
+    got = warp(channels_last, m, (16, 16), "zeros", "bilinear", None, True)
+    assert seen == [True]
+    assert torch.equal(got, want)

@@ -50,7 +50,10 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
     ``grid_sample``, as Kornia's ``warp_affine`` / ``warp_perspective`` do; only the
     "fill" mode goes through Kornia (its fill blend).
     """
-    x = images.to(torch.float32)
+    # On the CPU grid_sample reads a contiguous (B, C, H, W) batch ~25% faster than a channels_last
+    # one (DALI's layout): the conversion to float32 is the place to change the layout, nearly free.
+    layout = torch.contiguous_format if images.device.type == "cpu" else torch.preserve_format
+    x = images.to(torch.float32, memory_format=layout)
     m = matrix.to(device=x.device, dtype=torch.float32)
     hw = (int(out_hw[0]), int(out_hw[1]))
     if padding_mode == "fill":
