@@ -112,3 +112,92 @@ def test_cpu_warp_samples_a_contiguous_batch_with_the_same_pixels(monkeypatch):
     got = warp(channels_last, m, (16, 16), "zeros", "bilinear", None, True)
     assert seen == [True]
     assert torch.equal(got, want)
+
+
+def _grid_sample_nearest(images: torch.Tensor, m: torch.Tensor, out_hw, padding: str) -> torch.Tensor:
+    """The float path's nearest warp: grid_sample on float32, cast back (no rounding needed)."""
+    grid = sampling_grid(m, tuple(images.shape[-2:]), out_hw, affine=True)
+    out = torch.nn.functional.grid_sample(images.float(), grid, mode="nearest", padding_mode=padding,
+                                          align_corners=True)
+    return out.to(torch.uint8)
+
+
+def _rotations(batch: int, seed: int) -> torch.Tensor:
+    """Rotation, scale, shear and translation about (6, 5): pixels land off the grid and off the image."""
+    g = torch.Generator().manual_seed(seed)
+    angle = (torch.rand(batch, generator=g) - 0.5) * 1.5
+    scale = 0.7 + 0.6 * torch.rand(batch, generator=g)
+    m = torch.zeros(batch, 3, 3)
+    m[:, 0, 0], m[:, 0, 1] = scale * angle.cos(), -scale * angle.sin() + 0.1
+    m[:, 1, 0], m[:, 1, 1] = scale * angle.sin(), scale * angle.cos()
+    m[:, :2, 2] = 4 * torch.randn(batch, 2, generator=g)
+    m[:, 2, 2] = 1
+    return m
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("in_hw,out_hw", [((24, 20), (24, 20)), ((24, 20), (13, 31))])
+def test_nearest_uint8_warp_copies_the_pixels_grid_sample_picks(channels, padding, in_hw, out_hw):
+    """The uint8 nearest warp picks grid_sample's input pixel for every output pixel but a
+    half-pixel tie (float32 rounding): none in this batch of ~10k pixels per case."""
+    g = torch.Generator().manual_seed(channels)
+    hwc = torch.randint(1, 256, (6, *in_hw, channels), dtype=torch.uint8, generator=g)  # 0 only from padding
+    images = hwc.permute(0, 3, 1, 2)  # DALI's channels_last
+    m = _rotations(6, seed=len(padding))
+    got = warp(images, m, out_hw, padding, "nearest", None, affine=True)
+    want = _grid_sample_nearest(images, m, out_hw, padding)
+    assert got.dtype == torch.uint8 and got.shape == want.shape == (6, channels, *out_hw)
+    assert got.is_contiguous(memory_format=torch.channels_last)  # dense, as DALI hands a batch
+    assert (got == 0).any() == (padding == "zeros")  # the ring of zeros was reached, and only for zeros
+    assert torch.equal(got, want)
+
+
+def test_nearest_uint8_warp_of_integer_moves_is_exact_and_keeps_each_sample_its_own():
+    """Flips and whole-pixel shifts land on pixels exactly (no ties): the warp equals the
+    moved input. The batch is large enough that its flat index passes 2**24, past what a
+    float32 index would hold."""
+    B, H, W = 300, 250, 250
+    images = torch.arange(B, dtype=torch.uint8).view(B, 1, 1, 1).expand(B, 3, H, W).contiguous()
+    images[:, 1] = torch.arange(W, dtype=torch.uint8)  # a column code in channel 1
+    m = torch.eye(3).repeat(B, 1, 1)
+    m[1::2, 0, 0], m[1::2, 0, 2] = -1.0, W - 1.0  # odd samples flipped left-right
+    m[::2, 0, 2] = 3.0  # even samples shifted right by 3
+    got = warp(images, m, (H, W), "zeros", "nearest", None, affine=True)
+    want = images.clone()
+    want[1::2] = images[1::2].flip(-1)
+    want[::2, :, :, 3:] = images[::2, :, :, :-3]
+    want[::2, :, :, :3] = 0
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("case", ["float input", "reflection", "fill", "perspective", "bilinear"])
+def test_warps_the_uint8_shortcut_does_not_take_are_grid_samples(case):
+    """What nearest_uint8 cannot do exactly goes through grid_sample as before."""
+    from gpupipe.augment.warp import _packs_to_words
+
+    images = torch.randint(0, 256, (2, 3, 12, 12), dtype=torch.uint8)
+    args = {"images": images, "padding_mode": "zeros", "interpolation": "nearest", "affine": True}
+    args.update({"float input": {"images": images.float()}, "reflection": {"padding_mode": "reflection"},
+                 "fill": {"padding_mode": "fill"}, "perspective": {"affine": False},
+                 "bilinear": {"interpolation": "bilinear"}}[case])
+    assert not _packs_to_words(**args)
+    assert _packs_to_words(images, "zeros", "nearest", True)
+
+
+def test_composed_nearest_affine_then_colour_matches_the_sequential_reference():
+    """RandomAffine(nearest) + flip + ToDtype + Normalize on a uint8 batch: the fused path
+    (uint8 warp, then the colour pass) gives the one-transform-after-another result."""
+    from gpupipe import transforms as T
+    from gpupipe.augment.base import AugKey
+
+    pipe = T.Compose([T.RandomAffine(degrees=25, translate=(0.1, 0.1), scale=(0.8, 1.2), interpolation="nearest"),
+                      T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True),
+                      T.Normalize(mean=[0.5, 0.4, 0.3], std=[0.2, 0.3, 0.4])])
+    images = torch.randint(0, 256, (16, 32, 32, 3), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(9)).permute(0, 3, 1, 2)
+    key = AugKey(seed=3, epoch=0, sample_ids=torch.arange(16))
+    params = pipe.make_params(images, key)
+    got, want = pipe.apply(images, params), pipe.apply_reference(images, params)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

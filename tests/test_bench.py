@@ -193,6 +193,43 @@ def test_per_sample_pipeline_without_a_cast_gives_uint8_like_gpupipe():
         assert x.dtype == torch.uint8 and tuple(x.shape) == (3, 24, 24) and int(x[0, 5, 5]) == 200
 
 
+@pytest.mark.parametrize("step,blends", [("RandomAffine", False), ("RandomRotation", False),
+                                         ("RandomPerspective", True)])
+def test_per_sample_baseline_takes_the_steps_interpolation_or_torchvisions_default(step, blends):
+    """Nearest copies input values; bilinear blends neighbours into new ones. Without an
+    ``interpolation`` each step samples as torchvision's does (nearest for affine and
+    rotation, bilinear for perspective); with one, as the step says — so a set that names
+    its interpolation runs the same sampling on gpupipe and on the baselines."""
+    import torch
+    from PIL import Image
+
+    from gpupipe.bench.persample import build_per_sample
+
+    checker = np.indices((32, 32)).sum(0) % 2 * np.array([[[40, 120, 200]]]).transpose(2, 0, 1)  # (3, 32, 32)
+    img = Image.fromarray(checker.transpose(1, 2, 0).astype(np.uint8))
+    args = {"degrees": 30} if step != "RandomPerspective" else {"distortion_scale": 0.5, "p": 1.0}
+    allowed = {0, 40, 120, 200}
+    for interpolation, blended in ((None, blends), ("nearest", False), ("bilinear", True)):
+        given = args if interpolation is None else {**args, "interpolation": interpolation}
+        pipeline, _ = build_per_sample(((step, given),), None, "pil")
+        x = pipeline(img, np.random.default_rng(1))
+        assert isinstance(x, torch.Tensor) and x.dtype == torch.uint8
+        new_values = set(x.unique().tolist()) - allowed
+        assert bool(new_values) == blended, (interpolation, sorted(new_values)[:5])
+
+
+def test_dali_baseline_maps_each_interpolation_to_its_own_kind():
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import types
+
+    from gpupipe.bench.dali import _interp_type
+
+    assert [_interp_type(v) for v in ("nearest", "bilinear", "bicubic", 2)] == \
+        [types.INTERP_NN, types.INTERP_LINEAR, types.INTERP_CUBIC, types.INTERP_LINEAR]
+    with pytest.raises(ValueError, match="not supported"):
+        _interp_type("lanczos")
+
+
 @pytest.mark.parametrize("reads", ["folder", "tar members"])
 def test_baseline_names_a_truncated_image_under_on_error_raise(truncated_data, reads):
     from gpupipe.bench.baselines import folder_items, shard_items, torch_batches

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from gpupipe.augment.warp import check_interpolation
 from gpupipe.bench.steps import Step, check_supported
 
 __all__ = ["DALI_SUPPORTED", "check_dali", "write_index", "dali_batches"]
@@ -57,6 +58,14 @@ class _PerspectiveMatrices:
         return np.array([*perspective_coeffs(end, start), 1.0], np.float32).reshape(3, 3)
 
 
+def _interp_type(interpolation):
+    """DALI's interp_type for a torchvision ``interpolation`` (name, mode or Pillow code)."""
+    from nvidia.dali import types
+
+    name = check_interpolation(interpolation)
+    return {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}[name]
+
+
 def _apply(img, name: str, args: dict, size: tuple[int, int], seed: int):
     """One step as DALI operators (``size``: the current (height, width))."""
     from nvidia.dali import fn, types
@@ -69,7 +78,7 @@ def _apply(img, name: str, args: dict, size: tuple[int, int], seed: int):
         d = args["degrees"]
         lo, hi = (-d, d) if isinstance(d, (int, float)) else d
         return fn.rotate(img, angle=fn.random.uniform(range=(lo, hi)), keep_size=True, fill_value=0,
-                         interp_type=types.INTERP_NN)
+                         interp_type=_interp_type(args.get("interpolation", "nearest")))
     if name in ("RandomHorizontalFlip", "RandomVerticalFlip"):
         coin = fn.random.coin_flip(probability=args.get("p", 0.5), dtype=types.INT32)
         return fn.flip(img, horizontal=coin, vertical=0) if "Horizontal" in name else fn.flip(img, horizontal=0,
@@ -77,7 +86,8 @@ def _apply(img, name: str, args: dict, size: tuple[int, int], seed: int):
     if name == "RandomPerspective":
         m = fn.external_source(source=_PerspectiveMatrices(size, args.get("distortion_scale", 0.5),
                                                            args.get("p", 0.5), seed), batch=False)
-        return fn.experimental.warp_perspective(img, matrix=m, fill_value=0, interp_type=types.INTERP_LINEAR)
+        return fn.experimental.warp_perspective(img, matrix=m, fill_value=0,
+                                                interp_type=_interp_type(args.get("interpolation", "bilinear")))
     if name == "ColorJitter":
         def factor(v, centre=1.0, unit=1.0):
             return fn.random.uniform(range=(max(0.0, centre - v) * unit, (centre + v) * unit))

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from gpupipe.augment.warp import check_interpolation
 from gpupipe.bench.steps import Step, check_supported
 
 __all__ = ["build_per_sample", "PilPipeline"]
@@ -79,6 +80,8 @@ class TorchvisionPipeline:
                 return tv.ToTensor()  # scales uint8 to [0, 1] float32
             if name == "RepeatChannels":
                 return RepeatTo(args.get("num_channels", 3))
+            if isinstance(args.get("interpolation"), str):
+                args["interpolation"] = tv.InterpolationMode(args["interpolation"].lower())
             return getattr(tv, name)(**args)
 
         self.compose = tv.Compose([make(n, a) for n, a in steps])
@@ -127,8 +130,14 @@ def _pair(v, centred: bool = True):
     return (float(v[0]), float(v[1]))
 
 
-def _affine(img, rng, degrees, translate=None, scale=None, shear=None, **_):
-    """torchvision RandomAffine's parameters, applied with one inverse affine map (nearest)."""
+def _resample(interpolation: Any):
+    """Pillow's resampling filter for a torchvision ``interpolation`` (name, mode or Pillow code)."""
+    return getattr(_pil(), check_interpolation(interpolation).upper())
+
+
+def _affine(img, rng, degrees, translate=None, scale=None, shear=None, interpolation="nearest", **_):
+    """torchvision RandomAffine's parameters, applied with one inverse affine map
+    (torchvision's default interpolation, nearest, unless the step names one)."""
     Image = _pil()
     w, h = img.size
     angle = rng.uniform(*_pair(degrees))
@@ -143,7 +152,7 @@ def _affine(img, rng, degrees, translate=None, scale=None, shear=None, **_):
         sx = rng.uniform(sh[0], sh[1])
         sy = rng.uniform(sh[2], sh[3]) if len(sh) == 4 else 0.0
     return img.transform(img.size, Image.AFFINE, _inverse_affine((w * 0.5, h * 0.5), angle, (tx, ty), s, (sx, sy)),
-                         resample=Image.NEAREST, fillcolor=0)
+                         resample=_resample(interpolation), fillcolor=0)
 
 
 def _inverse_affine(center, angle, translate, scale, shear) -> tuple:
@@ -160,8 +169,8 @@ def _inverse_affine(center, angle, translate, scale, shear) -> tuple:
     return tuple(inv[:2].ravel())
 
 
-def _rotation(img, rng, degrees, **_):
-    return img.rotate(rng.uniform(*_pair(degrees)), resample=_pil().NEAREST, fillcolor=0)
+def _rotation(img, rng, degrees, interpolation="nearest", **_):
+    return img.rotate(rng.uniform(*_pair(degrees)), resample=_resample(interpolation), fillcolor=0)
 
 
 def _hflip(img, rng, p=0.5, **_):
@@ -172,7 +181,7 @@ def _vflip(img, rng, p=0.5, **_):
     return img.transpose(_pil().FLIP_TOP_BOTTOM) if rng.random() < p else img
 
 
-def _perspective(img, rng, distortion_scale=0.5, p=0.5, **_):
+def _perspective(img, rng, distortion_scale=0.5, p=0.5, interpolation="bilinear", **_):
     """torchvision RandomPerspective: each corner moves inwards by up to ``distortion_scale``
     of the half size; bilinear, fill 0."""
     if rng.random() >= p:
@@ -183,7 +192,7 @@ def _perspective(img, rng, distortion_scale=0.5, p=0.5, **_):
     r = lambda hi: int(rng.integers(0, hi + 1))  # noqa: E731
     start = [(0, 0), (w - 1, 0), (w - 1, h - 1), (0, h - 1)]
     end = [(r(dw), r(dh)), (w - 1 - r(dw), r(dh)), (w - 1 - r(dw), h - 1 - r(dh)), (r(dw), h - 1 - r(dh))]
-    return img.transform(img.size, Image.PERSPECTIVE, perspective_coeffs(end, start), resample=Image.BILINEAR,
+    return img.transform(img.size, Image.PERSPECTIVE, perspective_coeffs(end, start), resample=_resample(interpolation),
                          fillcolor=0)
 
 
