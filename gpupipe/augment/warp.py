@@ -56,7 +56,9 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
     # one (DALI's layout): the conversion to float32 is the place to change the layout, nearly free.
     if _packs_to_words(images, padding_mode, interpolation, affine):
         out = nearest_uint8(images, matrix, out_hw, padding_mode)
-        return out if keep_float else out.contiguous(memory_format=torch.channels_last)
+        # one copy out of the packed words, into the (B, C, h, w) layout the float path gives (the
+        # fastest of the layouts to write it in: 1.0 ms a 64 × 128² batch, channels_last 2.3-4.5)
+        return out.to(torch.float32 if keep_float else torch.uint8, memory_format=torch.contiguous_format)
     layout = torch.contiguous_format if images.device.type == "cpu" else torch.preserve_format
     x = images.to(torch.float32, memory_format=layout)
     m = matrix.to(device=x.device, dtype=torch.float32)
@@ -91,8 +93,7 @@ def nearest_uint8(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, paddin
     Each pixel is packed into one 32-bit word (a 4-byte gather is ~5× faster than gathering
     3-byte rows); the packed input has a ring of zero pixels around it, so "zeros" padding is
     a clamp of the coordinates onto the ring and "border" a clamp onto the image. Returns a
-    (B, C, h, w) view of the packed (B, h, w, 4) result (a colour pass reads it as it is;
-    :func:`warp` hands anyone else a dense channels_last copy, DALI's layout).
+    (B, C, h, w) view of the packed (B, h, w, 4) result.
     """
     B, C, H, W = (int(v) for v in images.shape)
     h, w = int(out_hw[0]), int(out_hw[1])
