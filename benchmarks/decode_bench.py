@@ -20,7 +20,9 @@ memory), the whole-image decode + ROI resize of before against the window decode
 Cases: dead-leaves ImageNet-sized JPEGs (``gpupipe bench --make-data imagenet``) with
 random_resized_crop to 224² and shorter to 64²; dead-leaves 250×250 (``paper``) with shorter
 and fixed to 128². "Whole" switches the shortcuts off inside this process (DALI decodes whole
-images for every mode, Pillow never scales in the DCT domain) — the code path of before.
+images for every mode and resizes them itself, Pillow never scales in the DCT domain) — the
+code path of before; for DALI, "window_dali_resize" is the window decode with DALI's own
+resize (the CPU path before torch took over the resize, gpupipe.decode.resize).
 """
 from __future__ import annotations
 
@@ -88,8 +90,17 @@ ROI_CASES = (  # (name, bench data preset, resize, output side)
 
 @contextlib.contextmanager
 def whole_image_decode():
-    """The path of before: DALI decodes whole images in every mode, Pillow at full scale."""
-    with mock.patch("gpupipe.decode.dali._ROI_MODES", ()), mock.patch("gpupipe.decode.pil.draft_scale", lambda *a: 1):
+    """The path of before: DALI decodes whole images in every mode and resizes them itself,
+    Pillow at full scale."""
+    with mock.patch("gpupipe.decode.dali._ROI_MODES", ()), mock.patch("gpupipe.decode.pil.draft_scale", lambda *a: 1), \
+            mock.patch("gpupipe.decode.dali.TORCH_RESIZES_ON_CPU", False):
+        yield
+
+
+@contextlib.contextmanager
+def window_dali_resize():
+    """The window decode with DALI's own resize: the step between before and now (DALI only)."""
+    with mock.patch("gpupipe.decode.dali.TORCH_RESIZES_ON_CPU", False):
         yield
 
 
@@ -99,6 +110,8 @@ def roi_case(batches, backend: str, resize: str, side: int, threads: int, repeat
     other processes' load on the machine moves less than the wall clock."""
     config = DecodeConfig(backend=backend, image_size=(side, side), resize=resize, num_threads=threads)
     variants = {"whole": whole_image_decode, "roi": contextlib.nullcontext}
+    if backend == "dali":
+        variants["window_dali_resize"] = window_dali_resize
     decoders = {}
     rates: dict = {name: [] for name in variants}
     cpu_ms: dict = {name: [] for name in variants}
@@ -117,7 +130,7 @@ def roi_case(batches, backend: str, resize: str, side: int, threads: int, repeat
     whole, roi = (statistics.median(rates[k]) for k in ("whole", "roi"))
     cpu_whole, cpu_roi = (statistics.median(cpu_ms[k]) for k in ("whole", "roi"))
     return {"whole": round(whole), "roi": round(roi), "ratio": round(roi / whole, 3),
-            "cpu_ms_per_image": {"whole": round(cpu_whole, 3), "roi": round(cpu_roi, 3)},
+            "cpu_ms_per_image": {k: round(statistics.median(v), 3) for k, v in cpu_ms.items()},
             "cpu_ratio": round(cpu_whole / cpu_roi, 3), "runs": {k: [round(r) for r in v] for k, v in rates.items()}}
 
 

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/roi_probes.py windows IMAGES   # what DALI's CPU window decode saves, by window
     .venv/bin/python benchmarks/roi_probes.py split IMAGES     # decode vs resize; DALI's resize vs Pillow's
     .venv/bin/python benchmarks/roi_probes.py drift IMAGES     # Pillow DCT scale: pixels against a full decode
+    .venv/bin/python benchmarks/roi_probes.py resize IMAGES    # DALI's CPU resize vs torch's uint8 resize, 3 ways
 
 IMAGES: a folder of JPEGs, e.g. ``ROOT/images`` of ``python -m gpupipe.bench.data imagenet
 --images 1500 --root ROOT``. Interleaved rounds, medians of wall rate and of process CPU time
@@ -158,6 +159,121 @@ def drift(folder: str) -> None:
                   f"mean |diff| {d.mean():.2f}, p99 {np.percentile(d, 99):.0f}")
 
 
+def resize(folder: str) -> None:
+    """Who resizes on the CPU: the kernels alone (64 random images a batch, 1 thread, CPU ms an
+    image), then the DALI decoder on ``folder`` (random_resized_crop to 224² and fixed to 128²)
+    with DALI's fn.resize against torch's uint8 resize run four ways: the rows cut into one run
+    per decode thread (what gpupipe does), one row after another on 1 or 2 torch threads, or
+    one pool task per row."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+    from PIL import Image
+
+    import gpupipe.decode.dali as dali
+    import gpupipe.decode.resize as rs
+    from gpupipe.batch import pack
+    from gpupipe.decode import DecodeConfig, make_decoder
+    from gpupipe.machine import this_threads_intraop
+    from gpupipe.types import Sample
+
+    with this_threads_intraop(1):
+        for (h, w), out in (((250, 250), (128, 128)), ((300, 300), (224, 224)), ((375, 500), (224, 224))):
+            x = torch.randint(0, 256, (BATCH, h, w, 3), dtype=torch.uint8)
+            images = [Image.fromarray(x[i].numpy()) for i in range(BATCH)]
+            dali_pipe = _resize_only_pipeline(out)
+            arrays = [x[i].numpy() for i in range(BATCH)]
+
+            def dali_resize():
+                dali_pipe.feed_input("x", arrays)
+                dali_pipe.run()
+
+            kernels = {"DALI fn.resize": dali_resize,
+                       "torch uint8": lambda: [F.interpolate(x[i:i + 1].permute(0, 3, 1, 2), size=out, mode="bilinear",
+                                                             antialias=True) for i in range(BATCH)],
+                       "Pillow": lambda: [im.resize(out[::-1], Image.BILINEAR) for im in images]}
+            print(f"{h}x{w} -> {out[0]}x{out[1]}")
+            _rounds(kernels, BATCH)
+
+    sequential = rs.resize_boxes
+
+    def rows_on_pool(decoder):
+        def resize_boxes(images, start, end, relative, size, **_):
+            out = torch.empty((len(images), *size, 3), dtype=torch.uint8)
+            def one(i):  # resize_boxes runs torch on one thread in the pool's thread too
+                out[i] = sequential(images[i:i + 1], start[i:i + 1], end[i:i + 1], relative, size)[0]
+            list(decoder._pool.map(one, range(len(images))))
+            return out
+        return resize_boxes
+
+    @contextlib.contextmanager
+    def way(name, decoder):
+        if name == "DALI fn.resize":
+            dali.TORCH_RESIZES_ON_CPU = False
+        elif name == "torch, 1 thread":
+            dali.resize_boxes = lambda *a, executor=None, parts=1, **k: sequential(*a, **k)
+        elif name == "torch, 2 threads":
+            dali.resize_boxes = lambda *a, executor=None, parts=1, **k: _resize_rows_on(2, *a, **k)
+        elif name == "torch, rows on the pool":
+            dali.resize_boxes = rows_on_pool(decoder)
+        try:
+            yield
+        finally:
+            dali.TORCH_RESIZES_ON_CPU, dali.resize_boxes = True, sequential
+
+    files = sorted(Path(folder).rglob("*.jpg"))[:1024]
+    samples = [Sample(key=str(f), fields={"jpg": f.read_bytes()}, sample_id=i, label=0) for i, f in enumerate(files)]
+    batches = [pack(samples[i:i + BATCH], [True] * BATCH) for i in range(0, len(samples) - BATCH + 1, BATCH)]
+    for mode, side in (("random_resized_crop", 224), ("fixed", 128)):
+        decoder = make_decoder(DecodeConfig(backend="dali", image_size=(side, side), resize=mode,
+                                            num_threads=THREADS), "cpu")
+
+        def epoch(name):
+            with way(name, decoder):
+                for b in batches:
+                    decoder.decode(b)
+
+        print(f"DALI decoder, {mode} to {side}²")
+        _rounds({name: (lambda n=name: epoch(n)) for name in
+                 ("DALI fn.resize", "torch, runs on the pool (now)", "torch, 1 thread", "torch, 2 threads",
+                  "torch, rows on the pool")},
+                len(batches) * BATCH)
+        decoder.close()
+
+
+def _resize_rows_on(threads: int, images, start, end, relative, size):
+    """gpupipe.decode.resize.resize_boxes' loop on ``threads`` torch threads instead of one."""
+    import torch
+    import torch.nn.functional as F
+
+    from gpupipe.machine import this_threads_intraop
+
+    out = torch.empty((len(images), *size, 3), dtype=torch.uint8)
+    with this_threads_intraop(threads):
+        for i, image in enumerate(images):
+            extent = np.array(image.shape[:2], np.float64)
+            scale = extent if relative else 1.0
+            (top, left), (bottom, right) = (np.clip(np.rint(np.asarray(v, np.float64) * scale), 0, extent).astype(int)
+                                            for v in (start[i], end[i]))
+            box = torch.from_numpy(image).permute(2, 0, 1)[None, :, top:max(bottom, top + 1), left:max(right, left + 1)]
+            out[i] = F.interpolate(box, size=size, mode="bilinear", antialias=True)[0].permute(1, 2, 0)
+    return out
+
+
+def _resize_only_pipeline(out: tuple[int, int]):
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=BATCH, num_threads=1, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        return fn.resize(fn.external_source(name="x", layout="HWC"), size=list(out), antialias=True,
+                         interp_type=types.INTERP_LINEAR)
+
+    p = pipe()
+    p.build()
+    return p
+
+
 def _pil(data: bytes, box, side: int, scale: int) -> np.ndarray:
     from PIL import Image
 
@@ -175,7 +291,7 @@ def _pil(data: bytes, box, side: int, scale: int) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    probes = {"windows": windows, "split": split, "drift": drift}
+    probes = {"windows": windows, "split": split, "drift": drift, "resize": resize}
     if len(sys.argv) != 3 or sys.argv[1] not in probes:
         sys.exit(__doc__)
     probes[sys.argv[1]](sys.argv[2])

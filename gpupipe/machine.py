@@ -2,11 +2,13 @@
 thread's own torch threads, and the allocator setting that keeps long-running workers' memory flat."""
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 from gpupipe.types import World
 
-__all__ = ["default_num_workers", "limit_this_threads_intraop", "fix_malloc_mmap_threshold"]
+__all__ = ["default_num_workers", "limit_this_threads_intraop", "this_threads_intraop", "fix_malloc_mmap_threshold"]
 
 
 def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
@@ -29,6 +31,19 @@ def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
     if decode_on_cpu and per_rank <= 4:
         return 0
     return max(1, min(8, per_rank - 1))
+
+
+@contextlib.contextmanager
+def this_threads_intraop(threads: int) -> Iterator[None]:
+    """:func:`limit_this_threads_intraop` for a block; the calling thread's count is restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    limit_this_threads_intraop(threads)
+    try:
+        yield
+    finally:
+        limit_this_threads_intraop(before)
 
 
 def limit_this_threads_intraop(threads: int | None) -> None:

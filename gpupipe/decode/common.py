@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -134,6 +135,11 @@ def random_resized_crop_box(h: int, w: int, scale, ratio, rng: np.random.Generat
     else:
         ch, cw = h, w
     return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def decode_threads(config) -> int:
+    """A decoder's threads: ``config.num_threads``, else the cores this process may use, up to 8."""
+    return config.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
 
 
 def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, config) -> np.ndarray:

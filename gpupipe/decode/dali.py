@@ -8,8 +8,9 @@ applies every EXIF orientation the header check reads (DALI ignores WebP's) — 
 crop boxes, planned on the upright image, land where they were meant to.
 
 Encoded bytes go in through ``external_source`` as zero-copy numpy views of the batch
-buffer; each sample's crop box goes in beside it and ``fn.resize`` crops and resizes in
-one interpolation. For ``random_resized_crop`` and ``shorter`` only the window around the
+buffer; on a GPU each sample's crop box goes in beside it and ``fn.resize`` crops and
+resizes in one interpolation; on the CPU torch's uint8 resize does that after DALI's
+decode, at a fraction of DALI's CPU resize's cost (:mod:`gpupipe.decode.resize`). For ``random_resized_crop`` and ``shorter`` only the window around the
 box is decoded (``decoders.image_slice``, :mod:`gpupipe.decode.roi`), unless every window
 of the batch is its whole image; ``fixed`` and ``none`` decode whole images. Rows DALI does not decode are fed a JPEG of the same batch, so the
 output is always one dense (B, H, W, 3) tensor (DLPack on the GPU, the numpy buffer on
@@ -23,7 +24,6 @@ they count as bad, and the batch is decoded again — one bad image never costs 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 
@@ -31,8 +31,9 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import StandIn, account, finish, prepare, upright_size
+from gpupipe.decode.common import StandIn, account, decode_threads, finish, prepare, upright_size
 from gpupipe.decode.pil import decode_many, pool
+from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
 from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _DALI_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
 _ROI_MODES = (ResizeMode.SHORTER, ResizeMode.RANDOM_CROP)  # decode the window around the box only
+TORCH_RESIZES_ON_CPU = True  # gpupipe.decode.resize; benchmarks switch it off to time DALI's own resize
 
 
 def decodes_well(header: ImageHeader) -> bool:
@@ -56,7 +58,8 @@ class DaliDecoder:
     def __init__(self, config: DecodeConfig, device: torch.device):
         self.config, self.device = config, device
         self.stats = DecodeStats()
-        self._pipes: dict[bool, tuple[object, int]] = {}  # window decode? -> (pipeline, its batch size)
+        # (window decode?, DALI resizes?) -> (pipeline, its batch size)
+        self._pipes: dict[tuple[bool, bool], tuple[object, int]] = {}
         self._pool = pool(config)
         self._stand_in = StandIn()
 
@@ -67,7 +70,7 @@ class DaliDecoder:
         from nvidia.dali import fn, pipeline_def, types
 
         cfg, gpu = self.config, self.device.type == "cuda"
-        threads = cfg.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
+        threads = decode_threads(cfg)
 
         @pipeline_def(batch_size=max_batch, num_threads=threads, device_id=self.device.index or 0 if gpu else None,
                       prefetch_queue_depth=1, seed=cfg.seed)
@@ -81,7 +84,7 @@ class DaliDecoder:
                                               axis_names="HW", **kwargs)
             else:
                 img = fn.decoders.image(enc, **kwargs)
-            if cfg.resize is not ResizeMode.NONE:
+            if self._dali_resizes and cfg.resize is not ResizeMode.NONE:
                 start = fn.external_source(name="roi_start", dtype=types.FLOAT)
                 end = fn.external_source(name="roi_end", dtype=types.FLOAT)
                 img = fn.resize(img, size=list(cfg.image_size), roi_start=start, roi_end=end,
@@ -107,16 +110,23 @@ class DaliDecoder:
 
     def _run(self, inputs: list[np.ndarray], placement: dict[str, np.ndarray]):
         window = "win_start" in placement
-        pipe, size = self._pipes.get(window, (None, 0))
+        kind = (window, self._dali_resizes)
+        pipe, size = self._pipes.get(kind, (None, 0))
         if pipe is None or len(inputs) > size:
             size = max(len(inputs), size)
             pipe = self._build(size, window)
-            self._pipes[window] = (pipe, size)
+            self._pipes[kind] = (pipe, size)
         pipe.feed_input("enc", inputs)
         for name, rows in placement.items():
-            pipe.feed_input(name, list(rows))
+            if self._dali_resizes or name.startswith("win_"):  # the box goes to DALI only if DALI resizes
+                pipe.feed_input(name, list(rows))
         (out,) = pipe.run()
         return out
+
+    @property
+    def _dali_resizes(self) -> bool:
+        """DALI's ``fn.resize`` on a GPU; on the CPU torch resizes (:mod:`gpupipe.decode.resize`)."""
+        return self.device.type == "cuda" or not TORCH_RESIZES_ON_CPU
 
     # -- decode --------------------------------------------------------------------------------
     def decode(self, batch) -> DecodedBatch:
@@ -167,8 +177,14 @@ class DaliDecoder:
         chosen = set(rows)
         src = [i if i in chosen else rows[0] for i in range(len(batch))]
         inputs = [np.frombuffer(batch.image(j), np.uint8) for j in src]
-        out = self._run(inputs, {k: v[src] for k, v in placement.items()})
-        return _to_torch(out, self.device, self.config)
+        rows_placement = {k: v[src] for k, v in placement.items()}
+        out = self._run(inputs, rows_placement)
+        if self._dali_resizes or "roi_start" not in rows_placement:
+            return _to_torch(out, self.device, self.config)
+        decoded = [np.asarray(out[i]) for i in range(len(out))]  # views of DALI's buffer, read before the next run
+        return resize_boxes(decoded, rows_placement["roi_start"], rows_placement["roi_end"],
+                            relative="win_start" in rows_placement, size=self.config.image_size,
+                            executor=self._pool, parts=decode_threads(self.config))
 
     def close(self) -> None:
         self._pipes.clear()

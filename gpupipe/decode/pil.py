@@ -7,7 +7,6 @@ straight to the output size (one interpolation).
 from __future__ import annotations
 
 import io
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import Checked, StandIn, account, assemble, prepare, record_bad
+from gpupipe.decode.common import Checked, StandIn, account, assemble, decode_threads, prepare, record_bad
 from gpupipe.decode.roi import draft_scale, drafted_box
 
 __all__ = ["PilDecoder", "decode_one", "decode_many", "pool"]
@@ -69,8 +68,7 @@ def _draft(raw, box, size: tuple[int, int]) -> tuple[float, float, float, float]
 
 def pool(config: DecodeConfig) -> ThreadPoolExecutor:
     """The thread pool Pillow decodes on (Pillow releases the GIL)."""
-    threads = config.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
-    return ThreadPoolExecutor(threads, thread_name_prefix="gpupipe-pil")
+    return ThreadPoolExecutor(decode_threads(config), thread_name_prefix="gpupipe-pil")
 
 
 def decode_many(executor: ThreadPoolExecutor, batch, indices, boxes, checked: Checked, config: DecodeConfig,
