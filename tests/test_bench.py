@@ -279,3 +279,40 @@ def test_single_run_writes_a_stage_timeline_trace(tiny_data: Path, tmp_path: Pat
     for runs in spans.values():
         assert all(a[1] <= b[0] + 1 for a, b in zip(sorted(runs), sorted(runs)[1:]))
     assert "stage timeline" in capsys.readouterr().out
+
+
+def test_without_workers_each_loader_runs_at_its_own_default(tiny_data: Path, tmp_path: Path, capsys):
+    """No --workers: gpupipe as the config leaves it (its count, else the automatic one), the
+    baseline one worker per core — not gpupipe forced to the baseline's count."""
+    import os
+
+    from gpupipe.machine import default_num_workers
+    from gpupipe.types import World
+
+    cores = len(os.sched_getaffinity(0))
+    counts = {}
+    for name, workers in (("auto", "null"), ("one", "1")):
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(f"source: {{train: {tiny_data / 'shards'}/}}\ndecode: {{image_size: [24, 24], backend: pil}}\n"
+                       f"loader: {{batch_size: 8, device: cpu, num_workers: {workers}}}\n")
+        code = main(["bench", str(cfg), "--compare", "baseline", "--batches", "1", "--repeat", "1", "--warmup", "1",
+                     "--json", str(tmp_path / f"{name}.json")])
+        out = capsys.readouterr().out
+        assert code == 0 and "gpupipe w=" in out and "w=N*: each loader at its own default" in out, out
+        rows = json.loads((tmp_path / f"{name}.json").read_text())["results"]
+        assert {r["workers_chosen_by"] for r in rows} == {"loader default"}
+        counts[name] = {r["loader"]: r["workers"] for r in rows}
+    assert counts["auto"] == {"gpupipe": default_num_workers(World(), decode_on_cpu=True), "baseline": cores}
+    assert counts["one"] == {"gpupipe": 1, "baseline": cores}
+
+
+def test_workers_given_apply_to_every_loader(tiny_data: Path, tmp_path: Path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"source: {{train: {tiny_data / 'shards'}/}}\ndecode: {{image_size: [24, 24], backend: pil}}\n"
+                   "loader: {batch_size: 8, device: cpu, num_workers: 1}\n")
+    assert main(["bench", str(cfg), "--compare", "baseline", "--workers", "0", "--batches", "1", "--repeat", "1",
+                 "--warmup", "1", "--json", str(tmp_path / "r.json")]) == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [(r["loader"], r["workers"], r["workers_chosen_by"]) for r in rows] == [
+        ("gpupipe", 0, "--workers"), ("baseline", 0, "--workers")]
+    assert rows[0]["num_workers"] == 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from gpupipe.errors import ConfigError
@@ -40,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline config(s) (.yaml) or a shard folder, pattern or list (any fsspec URL)")
     p.add_argument("--compare", default=None, metavar="LIST", help="baselines to run too: baseline,webdataset,dali")
     p.add_argument("--workers", type=_int_list, default=None, metavar="N[,N...]",
-                   help="worker counts to sweep (gpupipe: stream workers; baselines: decode workers; dali: threads)")
+                   help="worker counts to sweep (gpupipe: stream workers; baselines: decode workers; dali: threads); "
+                        "default: each loader's own (gpupipe: the config's or its automatic choice; baselines: "
+                        "one per core)")
     p.add_argument("--batches", type=int, default=None, metavar="N", help="timed batches per run (default: one epoch)")
     p.add_argument("--repeat", type=int, default=None, metavar="R", help="rounds over all loaders (default 3)")
     p.add_argument("--warmup", type=int, default=4, metavar="N", help="warm-up batches per loader and worker count")
@@ -111,7 +112,7 @@ def _compare(args: argparse.Namespace, configs: list[str]) -> int:
 
     compare = tuple(n.strip() for n in (args.compare or "").split(",") if n.strip())
     spec = RunSpec(loaders=("gpupipe", *[c for c in compare if c != "gpupipe"]),
-                   workers=args.workers or (len(os.sched_getaffinity(0)),), batches=args.batches,
+                   workers=args.workers or (None,), batches=args.batches,
                    repeat=args.repeat or 3, warmup=args.warmup, device=_device(args.device),
                    per_sample=args.per_sample)
     if spec.repeat < 1 or (spec.batches is not None and spec.batches < 1):
@@ -119,6 +120,9 @@ def _compare(args: argparse.Namespace, configs: list[str]) -> int:
     targets = config_targets(configs, args) if configs else source_targets(args.targets[0], args)
     validate(targets, spec)
     result = run_benchmark(targets, spec, progress=None if args.json == "-" else _print_row)
+    if args.json != "-" and spec.workers == (None,):
+        print("w=N*: each loader at its own default worker count (gpupipe: the config's or its automatic "
+              "choice; baselines: one per core); --workers 0,2 sweeps them alike")
     note = gpu_note()
     result["meta"] = {"command": "gpupipe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
                       "environment": environment(), "spec": {**vars(spec), "loaders": list(spec.loaders)},
@@ -140,7 +144,8 @@ def _print_row(row: dict) -> None:
     gpu = f" | GPU {row['gpu_util_percent']:.0f}%" if "gpu_util_percent" in row else ""
     mem = f", {row['gpu_max_memory_allocated_mb']:.0f} MB" if "gpu_max_memory_allocated_mb" in row else ""
     skipped = f" | skipped {row['skipped']} bad image(s)" if row.get("skipped") else ""
-    print(f"{row['set']:>10} {row['loader']:>10} w={row['workers']:<2} {row['images_per_s']:9,.0f} images/s "
+    own = "*" if row.get("workers_chosen_by") == "loader default" else ""
+    print(f"{row['set']:>10} {row['loader']:>10} w={str(row['workers']) + own:<3} {row['images_per_s']:9,.0f} images/s "
           f"({row['images_per_s_min']:,.0f}-{row['images_per_s_max']:,.0f}) | CPU {row['cpu_percent']:.0f}% | "
           f"RSS {row['peak_rss_mb']:,.0f} MB{gpu}{mem}{skipped}{extra}", flush=True)
 

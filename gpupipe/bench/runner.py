@@ -11,7 +11,11 @@ Reported: the median over rounds, with min and max.
 
 Worker counts mean: gpupipe's stream workers (decode and augment run in the
 training process), the baselines' DataLoader workers (decode + transforms per
-sample), DALI's threads (at least 1).
+sample), DALI's threads (at least 1). A count of ``None`` (``gpupipe bench`` without
+``--workers``) runs each loader as its users would leave it: gpupipe at its own
+choice (the config's ``loader.num_workers``, else ``default_num_workers``: 0 where it
+decodes on a CPU of ≤ 4 cores), the baselines with one worker per core and DALI one
+thread per core; each row then names the count it ran with.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ class Target:
 @dataclass(frozen=True)
 class RunSpec:
     loaders: tuple[str, ...] = ("gpupipe",)
-    workers: tuple[int, ...] = (0,)
+    workers: tuple[int | None, ...] = (0,)  # None: each loader's own default (above)
     batches: int | None = None  # timed per run; None: one epoch's worth
     repeat: int = 3
     warmup: int = 4
@@ -79,7 +83,12 @@ class _Opened:
         self.stream, self.info, self.stats, self.reset = stream, info, stats, reset
 
 
-def _open_gpupipe(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opened:
+def _per_core(workers: int | None) -> int:
+    """A baseline's worker (or thread) count: as given, or one per core."""
+    return _cores() if workers is None else workers
+
+
+def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.loader import StageStats
 
     loader = target.make_gpupipe(workers, spec.device)
@@ -98,8 +107,10 @@ def _open_gpupipe(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Op
     return _Opened(stream, info, lambda: loader.stats.as_dict(), reset)
 
 
-def _open_baseline(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_baseline(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.bench.baselines import folder_items, shard_items, torch_batches
+
+    workers = _per_core(workers)
 
     if "items" not in ctx:
         ctx["items"] = folder_items(target.images_dir) if target.images_dir else shard_items(target.shards)
@@ -112,8 +123,10 @@ def _open_baseline(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _O
                    info, lambda: dict(counts), lambda: counts.update(skipped=0))
 
 
-def _open_webdataset(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_webdataset(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.bench.baselines import webdataset_batches
+
+    workers = _per_core(workers)
 
     pipeline, kind = ctx["per_sample"]
     counts = {"skipped": 0}
@@ -124,7 +137,7 @@ def _open_webdataset(target: Target, workers: int, spec: RunSpec, ctx: dict) -> 
                    lambda: counts.update(skipped=0))
 
 
-def _open_dali(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_dali(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     import torch
 
     from gpupipe.bench.dali import dali_batches, write_index
@@ -132,7 +145,7 @@ def _open_dali(target: Target, workers: int, spec: RunSpec, ctx: dict) -> _Opene
     if "dali_index" not in ctx:
         ctx["dali_index"] = write_index(target.shards, ctx["tmp"])
     gpu = torch.device(spec.device).type == "cuda"
-    threads = max(1, workers)
+    threads = max(1, _per_core(workers))
     return _Opened(lambda: dali_batches(list(target.shards), ctx["dali_index"], target.steps,
                                         image_size=target.image_size, batch_size=target.batch_size, threads=threads,
                                         device=spec.device, seed=target.seed),
@@ -217,10 +230,12 @@ def _record(runs: _Runs, r: dict) -> None:
         runs.stages.append(r["stages"])
 
 
-def _row(target: Target, loader: str, workers: int, opened: _Opened, runs: _Runs) -> dict:
+def _row(target: Target, loader: str, workers: int | None, opened: _Opened, runs: _Runs) -> dict:
     med = statistics.median
+    ran_with = opened.info.get("num_workers", opened.info.get("num_threads"))
     row: dict[str, Any] = {
-        "set": target.name, "loader": loader, "workers": workers, **opened.info,
+        "set": target.name, "loader": loader, "workers": ran_with if workers is None else workers,
+        "workers_chosen_by": "loader default" if workers is None else "--workers", **opened.info,
         "images_per_s": round(med(runs.rates), 1), "images_per_s_min": round(min(runs.rates), 1),
         "images_per_s_max": round(max(runs.rates), 1), "images_per_s_runs": [round(r, 1) for r in runs.rates],
         "seconds_runs": [round(s, 3) for s in runs.seconds], "cpu_percent": round(med(runs.cpu), 1),
@@ -243,16 +258,17 @@ def _stages_per_image(stages: list[dict]) -> dict:
             for k in keys}
 
 
-def _sweep(target: Target, spec: RunSpec, workers: int, ctx: dict, batches: int) -> list[dict]:
+def _sweep(target: Target, spec: RunSpec, workers: int | None, ctx: dict, batches: int) -> list[dict]:
     opened = {name: _OPENERS[name](target, workers, spec, ctx) for name in spec.loaders}
     for name, o in opened.items():
-        log.info("warm-up: %s, %s, %d worker(s)", target.name, name, workers)
+        log.info("warm-up: %s, %s, %s worker(s)", target.name, name, "default" if workers is None else workers)
         _warm(o, spec)
     runs = {name: _Runs() for name in spec.loaders}
     order = list(spec.loaders)
     for r in range(spec.repeat):
         for name in order[r % len(order):] + order[:r % len(order)]:
-            log.info("round %d: %s, %s, %d worker(s)", r + 1, target.name, name, workers)
+            log.info("round %d: %s, %s, %s worker(s)", r + 1, target.name, name,
+                     "default" if workers is None else workers)
             _record(runs[name], _timed(opened[name], spec, batches))
     return [_row(target, name, workers, opened[name], runs[name]) for name in spec.loaders]
 

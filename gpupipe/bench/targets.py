@@ -109,7 +109,9 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
             from gpupipe.loader import GpuLoader
             from gpupipe.types import World
 
-            return GpuLoader(dataclasses.replace(cfg.split("train"), num_workers=workers), world=World(), device=device)
+            split = cfg.split("train")  # workers None: the config's own count (or gpupipe's automatic one)
+            split = split if workers is None else dataclasses.replace(split, num_workers=workers)
+            return GpuLoader(split, world=World(), device=device)
 
         targets.append(Target(Path(path).stem, shards, tuple(cfg.decode.image_size), cfg.loader.batch_size,
                               steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed,
