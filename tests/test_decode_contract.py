@@ -49,10 +49,8 @@ class Tolerance:
 TOL = Tolerance(mean=1.5, p99=8)
 
 # Known breaches of the contract, reported to the decoders' author. Strict: a fix shows as XPASS.
-KNOWN = {
-    ("dali", "exif-6-two-app1"): "DALI takes the orientation from the second Exif segment, the header check "
-                                 "and Pillow from the first",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # (backend, case) -> why; DALI's "exif-6-two-app1" (it read the
+# second Exif segment's orientation) was one until such images went to Pillow (ImageHeader.exif_conflict)
 
 # -- backends -------------------------------------------------------------------------------
 

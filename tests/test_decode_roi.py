@@ -193,15 +193,22 @@ def test_dali_decodes_whole_images_without_a_crop(dali_calls, resize):
 
 
 @pytest.mark.dali
-@pytest.mark.parametrize("resize", [ResizeMode.RANDOM_CROP, ResizeMode.SHORTER])
-def test_dali_window_stays_inside_an_image_dali_orients_differently(resize, caplog):
-    """``exif-6-two-app1``: the header check takes orientation 6 (32x48 upright), DALI the
-    second segment's 1 (48x32). A window planned upright still lands inside the image DALI
-    sees (relative coordinates), so DALI decodes it rather than failing the batch; an
-    absolute window out of DALI's bounds raises, and has crashed the process."""
+@pytest.mark.parametrize("resize", [ResizeMode.RANDOM_CROP, ResizeMode.SHORTER, ResizeMode.FIXED])
+def test_conflicting_exif_segments_decode_as_pillow_does(resize, monkeypatch):
+    """``exif-6-two-app1``: the first Exif segment says 6 (32x48 upright), a second says 1.
+    DALI read the second: its image came out 48x32, a box planned upright then cut the wrong
+    part of it (with ``fixed``, a mean colour off by 40). Such images go to Pillow: the same
+    pixels as the Pillow backend in every resize mode, and DALI is never handed them."""
     pytest.importorskip("nvidia.dali")
+    import gpupipe.decode.dali as dali
+
     data = corpus.cases()["exif-6-two-app1"][0]
-    with caplog.at_level("INFO", logger="gpupipe.decode.dali"):
-        out = decode("dali", [data, PHOTO[1]], image_size=(16, 16), resize=resize)
-    assert out.valid.all() and out.images.shape == (2, 3, 16, 16)
-    assert "DALI refused" not in caplog.text
+    fed = []
+    run = dali.DaliDecoder._run
+    monkeypatch.setattr(dali.DaliDecoder, "_run", lambda self, inputs, placement: fed.extend(
+        bytes(x) for x in inputs) or run(self, inputs, placement))
+    out = decode("dali", [data, PHOTO[1]], image_size=(16, 20), resize=resize, seed=5)
+    ref = decode("pil", [data, PHOTO[1]], image_size=(16, 20), resize=resize, seed=5)
+    assert out.valid.all() and out.images.shape == (2, 3, 16, 20)
+    assert data not in fed and PHOTO[1] in fed
+    assert (out.images[0].float() - ref.images[0].float()).abs().max() == 0

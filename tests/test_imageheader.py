@@ -130,6 +130,20 @@ def test_exif_orientation_either_byte_order(order):
     assert probe(insert_app1(encode("RGB", "JPEG"), b"Exif\0\0" + tiff)).orientation == 8
 
 
+@pytest.mark.parametrize("later, conflict", [(None, False), (6, False), (1, True), (3, True), ("no tag", True)])
+def test_a_later_exif_segment_with_another_orientation_is_flagged(later, conflict):
+    """The first Exif segment's orientation counts; a later one that says otherwise (or has no
+    orientation, which reads as 1) is flagged, since DALI would read the later one."""
+    data = with_orientation("JPEG", 6)
+    if later is not None:
+        entries = [(0x0112, 3, 1, short("II", later))] if later != "no tag" else [(0x010F, 2, 4, b"abc\0")]
+        second = insert_app1(b"\xff\xd8", b"Exif\0\0" + tiff_ifd0("II", entries))[2:]  # the segment alone
+        at = data.index(b"\xff\xdb")  # after the first Exif segment: the quantisation tables
+        data = data[:at] + second + data[at:]
+    header = probe(data)
+    assert header.orientation == 6 and header.exif_conflict is conflict
+
+
 @pytest.mark.parametrize("tiff", [
     b"", b"II", b"XX*\0\x08\0\0\0", b"II*\0\xff\xff\xff\xff", b"II+\0\x08\0\0\0",
     b"II*\0\x08\0\0\0\xff\xff" + b"\0" * 10,  # 65535 entries declared, none there

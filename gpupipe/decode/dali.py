@@ -48,8 +48,9 @@ TORCH_RESIZES_ON_CPU = True  # gpupipe.decode.resize; benchmarks switch it off t
 
 
 def decodes_well(header: ImageHeader) -> bool:
-    """Whether DALI gets this image: an 8-bit baseline/extended/progressive JPEG."""
-    return header.format == "jpeg" and header.sof in _DALI_SOF and header.bit_depth == 8
+    """Whether DALI gets this image: an 8-bit baseline/extended/progressive JPEG whose Exif
+    segments agree on the orientation (DALI reads a later one than the first, which counts)."""
+    return header.format == "jpeg" and header.sof in _DALI_SOF and header.bit_depth == 8 and not header.exif_conflict
 
 
 class DaliDecoder:

@@ -56,7 +56,9 @@ class ImageHeader:
     orientation 1..8 (JPEG APP1, PNG eXIf, WebP EXIF), 1 when absent or invalid.
     ``progressive`` is set for progressive JPEG frames (SOF2/6/10/14); ``sof`` is the JPEG
     frame marker (0xC0 baseline, 0xC1 extended, 0xC2 progressive, 0xC3 lossless, 0xC9..0xCF
-    arithmetic-coded or hierarchical), 0 for other formats.
+    arithmetic-coded or hierarchical), 0 for other formats. ``exif_conflict``: a JPEG whose
+    later APP1 Exif segment declares another orientation than the first (the one that counts,
+    as for Pillow and exiftool); DALI reads the later one, so such images go to Pillow.
     """
 
     format: str
@@ -67,6 +69,7 @@ class ImageHeader:
     progressive: bool = False
     bit_depth: int = 8
     sof: int = field(default=0, compare=False)  # which decoders can take it, not what it declares
+    exif_conflict: bool = field(default=False, compare=False)  # likewise
 
 
 def probe(data: bytes | memoryview, *, max_pixels: int | None = None, name: str = "") -> ImageHeader:
@@ -225,7 +228,7 @@ def _jpeg(view: memoryview) -> ImageHeader:
 
 def _walk_jpeg(view: memoryview) -> tuple[ImageHeader, int]:
     """:func:`_jpeg`'s header and the byte offset where the first scan's entropy data starts."""
-    pos, sof, orientation = 2, None, None
+    pos, sof, orientation, conflict = 2, None, None, False
     for _ in range(_MAX_SEGMENTS):
         wanted = "SOF" if sof is None else "SOS"
         cut = f"truncated JPEG: no {wanted} marker before end of data"
@@ -252,13 +255,16 @@ def _walk_jpeg(view: memoryview) -> tuple[ImageHeader, int]:
             if end >= len(view):
                 raise DecodeError("truncated JPEG: data ends right after the header (no scan data)")
             width, height, channels, progressive, depth, marker = sof
-            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth, marker), end
+            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth, marker,
+                               conflict), end
         if marker in _JPEG_SOF:
             if sof is not None:
                 raise DecodeError(f"JPEG: second SOF marker at byte {pos - 2}")
             sof = _jpeg_sof(marker, body)
-        elif marker == _APP1 and orientation is None and body[:5] == b"Exif\x00":
-            orientation = _exif_orientation(body[6:])
+        elif marker == _APP1 and body[:5] == b"Exif\x00":
+            this = _exif_orientation(body[6:])
+            conflict = conflict or (orientation is not None and this != orientation)
+            orientation = this if orientation is None else orientation
         pos = end
     raise DecodeError(f"JPEG: more than {_MAX_SEGMENTS} markers before SOS")
 
