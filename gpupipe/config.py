@@ -331,6 +331,9 @@ def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     if isinstance(decode_data, Mapping) and "seed" in decode_data:
         raise ConfigError("decode.seed: set the top-level 'seed' (it keys decode crops and augmentation alike)")
     seed = coerce(data.get("seed", 0), int, "seed")
+    size = decode_data.get("image_size") if isinstance(decode_data, Mapping) else None
+    if isinstance(size, int) and not isinstance(size, bool):  # a square, as GpuLoader(image_size=224) takes it
+        decode_data = {**decode_data, "image_size": [size, size]}
     decode = replace(build(DecodeConfig, decode_data, "decode"), seed=seed)
     augment = _augment(data.get("augment"), "augment")
     eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment")
@@ -391,17 +394,30 @@ def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> Tra
 
 
 def _check_pipeline(specs: Sequence[TransformSpec], path: str) -> None:
-    """A config pipeline starts from the decoder's uint8: follow the dtype through the
-    steps (torchvision v2's rules, :meth:`Transform.output_dtype`) and refuse the first
-    step that cannot take what reaches it (e.g. Normalize before a ToDtype)."""
+    """A config pipeline starts from the decoder's uint8 RGB: follow the dtype through the
+    steps (torchvision v2's rules, :meth:`Transform.output_dtype`) and the channel count
+    (3; ``Grayscale`` and ``RepeatChannels`` change it; unknown after a container that holds
+    one), and refuse the first step that cannot take what reaches it (e.g. Normalize before
+    a ToDtype, or with 2 means for 3 channels) before any image is decoded."""
     import torch
 
-    dtype = torch.uint8
+    from gpupipe.augment.color import Grayscale, Normalize, RepeatChannels
+
+    dtype, channels = torch.uint8, 3
     for i, spec in enumerate(specs):
+        module = spec.build()
         try:
-            dtype = spec.build().output_dtype(dtype)
+            dtype = module.output_dtype(dtype)
+            if isinstance(module, Normalize) and channels is not None:
+                module.check_channels(channels)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}[{i}] ({spec.name}): {exc}") from None
+        if isinstance(module, Grayscale):
+            channels = module.num_output_channels
+        elif isinstance(module, RepeatChannels):
+            channels = module.num_channels if channels in (1, module.num_channels, None) else channels
+        elif any(isinstance(m, (Grayscale, RepeatChannels)) for m in module.modules()):
+            channels = None
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

@@ -72,6 +72,8 @@ def test_shipped_configs_exist():
     ({"loader": {"batchsize": 3}}, r"loader\.batchsize: unknown key; did you mean 'batch_size'"),
     ({"augmnet": "simple"}, r"augmnet: unknown key; did you mean 'augment'"),
     ({"decode": {"image_size": "big"}}, r"decode\.image_size: expected a list"),
+    ({"decode": {"image_size": 0}}, r"decode\.image_size: expected \(height, width\) > 0"),
+    ({"decode": {"image_size": True}}, r"decode\.image_size: expected a list, got True"),
     ({"decode": {"backend": "turbo"}}, r"decode\.backend: unknown 'turbo'"),
     ({"decode": {"resize": "zoom"}}, r"decode\.resize: 'zoom' is not one of"),
     ({"loader": {"batch_size": "64"}}, r"loader\.batch_size: expected int, got str"),
@@ -87,6 +89,12 @@ def test_shipped_configs_exist():
     ({"augment": [{"name": "RandomHorizontalFlip"}, {"name": "Normalize", "mean": [0.5], "std": [0.5]}]},
      r"augment\[1\] \(Normalize\): .*ToDtype"),
     ({"augment": "fancy"}, r"augment: unknown preset 'fancy'"),
+    ({"augment": [{"name": "ToDtype", "dtype": "float32", "scale": True},
+                  {"name": "Normalize", "mean": [0.5, 0.5], "std": [0.5, 0.5, 0.5]}]},
+     r"augment\[1\] \(Normalize\): Normalize has 2 mean values for images of 3 channel\(s\); give 1 or 3"),
+    ({"augment": [{"name": "Grayscale"}, {"name": "ToDtype", "dtype": "float32", "scale": True},
+                  {"name": "Normalize", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}]},
+     r"augment\[2\] \(Normalize\): Normalize has 3 mean and 3 std values for images of 1 channel"),
     ({"augment": [{"p": 0.5}]}, r"augment\[0\]: expected a mapping with 'name'"),
     ({"source": 3}, r"source: expected a URL"),
     ({"data": {}, "modle": {}}, r"modle: unknown top-level key beside 'data'; did you mean 'model'"),
@@ -226,3 +234,20 @@ def test_reading_a_config_imports_no_heavy_stack():
             "print(sorted(m for m in ('nvidia.dali', 'lightning', 's3fs') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_one_int_image_size_is_a_square_as_in_python():
+    """YAML ``image_size: 96`` reads as GpuLoader(image_size=96) does: 96 x 96."""
+    assert load_config({"decode": {"image_size": 96}}).decode.image_size == (96, 96)
+    assert load_config({"decode": {"image_size": [96, 64]}}).decode.image_size == (96, 64)
+
+
+def test_normalize_values_follow_the_channel_count():
+    """One value broadcasts; after Grayscale + RepeatChannels(3) three fit again; behind a
+    container that may change channels the count is not known and nothing is refused."""
+    to_float = {"name": "ToDtype", "dtype": "float32", "scale": True}
+    norm3 = {"name": "Normalize", "mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2]}
+    for augment in ([to_float, {"name": "Normalize", "mean": [0.5], "std": [0.2]}],
+                    [{"name": "Grayscale"}, {"name": "RepeatChannels", "num_channels": 3}, to_float, norm3],
+                    [{"name": "RandomGrayscale", "p": 0.5}, to_float, norm3]):
+        assert len(load_config({"augment": augment}).augment) == len(augment)

@@ -125,20 +125,27 @@ class Normalize(PointwiseTransform):
                             f"images in [0, 1]: put ToDtype(torch.float32, scale=True) before Normalize")
         return dtype
 
-    def _check(self, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        self.output_dtype(dtype)
-        if len(shape) < 3 or self.mean.numel() not in (1, shape[-3]):
-            raise ValueError(f"Normalize has {self.mean.numel()} channel values, images have shape {shape}")
+    def check_channels(self, channels: int) -> None:
+        """Raises ``ValueError`` unless ``mean`` and ``std`` each give 1 or ``channels`` values."""
+        bad = [f"{n} {name}" for name, n in (("mean", self.mean.numel()), ("std", self.std.numel()))
+               if n not in (1, channels)]
+        if bad:
+            raise ValueError(f"Normalize has {' and '.join(bad)} values for images of {channels} channel(s); "
+                             f"give 1 or {channels} of each")
 
     def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        self._check(images.dtype, tuple(images.shape))
+        self.output_dtype(images.dtype)
+        if images.ndim < 3:
+            raise ValueError(f"Normalize expects (..., C, H, W) images, got shape {tuple(images.shape)}")
+        self.check_channels(images.shape[-3])
         mean = self.mean.to(images.device, images.dtype, non_blocking=True).reshape(-1, 1, 1)
         std = self.std.to(images.device, images.dtype, non_blocking=True).reshape(-1, 1, 1)
         out = images if self.inplace else images.clone()
         return out.sub_(mean).div_(std)
 
     def steps(self, params, spec):
-        self._check(spec.dtype, (spec.channels, 1, 1))
+        self.output_dtype(spec.dtype)
+        self.check_channels(spec.channels)
         inv = 1.0 / self.std.to(spec.device, non_blocking=True).reshape(1, -1, 1, 1)
         return [Affine(inv, -self.mean.to(spec.device, non_blocking=True).reshape(1, -1, 1, 1) * inv)], spec
 
