@@ -84,6 +84,27 @@ def test_images_at_two_levels_are_refused(tmp_path):
         loader(str(tmp_path / "imgs"))
 
 
+def test_the_folder_above_datasets_is_refused_not_read_as_classes(tmp_path):
+    """data/ with images/ (class sub-folders), shards/ (tar + index.json) and val-shards/ (tar
+    only): read as an image folder, images/ and val-images/ would be two classes mixing
+    train and val. A class folder with a stray .tar beside its images stays a class."""
+    write_class_folder(str(tmp_path / "data" / "images"), 6)
+    write_class_folder(str(tmp_path / "data" / "val-images"), 3)
+    write_dataset(str(tmp_path / "data" / "shards"), [4, 2])
+    (tmp_path / "data" / "val-shards").mkdir()
+    (tmp_path / "data" / "val-shards" / "shard-000000.tar").write_bytes(b"\0" * 1024)
+    with pytest.raises(ConfigError, match=r"holds dataset folders \(shards/, val-shards/ .*sub-folders \(images, "
+                                          r"shards, val-images, val-shards\) would be the classes; give one "
+                                          r"dataset's folder, e\.g\. .*data/images/"):
+        loader(str(tmp_path / "data"))
+    from gpupipe.ingest import ingest
+
+    with pytest.raises(ConfigError, match="holds dataset folders"):  # ingest reads an image folder the same way
+        ingest(str(tmp_path / "data"), str(tmp_path / "out"), shard_size=4, progress=False)
+    (tmp_path / "data" / "images" / "c1" / "backup.tar").write_bytes(b"\0" * 1024)
+    assert sorted(epoch_ids(loader(str(tmp_path / "data" / "images")))) == list(range(6))
+
+
 def test_glob_that_matches_no_shards_says_to_read_the_folder(tmp_path):
     write_class_folder(str(tmp_path / "imgs"), 3)
     with pytest.raises(StorageError, match=r"holds images: give the folder URL .* or run `gpupipe ingest"):

@@ -8,8 +8,9 @@ reads no file: whether the bytes are an image is checked later, from the header.
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
+from gpupipe.errors import ConfigError
 from gpupipe.formats.tar import MAX_MEMBER_BYTES
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderImage", "extension", "scan_image_folder", "no_images_message"]
@@ -42,6 +43,7 @@ def scan_image_folder(root: str, listing: Mapping[str, Mapping[str, Any]]
     images: list[FolderImage] = []
     rejected: list[tuple[str, str]] = []
     root = root.rstrip("/")
+    _refuse_a_parent_of_datasets(root, listing)
     for path in sorted(listing):
         rel = path[len(root):].lstrip("/")
         class_name, _, rest = rel.partition("/")
@@ -51,6 +53,29 @@ def scan_image_folder(root: str, listing: Mapping[str, Mapping[str, Any]]
         else:
             images.append(FolderImage(path, class_name, rest.rpartition(".")[0].replace("/", "_")))
     return images, tuple(sorted({im.class_name for im in images})), rejected
+
+
+def _refuse_a_parent_of_datasets(root: str, listing: Iterable[str]) -> None:
+    """A would-be class sub-folder holding tar shards (and no images) or an ``index.json`` is
+    a dataset of its own: ``root`` is the folder above datasets (``data/`` with ``shards/``
+    and ``images/``), and reading it as classes would mix them — train and val images as two
+    classes. A class folder with a stray .tar beside its images stays a class."""
+    index, tars, images = set(), set(), set()
+    for path in listing:
+        top, _, rest = path[len(root):].lstrip("/").partition("/")
+        if rest == "index.json":
+            index.add(top)
+        elif rest.endswith(".tar") and "/" not in rest:
+            tars.add(top)
+        elif rest and extension(rest) in IMAGE_EXTENSIONS:
+            images.add(top)
+    datasets = sorted(index | (tars - images))
+    if datasets:
+        folders = sorted(set(images) - set(datasets)) or datasets
+        raise ConfigError(f"{root}/ holds dataset folders ({', '.join(d + '/' for d in datasets[:3])} with tar shards "
+                          f"or an index.json), so read as an image folder its sub-folders "
+                          f"({', '.join(sorted(index | tars | images)[:5])}) would be the classes; give one "
+                          f"dataset's folder, e.g. {root}/{folders[0]}/")
 
 
 def no_images_message(src: str, rejected: list[tuple[str, str]]) -> str:
