@@ -337,6 +337,9 @@ def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     decode = replace(build(DecodeConfig, decode_data, "decode"), seed=seed)
     augment = _augment(data.get("augment"), "augment")
     eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment")
+    if decode.image_size is not None:
+        _check_sizes(augment, decode.image_size, "augment")
+        _check_sizes(eval_augment or (), decode.image_size, "eval_augment")
     mix = None if data.get("mix") is None else _spec(data["mix"], "mix", MIXES)
     if mix is not None and not any(s.name in ("ToDtype", "ToTensor") for s in augment):
         raise ConfigError(f"mix ({mix.name}): needs float images; end augment with a ToDtype")
@@ -418,6 +421,17 @@ def _check_pipeline(specs: Sequence[TransformSpec], path: str) -> None:
             channels = module.num_channels if channels in (1, module.num_channels, None) else channels
         elif any(isinstance(m, (Grayscale, RepeatChannels)) for m in module.modules()):
             channels = None
+
+
+def _check_sizes(specs: Sequence[TransformSpec], hw: tuple[int, int], path: str) -> None:
+    """Follow the image size from ``decode.image_size`` through the steps and refuse the first
+    that cannot take it (a RandomCrop larger than the image) at load, not in the first batch."""
+    for i, spec in enumerate(specs):
+        try:
+            hw = tuple(spec.build().output_size(hw))
+        except ValueError as exc:
+            raise ConfigError(f"{path}[{i}] ({spec.name}): {exc}; the images reaching it are {hw[0]}x{hw[1]} "
+                              f"(decode.image_size, through the steps before it)") from None
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

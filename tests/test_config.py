@@ -89,6 +89,13 @@ def test_shipped_configs_exist():
     ({"augment": [{"name": "RandomHorizontalFlip"}, {"name": "Normalize", "mean": [0.5], "std": [0.5]}]},
      r"augment\[1\] \(Normalize\): .*ToDtype"),
     ({"augment": "fancy"}, r"augment: unknown preset 'fancy'"),
+    ({"decode": {"image_size": 128}, "augment": [{"name": "RandomCrop", "size": 256}]},
+     r"augment\[0\] \(RandomCrop\): Required crop size \(256, 256\) is larger than input image size \(128, 128\); "
+     r"pad_if_needed=True pads it; the images reaching it are 128x128"),
+    ({"decode": {"image_size": 128}, "augment": [{"name": "Resize", "size": 64}, {"name": "RandomCrop", "size": 96}]},
+     r"augment\[1\] \(RandomCrop\): .*reaching it are 64x64"),
+    ({"decode": {"image_size": 128}, "eval_augment": [{"name": "RandomCrop", "size": 200}]},
+     r"eval_augment\[0\] \(RandomCrop\)"),
     ({"augment": [{"name": "ToDtype", "dtype": "float32", "scale": True},
                   {"name": "Normalize", "mean": [0.5, 0.5], "std": [0.5, 0.5, 0.5]}]},
      r"augment\[1\] \(Normalize\): Normalize has 2 mean values for images of 3 channel\(s\); give 1 or 3"),
@@ -251,3 +258,10 @@ def test_normalize_values_follow_the_channel_count():
                     [{"name": "Grayscale"}, {"name": "RepeatChannels", "num_channels": 3}, to_float, norm3],
                     [{"name": "RandomGrayscale", "p": 0.5}, to_float, norm3]):
         assert len(load_config({"augment": augment}).augment) == len(augment)
+
+
+def test_crops_that_fit_or_pad_are_accepted():
+    for augment in ([{"name": "RandomCrop", "size": 128}], [{"name": "RandomCrop", "size": 160, "pad_if_needed": True}],
+                    [{"name": "RandomCrop", "size": 140, "padding": 8}], [{"name": "CenterCrop", "size": 200}]):
+        assert load_config({"decode": {"image_size": 128}, "augment": augment}).augment
+    assert load_config({"augment": [{"name": "RandomCrop", "size": 256}]}).augment  # size unknown: decided later

@@ -133,13 +133,25 @@ class RandomCrop(_Crop):
         grow_w = max(0, w - (W + left + right)) if self.pad_if_needed else 0
         return left + grow_w, top + grow_h, right + grow_w, bottom + grow_h
 
-    def make_params(self, images, key):
-        H, W = int(images.shape[-2]), int(images.shape[-1])
+    def output_size(self, in_hw):
+        self._fits(*in_hw)
+        return self.size
+
+    def _fits(self, H: int, W: int) -> tuple[int, int, int, int]:
+        """The padding (left, top, right, bottom); raises as torchvision does when the crop
+        is larger than the padded input."""
         left, top, right, bottom = self._padded(H, W)
         PH, PW = H + top + bottom, W + left + right
+        if PH < self.size[0] or PW < self.size[1]:
+            raise ValueError(f"Required crop size {tuple(self.size)} is larger than input image size {(PH, PW)}"
+                             + ("" if self.pad_if_needed else "; pad_if_needed=True pads it"))
+        return left, top, right, bottom
+
+    def make_params(self, images, key):
+        H, W = int(images.shape[-2]), int(images.shape[-1])
+        left, top, right, bottom = self._fits(H, W)
+        PH, PW = H + top + bottom, W + left + right
         h, w = self.size
-        if PH < h or PW < w:
-            raise ValueError(f"Required crop size {(h, w)} is larger than input image size {(PH, PW)}")
         u = draw(key, 0, 2)
         return {"top": _int_between(u[:, 0], 0, PH - h + 1) - top, "left": _int_between(u[:, 1], 0, PW - w + 1) - left}
 
