@@ -316,3 +316,15 @@ def test_workers_given_apply_to_every_loader(tiny_data: Path, tmp_path: Path):
     assert [(r["loader"], r["workers"], r["workers_chosen_by"]) for r in rows] == [
         ("gpupipe", 0, "--workers"), ("baseline", 0, "--workers")]
     assert rows[0]["num_workers"] == 0
+
+
+@pytest.mark.parametrize("extra", [["--timeline", "t.json"], ["--epochs", "3"]])
+def test_single_run_options_with_a_config_are_refused_not_ignored(tiny_data: Path, tmp_path: Path, capsys, extra):
+    extra = [str(tmp_path / v) if v == "t.json" else v for v in extra]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"source: {{train: {tiny_data / 'shards'}/}}\ndecode: {{image_size: [24, 24], backend: pil}}\n")
+    assert main(["bench", str(cfg), *extra]) == 2
+    _one_line_error(capsys, extra[0], "single-run mode", "a config", "shard folder as the SOURCE")
+    assert main(["bench", str(tiny_data / "shards") + "/", "--repeat", "1", *extra]) == 2
+    _one_line_error(capsys, extra[0], "--compare, --plot, --batches, --repeat")
+    assert not (tmp_path / "t.json").exists()

@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, default=None, help="decoded side in px (default 224, or the config's)")
     p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="gpupipe's decoder")
     p.add_argument("--device", default=None, type=device_option, help="cuda, cuda:N or cpu (default: cuda when present)")
-    p.add_argument("--epochs", type=int, default=2, help="single-run mode: timed epochs after one warm-up epoch")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="single-run mode: timed epochs after one warm-up epoch (default 2)")
     p.add_argument("--timeline", default=None, metavar="JSON",
                    help="single-run mode: write each batch's decode/augment span as a Chrome trace "
                         "(open in ui.perfetto.dev or chrome://tracing) to see which stage bounds the run")
@@ -92,7 +93,13 @@ def run(args: argparse.Namespace) -> int:
     if legacy:
         from gpupipe.bench.single import run_single
 
+        args.epochs = 2 if args.epochs is None else args.epochs
         return run_single(args)
+    given = [flag for flag, value in (("--timeline", args.timeline), ("--epochs", args.epochs)) if value is not None]
+    if given:
+        raise ConfigError(f"bench: {' and '.join(given)} time gpupipe alone on a SOURCE (single-run mode); with "
+                          f"{'a config' if configs else '--compare, --plot, --batches, --repeat or several --workers'}"
+                          " bench compares loaders instead. Give the config's shard folder as the SOURCE")
     return _compare(args, configs)
 
 
