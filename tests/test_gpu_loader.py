@@ -190,3 +190,20 @@ def test_decode_of_the_next_batch_overlaps_the_augment_of_this_one(shards):
     overlapped = sum(decode[i + 1][0] < augment[i][1] for i in range(len(augment) - 1))
     assert overlapped >= len(augment) // 2, (decode, augment)
     assert loader.stats.augment_s >= 0.05 * len(augment) * 0.9
+
+
+def test_a_list_of_transforms_is_composed_and_a_wrong_list_named(shards):
+    """``augment=[T.X(), T.Y()]`` runs as ``T.Compose([...])`` would; anything not a gpupipe
+    transform in it is refused when the loader is made, not as 'list is not callable' in the
+    first batch."""
+    import gpupipe.transforms as T
+
+    steps = [T.RandomHorizontalFlip(p=0.5), T.ToDtype(torch.float32, scale=True)]
+    listed = next(iter(make(shards, "pil", augment=steps, seed=4)))
+    composed = next(iter(make(shards, "pil", augment=T.Compose(steps), seed=4)))
+    assert listed.images.dtype == torch.float32 and torch.equal(listed.images, composed.images)
+    with pytest.raises(ConfigError, match=r"augment: transforms\[1\] should be a gpupipe Transform \(got function\)"
+                                          r".*from_torchvision"):
+        make(shards, "pil", augment=[T.RandomHorizontalFlip(), lambda x: x])
+    with pytest.raises(ConfigError, match="augment: expected a transform, a list of transforms"):
+        make(shards, "pil", augment=42)
