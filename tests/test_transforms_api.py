@@ -295,3 +295,25 @@ def test_containers_from_a_config():
                                                                                           "RandomGrayscale"]
     with pytest.raises(ValueError, match=r"transforms\[0\] \(ColourJitter\): unknown transform"):
         build_transform("RandomChoice", {"transforms": [{"name": "ColourJitter"}]})
+
+
+def test_a_torchvision_transform_on_the_batch_is_warned_about(caplog):
+    """A torchvision transform given as ``augment`` runs on the whole batch: one random draw
+    for all its images. The stage says so and names from_torchvision. (Recognised by the
+    class's module, so a stand-in defined under torchvision's name exercises it here, where
+    torchvision is not installed; any other callable passes quietly.)"""
+    from gpupipe.augment.stage import AugmentStage
+
+    class Compose:
+        def __call__(self, images):
+            return images
+
+    Compose.__module__ = "torchvision.transforms.v2._container"
+    with caplog.at_level("WARNING", logger="gpupipe.augment.stage"):
+        AugmentStage(Compose(), None, seed=0)
+    assert "one set of random parameters for all its images" in caplog.text and "from_torchvision" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpupipe.augment.stage"):
+        AugmentStage(lambda images: images, None, seed=0)
+        AugmentStage(T.Compose([T.RandomHorizontalFlip()]), None, seed=0)
+    assert caplog.text == ""

@@ -5,6 +5,7 @@ batch mix). Written once, used by ``GpuLoader`` (in its decode thread), by ``Gpu
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any, Callable
 
 import torch
@@ -12,6 +13,8 @@ import torch
 from gpupipe.augment.base import AugKey, Transform
 
 __all__ = ["AugmentStage"]
+
+log = logging.getLogger(__name__)
 
 _MIX_TAG = 7_919  # the batch mix draws from its own child key, apart from the pipeline's transforms
 
@@ -32,6 +35,10 @@ class AugmentStage:
     def __init__(self, transforms: Callable | None, mix: Callable | None, seed: int) -> None:
         if isinstance(transforms, Transform):
             transforms.output_dtype(torch.uint8)  # decoders give uint8: a pipeline that cannot take it raises now
+        if type(transforms).__module__.split(".")[0] == "torchvision":
+            log.warning("augment: a torchvision %s on a whole batch draws one set of random parameters for all "
+                        "its images (one crop, one flip for the batch); gpupipe.transforms.from_torchvision(...) "
+                        "gives each image its own", type(transforms).__name__)
         self.transforms, self.mix, self.seed = transforms, mix, seed
         self._with_batch = transforms is not None and not isinstance(transforms, Transform) \
             and _positional_arity(transforms) >= 2
