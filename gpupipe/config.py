@@ -335,11 +335,9 @@ def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     if isinstance(size, int) and not isinstance(size, bool):  # a square, as GpuLoader(image_size=224) takes it
         decode_data = {**decode_data, "image_size": [size, size]}
     decode = replace(build(DecodeConfig, decode_data, "decode"), seed=seed)
-    augment = _augment(data.get("augment"), "augment")
-    eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment")
-    if decode.image_size is not None:
-        _check_sizes(augment, decode.image_size, "augment")
-        _check_sizes(eval_augment or (), decode.image_size, "eval_augment")
+    augment = _augment(data.get("augment"), "augment", decode.image_size)
+    eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment",
+                                                                            decode.image_size)
     mix = None if data.get("mix") is None else _spec(data["mix"], "mix", MIXES)
     if mix is not None and not any(s.name in ("ToDtype", "ToTensor") for s in augment):
         raise ConfigError(f"mix ({mix.name}): needs float images; end augment with a ToDtype")
@@ -362,16 +360,19 @@ def _source(data: Any) -> SourceConfig:
     return replace(config, storage_options=Secrets(options))
 
 
-def _augment(value: Any, path: str) -> tuple[TransformSpec, ...]:
+def _augment(value: Any, path: str, hw: tuple[int, int] | None) -> tuple[TransformSpec, ...]:
+    """The steps of ``value`` (a preset name or a list), checked along the images' way from a
+    decoder giving ``hw`` (None: sizes vary)."""
     if value is None:
         return ()
     if isinstance(value, str):
-        return preset(value)
-    if not isinstance(value, Sequence):
+        specs = preset(value)
+    elif isinstance(value, Sequence):
+        specs = tuple(_spec(item, f"{path}[{i}]") for i, item in enumerate(value))
+    else:
         raise ConfigError(f"{path}: expected a list of transforms or a preset name (simple, complex, none, "
                           "trivialaugment, randaugment, autoaugment)")
-    specs = tuple(_spec(item, f"{path}[{i}]") for i, item in enumerate(value))
-    _check_pipeline(specs, path)
+    _check_pipeline(specs, path, hw)
     return specs
 
 
@@ -396,42 +397,38 @@ def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> Tra
     return spec
 
 
-def _check_pipeline(specs: Sequence[TransformSpec], path: str) -> None:
-    """A config pipeline starts from the decoder's uint8 RGB: follow the dtype through the
-    steps (torchvision v2's rules, :meth:`Transform.output_dtype`) and the channel count
-    (3; ``Grayscale`` and ``RepeatChannels`` change it; unknown after a container that holds
-    one), and refuse the first step that cannot take what reaches it (e.g. Normalize before
-    a ToDtype, or with 2 means for 3 channels) before any image is decoded."""
+def _check_pipeline(specs: Sequence[TransformSpec], path: str, hw: tuple[int, int] | None) -> None:
+    """A config pipeline starts from the decoder's uint8 RGB of size ``hw``: follow through the
+    steps the dtype (torchvision v2's rules, :meth:`Transform.output_dtype`), the channel count
+    (3; ``Grayscale`` and ``RepeatChannels`` set it; unknown after a container that holds one)
+    and the size (:meth:`Transform.output_size`; unknown without ``hw``), and refuse the first
+    step that cannot take what reaches it (Normalize before a ToDtype or with 2 means for 3
+    channels, a RandomCrop larger than its input) before any image is decoded."""
     import torch
 
     from gpupipe.augment.color import Grayscale, Normalize, RepeatChannels
 
     dtype, channels = torch.uint8, 3
     for i, spec in enumerate(specs):
-        module = spec.build()
+        module, where = spec.build(), f"{path}[{i}] ({spec.name})"
         try:
             dtype = module.output_dtype(dtype)
             if isinstance(module, Normalize) and channels is not None:
                 module.check_channels(channels)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{path}[{i}] ({spec.name}): {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
+        if hw is not None:
+            try:
+                hw = tuple(module.output_size(hw))
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}; the images reaching it are {hw[0]}x{hw[1]} "
+                                  "(decode.image_size, through the steps before it)") from None
         if isinstance(module, Grayscale):
             channels = module.num_output_channels
         elif isinstance(module, RepeatChannels):
-            channels = module.num_channels if channels in (1, module.num_channels, None) else channels
+            channels = module.num_channels
         elif any(isinstance(m, (Grayscale, RepeatChannels)) for m in module.modules()):
             channels = None
-
-
-def _check_sizes(specs: Sequence[TransformSpec], hw: tuple[int, int], path: str) -> None:
-    """Follow the image size from ``decode.image_size`` through the steps and refuse the first
-    that cannot take it (a RandomCrop larger than the image) at load, not in the first batch."""
-    for i, spec in enumerate(specs):
-        try:
-            hw = tuple(spec.build().output_size(hw))
-        except ValueError as exc:
-            raise ConfigError(f"{path}[{i}] ({spec.name}): {exc}; the images reaching it are {hw[0]}x{hw[1]} "
-                              f"(decode.image_size, through the steps before it)") from None
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

@@ -122,7 +122,7 @@ def split_from_options(source, *, batch_size: int, image_size: int | tuple[int, 
             if value is not None:
                 mapping[name] = plain(value)
         else:
-            objects[name] = _composed(value, name) if name == "augment" else value
+            objects[name] = _composed(value) if name == "augment" else value
     split = parse_config(mapping, origin="GpuLoader").split("train")
     if given_source is not None:
         objects["source"] = given_source
@@ -168,12 +168,12 @@ def _normal(name: str, value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _composed(value: Any, name: str) -> Any:
+def _composed(value: Any) -> Any:
     """A list of transform objects (``augment=[T.RandomHorizontalFlip(), ...]``) as the
     ``Compose`` a torchvision user would have wrapped it in; anything else as given."""
     if not isinstance(value, (list, tuple)):
         if value is not None and not callable(value):
-            raise ConfigError(f"{name}: expected a transform, a list of transforms, a preset name or specs; "
+            raise ConfigError("augment: expected a transform, a list of transforms, a preset name or specs; "
                               f"got {type(value).__name__}")
         return value
     from gpupipe.augment.compose import Compose
@@ -181,7 +181,7 @@ def _composed(value: Any, name: str) -> Any:
     try:
         return Compose(list(value))
     except TypeError as exc:
-        raise ConfigError(f"{name}: {exc} (torchvision transforms: gpupipe.transforms.from_torchvision)") from None
+        raise ConfigError(f"augment: {exc} (torchvision transforms: gpupipe.transforms.from_torchvision)") from None
 
 
 def _yaml_able(value: Any, spec_type: type) -> bool:

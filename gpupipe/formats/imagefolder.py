@@ -71,7 +71,7 @@ def _refuse_a_parent_of_datasets(root: str, listing: Iterable[str]) -> None:
             images.add(top)
     datasets = sorted(index | (tars - images))
     if datasets:
-        folders = sorted(set(images) - set(datasets)) or datasets
+        folders = sorted(images - index - tars) or datasets
         raise ConfigError(f"{root}/ holds dataset folders ({', '.join(d + '/' for d in datasets[:3])} with tar shards "
                           f"or an index.json), so read as an image folder its sub-folders "
                           f"({', '.join(sorted(index | tars | images)[:5])}) would be the classes; give one "
