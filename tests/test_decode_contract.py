@@ -484,14 +484,21 @@ def test_crop_modes_match_a_full_decode_under_every_orientation(make, resize):
 
 @pytest.mark.dali
 def test_dali_error_names_what_failed_not_dalis_banner():
-    """A JPEG whose headers pass the checks but whose Huffman table is garbage: the error
-    says the decode failed, not DALI's first line ("Critical error in pipeline:")."""
+    """A JPEG whose header passes the gate but that DALI cannot decode (a progressive one
+    whose second scan names a Huffman table never defined: the gate reads to the first
+    scan): the error says the decode failed, not DALI's first line ("Critical error in pipeline:")."""
     pytest.importorskip("nvidia.dali")
+    from PIL import Image
+
+    from gpupipe.formats.imageheader import probe
     from gpupipe.synth import synthetic_jpeg
 
-    data = bytearray(synthetic_jpeg(np.random.default_rng(0), (64, 64)))
-    at = data.index(b"\xff\xc4") + 5
-    data[at:at + 16] = b"\xff" * 16
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(synthetic_jpeg(np.random.default_rng(0), (64, 64)))).save(buf, "JPEG", progressive=True)
+    data = bytearray(buf.getvalue())
+    second_scan = data.index(b"\xff\xda", data.index(b"\xff\xda") + 2)
+    data[second_scan + 6] = 0x33  # its first component's DC/AC tables: 3/3, never defined
+    assert probe(bytes(data)).irregular == ""
     batch = pack([Sample(key="bogus", fields={"jpg": bytes(data)}, shard="s", offset=0, sample_id=0, label=0)], [True])
     decoder = make_decoder(DecodeConfig(backend="dali", image_size=(32, 32)), torch.device("cpu"))
     with pytest.raises(DecodeError, match=r"'bogus'.*DALI: Failed to decode") as info:

@@ -1,9 +1,11 @@
 """The DALI backend: nvJPEG on a GPU (``mixed``), DALI's CPU decoders without one.
 
 One pipeline per decoder, built in the training process on first use (never in a
-DataLoader worker). DALI gets only what it decodes well: 8-bit baseline, extended and
-progressive JPEGs (nvJPEG decodes nothing else on the GPU anyway). PNG, WebP, BMP, GIF
-and the rarer JPEG kinds (lossless, arithmetic-coded, 12-bit) go to Pillow, which also
+DataLoader worker). DALI gets only what passes the gate (:mod:`gpupipe.decode.gate`):
+8-bit baseline, extended and progressive JPEGs with a strictly well-formed header (nvJPEG
+decodes nothing else on the GPU anyway; DALI's parser crashes the process on headers
+libjpeg recovers from). PNG, WebP, BMP, GIF, the rarer JPEG kinds (lossless,
+arithmetic-coded, 12-bit) and irregular JPEG headers go to Pillow, which also
 applies every EXIF orientation the header check reads (DALI ignores WebP's) — so the
 crop boxes, planned on the upright image, land where they were meant to.
 
@@ -32,25 +34,18 @@ import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, decode_threads, finish, prepare, upright_size
+from gpupipe.decode.gate import native_decodable
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
 from gpupipe.errors import DecodeError
-from gpupipe.formats.imageheader import ImageHeader
 
-__all__ = ["DaliDecoder", "decodes_well"]
+__all__ = ["DaliDecoder"]
 
 log = logging.getLogger(__name__)
 
-_DALI_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
 _ROI_MODES = (ResizeMode.SHORTER, ResizeMode.RANDOM_CROP)  # decode the window around the box only
 TORCH_RESIZES_ON_CPU = True  # gpupipe.decode.resize; benchmarks switch it off to time DALI's own resize
-
-
-def decodes_well(header: ImageHeader) -> bool:
-    """Whether DALI gets this image: an 8-bit baseline/extended/progressive JPEG whose Exif
-    segments agree on the orientation (DALI reads a later one than the first, which counts)."""
-    return header.format == "jpeg" and header.sof in _DALI_SOF and header.bit_depth == 8 and not header.exif_conflict
 
 
 class DaliDecoder:
@@ -135,7 +130,7 @@ class DaliDecoder:
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
         good = checked.good()
-        jpegs = [i for i in good if decodes_well(checked.headers[i])]
+        jpegs = [i for i in good if native_decodable(checked.headers[i])]
         side = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
                            self.stats)
         out, refused = self._decode_jpegs(batch, jpegs, self._placement(boxes, checked))

@@ -1,7 +1,7 @@
 """The nvjpeg backend: ``torchvision.io.decode_jpeg(device="cuda")`` on a list of images.
 
 For machines with torchvision and a GPU but no DALI. The JPEGs DALI would get
-(:func:`gpupipe.decode.dali.decodes_well`) are decoded in one batched nvJPEG call
+(:func:`gpupipe.decode.gate.native_decodable`) are decoded in one batched nvJPEG call
 (EXIF orientation applied), then cropped and resized on the GPU (bilinear,
 antialiased) in one interpolation. Other formats, and JPEGs nvJPEG refuses, are
 decoded by Pillow on the CPU (the same path, and the same orientation handling, as
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, assemble, prepare
-from gpupipe.decode.dali import decodes_well
+from gpupipe.decode.gate import native_decodable
 from gpupipe.decode.pil import decode_many, pool
 
 __all__ = ["NvjpegDecoder"]
@@ -54,7 +54,7 @@ class NvjpegDecoder:
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
         good = checked.good()
-        jpegs = [i for i in good if decodes_well(checked.headers[i])]
+        jpegs = [i for i in good if native_decodable(checked.headers[i])]
         hwc: dict = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
                                 self.stats)
         chw, refused = self._nvjpeg(batch, jpegs) if jpegs else ({}, {})

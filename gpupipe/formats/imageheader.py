@@ -8,7 +8,10 @@ images whose declared size exceeds ``max_pixels`` (decompression bombs). "Trunca
 means only what the header walk can see: a JPEG is walked marker by marker up to its first
 SOS and must have scan data after it, a PNG chunk by chunk up to its first IDAT; entropy
 coded data is never scanned. Whatever the input, ``probe`` returns or raises
-``DecodeError`` -- nothing else -- and every loop is bounded.
+``DecodeError`` -- nothing else -- and every loop is bounded. A JPEG header that libjpeg
+reads but that is not strictly well-formed (stray bytes between segments, a length a few
+bytes off, tables that do not fit) is accepted and marked ``irregular``: it goes to Pillow,
+never to a native decoder (:mod:`gpupipe.formats.jpeg`, :mod:`gpupipe.decode.gate`).
 
 :func:`check_complete` is the second, equally cheap check: it looks at the *end* of the data
 for what a complete file ends with (a JPEG EOI, a PNG IEND chunk, the GIF trailer, all the
@@ -22,21 +25,17 @@ import zlib
 from dataclasses import dataclass, field
 
 from gpupipe.errors import DecodeError
+from gpupipe.formats import jpeg
+from gpupipe.formats.exif import exif_orientation
 
 __all__ = ["ImageHeader", "probe", "check_complete", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS"]
 
 MAX_SIDE = 1 << 20  # a side longer than this is a corrupt header, not an image
 MAX_PIXELS = 178_956_970  # the default max_pixels: Pillow's decompression-bomb limit
-_MAX_SEGMENTS = 4096  # JPEG markers before SOS / PNG and WebP chunks walked
-_MAX_SKIP = 4096  # fill bytes or stray bytes tolerated before one JPEG marker
+_MAX_SEGMENTS = 4096  # PNG and WebP chunks walked
 MAX_TRAILER = 4096  # bytes tolerated after a JPEG EOI / GIF trailer (camera and tool appendices)
 _INTERNAL = "malformed header (internal error"  # the safety net's message; tests look for it
 
-_JPEG_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7,
-                       0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
-_JPEG_PROGRESSIVE = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
-_JPEG_STANDALONE = frozenset((0x01, 0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5, 0xD6, 0xD7))
-_SOI, _EOI, _SOS, _APP1 = 0xD8, 0xD9, 0xDA, 0xE1
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_IEND = b"\0\0\0\0IEND\xaeB`\x82"  # length 0, type, CRC: the whole 12-byte chunk
 # PNG colour type -> (channels as stored, allowed bit depths); palette images count as 3
@@ -59,6 +58,8 @@ class ImageHeader:
     arithmetic-coded or hierarchical), 0 for other formats. ``exif_conflict``: a JPEG whose
     later APP1 Exif segment declares another orientation than the first (the one that counts,
     as for Pillow and exiftool); DALI reads the later one, so such images go to Pillow.
+    ``irregular``: why a JPEG header is not strictly well-formed ("" when it is; see
+    :mod:`gpupipe.formats.jpeg`): such images never reach a native decoder.
     """
 
     format: str
@@ -70,6 +71,8 @@ class ImageHeader:
     bit_depth: int = 8
     sof: int = field(default=0, compare=False)  # which decoders can take it, not what it declares
     exif_conflict: bool = field(default=False, compare=False)  # likewise
+    scan: int = field(default=0, compare=False)  # JPEG: where the first scan's data starts (0: not known)
+    irregular: str = field(default="", compare=False)  # JPEG: why the header is not strictly well-formed
 
 
 def probe(data: bytes | memoryview, *, max_pixels: int | None = None, name: str = "") -> ImageHeader:
@@ -107,7 +110,7 @@ def check_complete(data: bytes | memoryview, header: ImageHeader, *, name: str =
     * WebP: the RIFF size fits the data (the same check :func:`probe` makes).
     """
     try:
-        _COMPLETE.get(header.format, _no_check)(_as_bytes_view(data))
+        _COMPLETE.get(header.format, _no_check)(_as_bytes_view(data), header)
     except DecodeError as e:
         raise DecodeError(f"{name}: {e}" if name else str(e)) from None
     except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
@@ -115,25 +118,25 @@ def check_complete(data: bytes | memoryview, header: ImageHeader, *, name: str =
         raise DecodeError(f"{name}: {message}" if name else message) from None
 
 
-def _jpeg_complete(view: memoryview) -> None:
-    _, scan = _walk_jpeg(view)  # a header cut off raises here
+def _jpeg_complete(view: memoryview, header: ImageHeader) -> None:
+    scan = header.scan if 0 < header.scan < len(view) else jpeg.walk(view).scan  # a header cut off raises here
     start = max(scan, len(view) - MAX_TRAILER - 2)
     if bytes(view[start:]).rfind(b"\xff\xd9") < 0:
         raise DecodeError(f"truncated JPEG: no EOI marker (FF D9) in the last {len(view) - start} bytes "
                           f"of {len(view)}")
 
 
-def _png_complete(view: memoryview) -> None:
+def _png_complete(view: memoryview, header: ImageHeader) -> None:
     if _PNG_IEND not in bytes(view[-(MAX_TRAILER + len(_PNG_IEND)):]):
         raise DecodeError(f"truncated PNG: no IEND chunk at the end of its {len(view)} bytes")
 
 
-def _gif_complete(view: memoryview) -> None:
+def _gif_complete(view: memoryview, header: ImageHeader) -> None:
     if not bytes(view[-(MAX_TRAILER + 2):]).rstrip(b"\0").endswith(b"\x00\x3b"):
         raise DecodeError(f"truncated GIF: no trailer (0x3B) at the end of its {len(view)} bytes")
 
 
-def _bmp_complete(view: memoryview) -> None:
+def _bmp_complete(view: memoryview, header: ImageHeader) -> None:
     info_size = struct.unpack_from("<I", view, 14)[0] if len(view) >= 18 else 0
     if len(view) < (26 if info_size == 12 else 38):
         raise DecodeError(f"truncated BMP: header cut off at {len(view)} bytes")
@@ -152,13 +155,13 @@ def _bmp_complete(view: memoryview) -> None:
                           f"data has {len(view)}")
 
 
-def _webp_complete(view: memoryview) -> None:
+def _webp_complete(view: memoryview, header: ImageHeader) -> None:
     riff_size = struct.unpack_from("<I", view, 4)[0] if len(view) >= 8 else len(view)
     if riff_size + 8 > len(view):
         raise DecodeError(f"truncated WebP: RIFF declares {riff_size + 8} bytes, data has {len(view)}")
 
 
-def _no_check(view: memoryview) -> None:
+def _no_check(view: memoryview, header: ImageHeader) -> None:
     """Formats without a cheap completeness check."""
 
 
@@ -222,106 +225,10 @@ def _check_size(header: ImageHeader, max_pixels: int | None) -> ImageHeader:
 
 
 def _jpeg(view: memoryview) -> ImageHeader:
-    """Walk JPEG markers from SOI to the first SOS; read the SOF and the first APP1 Exif."""
-    return _walk_jpeg(view)[0]
-
-
-def _walk_jpeg(view: memoryview) -> tuple[ImageHeader, int]:
-    """:func:`_jpeg`'s header and the byte offset where the first scan's entropy data starts."""
-    pos, sof, orientation, conflict = 2, None, None, False
-    for _ in range(_MAX_SEGMENTS):
-        wanted = "SOF" if sof is None else "SOS"
-        cut = f"truncated JPEG: no {wanted} marker before end of data"
-        found = _next_marker(view, pos)
-        if found is None:
-            raise DecodeError(f"{cut} ({len(view)} bytes)")
-        marker, pos = found
-        if marker in _JPEG_STANDALONE:
-            continue
-        if marker in (_SOI, _EOI):
-            raise DecodeError(f"JPEG: marker 0xFF{marker:02X} at byte {pos - 2} before {wanted}")
-        if pos + 2 > len(view):
-            raise DecodeError(f"{cut} ({len(view)} bytes)")
-        end = pos + struct.unpack_from(">H", view, pos)[0]
-        if end < pos + 2:
-            raise DecodeError(f"JPEG: marker 0xFF{marker:02X} at byte {pos - 2} has a length below 2")
-        if end > len(view):
-            raise DecodeError(f"{cut} (segment 0xFF{marker:02X} at byte {pos - 2} runs to byte {end}, "
-                              f"data has {len(view)})")
-        body = view[pos + 2:end]
-        if marker == _SOS:
-            if sof is None:
-                raise DecodeError(f"JPEG: SOS marker at byte {pos - 2} before any SOF")
-            if end >= len(view):
-                raise DecodeError("truncated JPEG: data ends right after the header (no scan data)")
-            width, height, channels, progressive, depth, marker = sof
-            return ImageHeader("jpeg", width, height, channels, orientation or 1, progressive, depth, marker,
-                               conflict), end
-        if marker in _JPEG_SOF:
-            if sof is not None:
-                raise DecodeError(f"JPEG: second SOF marker at byte {pos - 2}")
-            sof = _jpeg_sof(marker, body)
-        elif marker == _APP1 and body[:5] == b"Exif\x00":
-            this = _exif_orientation(body[6:])
-            conflict = conflict or (orientation is not None and this != orientation)
-            orientation = this if orientation is None else orientation
-        pos = end
-    raise DecodeError(f"JPEG: more than {_MAX_SEGMENTS} markers before SOS")
-
-
-def _next_marker(view: memoryview, pos: int) -> tuple[int, int] | None:
-    """The marker code at or after ``pos`` and the position after it; None at end of data.
-
-    Skips fill bytes (0xFF 0xFF ...) and, like libjpeg, a few stray bytes before a marker.
-    """
-    if pos + 1 < len(view) and view[pos] == 0xFF and view[pos + 1] not in (0x00, 0xFF):
-        return view[pos + 1], pos + 2  # the usual case
-    window = bytes(view[pos:pos + _MAX_SKIP])
-    i = window.find(b"\xff")
-    while 0 <= i < len(window):
-        while i < len(window) and window[i] == 0xFF:
-            i += 1
-        if i < len(window) and window[i] != 0x00:
-            return window[i], pos + i + 1
-        i = window.find(b"\xff", i)
-    if pos + len(window) >= len(view):
-        return None
-    raise DecodeError(f"JPEG: no marker within {_MAX_SKIP} bytes after byte {pos}")
-
-
-def _jpeg_sof(marker: int, body: memoryview) -> tuple[int, int, int, bool, int, int]:
-    """(width, height, channels, progressive, bit depth, marker) from an SOF segment body."""
-    if len(body) < 6:
-        raise DecodeError(f"JPEG: SOF segment of {len(body)} bytes is too short")
-    precision, height, width, components = struct.unpack_from(">BHHB", body, 0)
-    if len(body) != 6 + 3 * components:
-        raise DecodeError(f"JPEG: SOF segment of {len(body)} bytes does not fit its {components} components")
-    if not 1 <= components <= 4:
-        raise DecodeError(f"JPEG: unsupported number of components {components}")
-    if not 2 <= precision <= 16:
-        raise DecodeError(f"JPEG: invalid sample precision {precision}")
-    return width, height, components, marker in _JPEG_PROGRESSIVE, precision, marker
-
-
-def _exif_orientation(tiff: memoryview) -> int:
-    """EXIF tag 0x0112 of IFD0 in a TIFF-structured block (either byte order); 1 if absent or malformed."""
-    if tiff[:6] == b"Exif\x00\x00":  # PNG eXIf and WebP EXIF payloads sometimes keep the prefix
-        tiff = tiff[6:]
-    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
-        return 1
-    order = "<" if tiff[:2] == b"II" else ">"
-    magic, ifd = struct.unpack_from(order + "HI", tiff, 2)
-    if magic != 42 or not 8 <= ifd <= len(tiff) - 2:
-        return 1
-    (count,) = struct.unpack_from(order + "H", tiff, ifd)
-    for entry in range(ifd + 2, ifd + 2 + 12 * min(count, (len(tiff) - ifd - 2) // 12), 12):
-        tag, kind, n = struct.unpack_from(order + "HHI", tiff, entry)
-        if tag == 0x0112:
-            if kind not in (3, 4) or n != 1:  # SHORT (or, from some writers, LONG)
-                return 1
-            (value,) = struct.unpack_from(order + ("H" if kind == 3 else "I"), tiff, entry + 8)
-            return value if 1 <= value <= 8 else 1
-    return 1
+    """Walk JPEG markers from SOI to the first SOS (:func:`gpupipe.formats.jpeg.walk`)."""
+    j = jpeg.walk(view)
+    return ImageHeader("jpeg", j.width, j.height, j.channels, j.orientation, j.progressive, j.precision, j.sof,
+                       j.exif_conflict, j.scan, j.irregular)
 
 
 def _png(view: memoryview) -> ImageHeader:
@@ -358,7 +265,7 @@ def _png_chunks(view: memoryview) -> int:
         if kind == b"IEND":
             raise DecodeError(f"PNG: IEND at byte {pos} before any IDAT chunk")
         if kind == b"eXIf":
-            orientation = _exif_orientation(view[pos + 8:pos + 8 + length])
+            orientation = exif_orientation(view[pos + 8:pos + 8 + length])
         pos += 12 + length
     raise DecodeError(f"PNG: more than {_MAX_SEGMENTS} chunks before IDAT")
 
@@ -426,6 +333,6 @@ def _webp_orientation(view: memoryview) -> int:
             return 1
         kind, size = struct.unpack_from("<4sI", view, pos)
         if kind == b"EXIF":
-            return _exif_orientation(view[pos + 8:pos + 8 + size])
+            return exif_orientation(view[pos + 8:pos + 8 + size])
         pos += 8 + size + (size & 1)
     return 1

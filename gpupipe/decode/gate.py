@@ -1,0 +1,45 @@
+"""The gate in front of every native decoder (DALI on the CPU or GPU, torchvision's nvJPEG).
+
+A native decoder gets an image only if :func:`native_decodable` says so: an 8-bit baseline,
+extended or progressive Huffman JPEG whose whole header is strictly well-formed
+(:mod:`gpupipe.formats.jpeg`: segments exactly where the lengths say, one SOF, the tables
+the first scan needs, an SOS that fits the frame) and whose Exif segments agree on the
+orientation. Everything else -- other formats, other JPEG codings, and headers libjpeg
+recovers from -- is decoded by Pillow, which decodes it or refuses it with an exception
+(a counted skip under ``on_error: skip``).
+
+Why so strict: the JPEG parser under DALI (nvImageCodec) kills the process with SIGSEGV on
+headers that libjpeg and Pillow tolerate -- stray bytes between segments, ``FF 00`` where a
+marker should be, a segment length a few bytes off (Pillow's own test images
+``jpeg_ff00_header.jpg``, ``junk_jpeg_header.jpg``, ``photoshop-200dpi-broken.jpg`` among
+them). A segfault is no exception: no ``on_error`` policy can catch it, and the training
+run is lost with nothing logged. Encoders write well-formed headers, so the gate costs
+nothing but a few microseconds of header walk for them (benchmarks/gate_bench.py).
+"""
+from __future__ import annotations
+
+from gpupipe.formats.imageheader import ImageHeader
+
+__all__ = ["native_decodable", "why_not_native"]
+
+_NATIVE_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
+
+
+def why_not_native(header: ImageHeader) -> str:
+    """Why an image goes to Pillow instead of a native decoder; "" when it may go native."""
+    if header.format != "jpeg":
+        return header.format
+    if header.sof not in _NATIVE_SOF:
+        return f"JPEG coding SOF 0xFF{header.sof:02X}"
+    if header.bit_depth != 8:
+        return f"{header.bit_depth}-bit JPEG"
+    if header.exif_conflict:
+        return "Exif segments that disagree on the orientation (DALI reads a later one than the first)"
+    if header.irregular:
+        return f"irregular JPEG header: {header.irregular}"
+    return ""
+
+
+def native_decodable(header: ImageHeader) -> bool:
+    """Whether a native decoder may get this image (see the module docstring)."""
+    return not why_not_native(header)
