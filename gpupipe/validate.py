@@ -6,7 +6,10 @@ checks the loader runs (magic bytes, declared size, ``max_pixels``, a complete f
 really decodes each image with the backend training would use (``--decode auto|dali|pil``),
 and collects everything that failed: unreadable tar data, objects or row groups, samples
 without an image (a null Parquet cell) or with a non-integer label, checksum mismatches
-against ``index.json``, bad headers and undecodable images. How each kind of source is read,
+against ``index.json``, bad headers and undecodable images. A native backend (DALI, nvJPEG)
+decodes in a child process (:mod:`gpupipe.validate_child`): if a file kills the decoder,
+the command names the batch, narrows it to the file(s) that do it alone (kind ``decoder
+crash``) and goes on, where it used to exit 139 with nothing printed. How each kind of source is read,
 and what ``shard``/``key``/``offset`` name for it: :mod:`gpupipe.validate_read`. Files of an
 image folder that the loader does not read as images (``notes.txt``) are listed as skipped,
 not quarantined: training never sees them.
@@ -36,14 +39,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
 
 from gpupipe.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
+from gpupipe.validate_child import Crash
 from gpupipe.validate_read import Good, Problem
 
 if TYPE_CHECKING:
@@ -64,8 +69,9 @@ _HEADER_KINDS = (("truncated", "truncated"), ("exceeds max_pixels", "too many pi
 @dataclass
 class Report:
     """What :func:`validate` found: samples checked, units read (``shards``: tar shards,
-    images or row groups; ``units`` says which, in words), the problems, and the files of
-    an image folder that the loader skips (``(path, why)``: not samples, not problems)."""
+    images or row groups; ``units`` says which, in words), the problems, the files of
+    an image folder that the loader skips (``(path, why)``: not samples, not problems), and
+    each death of the decoding child process (:class:`~gpupipe.validate_child.Crash`)."""
 
     checked: int = 0
     shards: int = 0
@@ -73,6 +79,7 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     units: str = ""
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    crashes: list[Crash] = field(default_factory=list)
 
     def by_kind(self) -> dict[str, int]:
         return dict(collections.Counter(p.kind for p in self.problems).most_common())
@@ -95,9 +102,10 @@ def _check_headers(items: Iterable[Good | Problem], max_pixels: int | None) -> I
         yield item
 
 
-def _decode_all(items: Iterable[Good | Problem], decoder, batch_size: int) -> Iterator[Good | Problem]:
-    """Decode the images that passed so far, a batch at a time; a batch that fails is decoded
-    again image by image to name each bad one."""
+def _decode_all(items: Iterable[Good | Problem], check: Callable[[list[tuple[str, bytes]]], list[str | None]],
+                batch_size: int) -> Iterator[Good | Problem]:
+    """Decode the images that passed so far, a batch at a time (``check``: their verdicts,
+    :func:`gpupipe.validate_child.verdicts` in this process or in a child)."""
     pending: list[Good] = []
     for item in items:
         if isinstance(item, Problem):
@@ -105,52 +113,39 @@ def _decode_all(items: Iterable[Good | Problem], decoder, batch_size: int) -> It
             continue
         pending.append(item)
         if len(pending) == batch_size:
-            yield from _decode_batch(pending, decoder)
+            yield from _decoded(pending, check)
             pending = []
-    yield from _decode_batch(pending, decoder)
+    yield from _decoded(pending, check)
 
 
-def _decode_batch(goods: Sequence[Good], decoder) -> Iterator[Good | Problem]:
+def _decoded(goods: Sequence[Good], check) -> Iterator[Good | Problem]:
     if not goods:
         return
-    try:
-        decoder.decode(_pack(goods))
-        yield from goods
-        return
-    except DecodeError:
-        pass
-    for good in goods:
-        try:
-            decoder.decode(_pack([good]))
+    for good, reason in zip(goods, check([(g.key, g.image) for g in goods])):
+        if reason is None:
             yield good
-        except DecodeError as exc:
-            yield Problem(good.shard, good.key, good.offset, "decode failed", _decode_reason(exc, good, decoder))
+        else:
+            kind = "decoder crash" if reason.startswith("decoder crash") else "decode failed"
+            yield Problem(good.shard, good.key, good.offset, kind, reason)
 
 
-def _decode_reason(exc: DecodeError, good: Good, decoder) -> str:
-    """The decoder's message, without the key it repeats; DALI's first line says little, so
-    Pillow's opinion of the same bytes is added."""
-    reason = str(exc)
-    if reason.startswith("cannot decode sample"):
-        reason = reason.split(": ", 1)[-1]
+def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tuple[Callable, Callable[[], None], str]:
+    """(verdicts of a batch, close, "backend on device") for ``decode``: Pillow in this process;
+    a native backend (DALI, nvJPEG) in a child process, where its crash costs one batch."""
+    from dataclasses import replace
+
+    from gpupipe.decode import DecodeConfig, make_decoder
+    from gpupipe.types import ErrorPolicy
+    from gpupipe.validate_child import ChildDecoder, contained_verdicts, verdicts
+
+    config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
+    decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet
+    where = f"{decoder.name} on {decoder.device}"
     if decoder.name == "pil":
-        return f"pil: {reason}"
-    from gpupipe.decode.pil import decode_one
-
-    try:
-        decode_one(good.image, None, None)
-        return f"{decoder.name}: {reason} (Pillow decodes it)"
-    except Exception as pil_exc:  # noqa: BLE001 — untrusted bytes: Pillow raises many kinds
-        return f"{decoder.name}: {reason} (Pillow: {type(pil_exc).__name__}: {pil_exc})"
-
-
-def _pack(goods: Sequence[Good]):
-    from gpupipe.batch import pack
-    from gpupipe.types import Sample
-
-    samples = [Sample(key=g.key, fields={"jpg": g.image}, shard=g.shard, offset=g.offset, sample_id=i)
-               for i, g in enumerate(goods)]
-    return pack(samples, [True] * len(samples))
+        return functools.partial(verdicts, decoder), decoder.close, where
+    decoder.close()
+    child = ChildDecoder(replace(config, backend=decoder.name), str(decoder.device))
+    return functools.partial(contained_verdicts, child, crashes=crashes), child.close, f"{where}, in a child process"
 
 
 # ------------------------------------------------------------------------------------ driver
@@ -164,10 +159,8 @@ def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | No
     arguments raise ``GpupipeError``/``OSError``)."""
     from tqdm import tqdm
 
-    from gpupipe.decode import DecodeConfig, make_decoder
     from gpupipe.sources import Source, resolve
     from gpupipe.storage import Fetcher
-    from gpupipe.types import ErrorPolicy
     from gpupipe.validate_read import read_samples, skipped_files
 
     if batch_size < 1:
@@ -175,14 +168,12 @@ def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | No
     source = url if isinstance(url, Source) else Source(url, dict(storage_options or {}))
     resolved = resolve(source)
     _refuse_empty(source.url, resolved)
-    decoder = make_decoder(DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE,
-                                        max_pixels=max_pixels), device or "cpu")
+    report = Report(shards=len(resolved.shard_urls), units=_units(resolved))
+    check, close, report.backend = _checker(decode, device, max_pixels, report.crashes)
     fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)
-    report = Report(shards=len(resolved.shard_urls), backend=f"{decoder.name} on {decoder.device}",
-                    units=_units(resolved))
     try:
         report.skipped = skipped_files(fetcher, resolved)
-        items = _decode_all(_check_headers(read_samples(fetcher, resolved), max_pixels), decoder, batch_size)
+        items = _decode_all(_check_headers(read_samples(fetcher, resolved), max_pixels), check, batch_size)
         with tqdm(total=resolved.num_samples, disable=not progress, file=sys.stderr, unit="img",
                   desc="validate") as bar:
             for item in items:
@@ -193,7 +184,7 @@ def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | No
                     bar.update()
     finally:
         fetcher.close()
-        decoder.close()
+        close()
     order = {u: i for i, u in enumerate(resolved.shard_urls)}
     report.problems.sort(key=lambda p: (order.get(p.shard, -1), p.offset))  # batches decode out of order
     return report
@@ -311,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {_where(p)}: {p.reason}")
     if len(report.problems) > args.show > 0:
         print(f"  ... and {len(report.problems) - args.show} more")
+    for crash in report.crashes:
+        print(f"  {crash.describe()}")
     if report.skipped:
         print(f"skipped {len(report.skipped)} file(s) that are not images (the loader skips them too; not "
               "quarantined):")
