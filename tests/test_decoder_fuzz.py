@@ -37,7 +37,7 @@ from gpupipe.formats.imageheader import check_complete, probe
 SCRIPT = Path(__file__).with_name("fuzz_decode_script.py")
 PILLOW_FILES = sorted(Path(__file__).parent.joinpath("fixtures", "pillow-jpeg").glob("*.jpg"))
 FILES_PER_RUN = 768  # 12 batches of 64; a quarter of them clean, the rest one mutation each
-RUNS = 6  # seeds: 3,456 mutated files in all
+RUNS = 6  # seeds: 3,456 mutated files in all; odd seeds decode crop windows, even ones whole images
 
 needs_dali = pytest.mark.skipif("dali" not in available_backends(torch.device("cpu")), reason="needs nvidia-dali")
 
@@ -55,12 +55,13 @@ def pillow_decodes(data: bytes) -> bool:
     return True
 
 
-def run_loader(files: list[bytes], root: Path) -> dict:
+def run_loader(files: list[bytes], root: Path, resize: str = "fixed") -> dict:
     """One epoch of ``files`` (sample i: key k{i:07d}, label i) through GpuLoader with DALI in a
-    subprocess; its result, or a failure naming the signal that killed it."""
+    subprocess; its result, or a failure naming the signal that killed it. ``resize``:
+    ``fixed`` decodes whole images, ``random_resized_crop`` only each crop box's window."""
     write_dataset(str(root), [len(files)], image=lambda i: files[i], num_classes=10**7)
     out = root / "result.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), str(root), str(out)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, str(SCRIPT), str(root), str(out), resize], capture_output=True, text=True,
                          timeout=240)
     if run.returncode < 0:
         pytest.fail(f"the decoding process died with {signal.Signals(-run.returncode).name}; "
@@ -116,7 +117,7 @@ def test_mutated_jpegs_never_kill_the_process(tmp_path, seed):
             kind, data = jpeg_mutations.mutate(base[i % len(base)], rng)
         files.append(data)
         kinds.append(kind)
-    result = run_loader(files, tmp_path)
+    result = run_loader(files, tmp_path, "random_resized_crop" if seed % 2 else "fixed")
     check_outcome(result, files, kinds)
     clean = [f"k{i:07d}" for i, k in enumerate(kinds) if k == "clean"]
     assert all(k in result["delivered"] for k in clean)

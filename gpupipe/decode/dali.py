@@ -14,7 +14,8 @@ buffer; on a GPU each sample's crop box goes in beside it and ``fn.resize`` crop
 resizes in one interpolation; on the CPU torch's uint8 resize does that after DALI's
 decode, at a fraction of DALI's CPU resize's cost (:mod:`gpupipe.decode.resize`). For ``random_resized_crop`` and ``shorter`` only the window around the
 box is decoded (``decoders.image_slice``, :mod:`gpupipe.decode.roi`), unless every window
-of the batch is its whole image; ``fixed`` and ``none`` decode whole images. Rows DALI does not decode are fed a JPEG of the same batch, so the
+of the batch is its whole image, or on a GPU whose nvImageCodec has the region-decode
+regression (:func:`gpupipe.decode.gate.gpu_region_decode_safe`); ``fixed`` and ``none`` decode whole images. Rows DALI does not decode are fed a JPEG of the same batch, so the
 output is always one dense (B, H, W, 3) tensor (DLPack on the GPU, the numpy buffer on
 the CPU); those rows are then overwritten with Pillow's pixels or, for bad images, with
 their replacement's pixels and label (:func:`gpupipe.decode.common.finish`).
@@ -34,7 +35,7 @@ import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, decode_threads, finish, prepare, upright_size
-from gpupipe.decode.gate import native_decodable
+from gpupipe.decode.gate import gpu_region_decode_safe, native_decodable, nvimgcodec_version
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
@@ -58,6 +59,11 @@ class DaliDecoder:
         self._pipes: dict[tuple[bool, bool], tuple[object, int]] = {}
         self._pool = pool(config)
         self._stand_in = StandIn()
+        self.region_decode = device.type != "cuda" or gpu_region_decode_safe()
+        if not self.region_decode and config.resize in _ROI_MODES:
+            log.info("DALI on %s decodes whole images and crops in the resize: GPU region decode is not safe with "
+                     "nvImageCodec %s (NVIDIA/nvImageCodec#55; gpupipe.decode.gate)", device,
+                     ".".join(map(str, nvimgcodec_version() or ("unknown",))))
 
     # -- pipeline ------------------------------------------------------------------------------
     def _build(self, max_batch: int, window: bool):
@@ -98,7 +104,7 @@ class DaliDecoder:
         cfg = self.config
         if cfg.resize is ResizeMode.NONE:
             return {}
-        if cfg.resize in _ROI_MODES:
+        if cfg.resize in _ROI_MODES and self.region_decode:
             images = [None if h is None else upright_size(h) for h in checked.headers]
             if any_partial(boxes, images, cfg.image_size):
                 return dali_slices(boxes, images, cfg.image_size)

@@ -18,11 +18,26 @@ nothing but a few microseconds of header walk for them (benchmarks/gate_bench.py
 """
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+
 from gpupipe.formats.imageheader import ImageHeader
 
-__all__ = ["native_decodable", "why_not_native"]
+__all__ = ["native_decodable", "why_not_native", "gpu_region_decode_safe", "nvimgcodec_version"]
 
 _NATIVE_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
+
+# GPU region decode (DALI's decoders.image_slice / image_random_crop on "mixed") goes through
+# nvImageCodec's sub-code-stream regions, which regressed in nvImageCodec 0.9.0: ordinary,
+# in-bounds ROIs on ImageNet JPEGs kill the process with SIGSEGV on H100 and B200 and fail
+# with INTERNAL_ERROR on A100 (NVIDIA/nvImageCodec#55, open; 0.8.0 was the last good one).
+# DALI 2.4 requires nvimgcodec >=0.9,<0.10, so the extras cannot pin 0.8. Until a GPU check
+# (tests/test_gpu_region_decode.py) passes with a version, the CUDA path decodes whole images
+# and crops in DALI's GPU resize, as the CPU path's torch resize does; region decode on the
+# CPU (libjpeg-turbo's cropped decode) is not affected and stays.
+_REGION_DECODE_GOOD_BELOW = (0, 9)
+_NVIMGCODEC = ("nvidia-nvimgcodec-cu12", "nvidia-nvimgcodec-cu13", "nvidia-nvimgcodec-tegra-cu12",
+               "nvidia-nvimgcodec-tegra-cu13", "nvidia-nvimgcodec")
 
 
 def why_not_native(header: ImageHeader) -> str:
@@ -43,3 +58,23 @@ def why_not_native(header: ImageHeader) -> str:
 def native_decodable(header: ImageHeader) -> bool:
     """Whether a native decoder may get this image (see the module docstring)."""
     return not why_not_native(header)
+
+
+@functools.lru_cache(maxsize=1)
+def nvimgcodec_version() -> tuple[int, ...] | None:
+    """The installed nvImageCodec's version (from the package metadata: nothing is imported),
+    or None when none is found."""
+    for name in _NVIMGCODEC:
+        try:
+            text = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
+    return None
+
+
+def gpu_region_decode_safe() -> bool:
+    """Whether DALI may decode only a region of each image on the GPU: only with an
+    nvImageCodec older than the 0.9.0 regression (see the note above); unknown is unsafe."""
+    version = nvimgcodec_version()
+    return version is not None and version < _REGION_DECODE_GOOD_BELOW
