@@ -2,8 +2,9 @@
 
 Run in a subprocess by tests/test_decoder_fuzz.py, so that a native decoder's crash fails
 that test with its signal instead of killing the suite (stderr says how many batches got
-through). Usage: ``python fuzz_decode_script.py ROOT OUT_JSON [RESIZE]`` (``fixed``: whole images;
-``random_resized_crop``: DALI decodes only the window around each crop box); writes
+through). Usage: ``python fuzz_decode_script.py ROOT OUT_JSON [RESIZE [DEVICE]]`` (``fixed``: whole images;
+``random_resized_crop``: DALI decodes only the window around each crop box; DEVICE ``cpu``
+or ``cuda``: DALI ``mixed``, nvJPEG); writes
 ``{"delivered": {key: label}, "seen": [keys], "skipped": n}`` to OUT_JSON and exits 0.
 """
 from __future__ import annotations
@@ -14,9 +15,9 @@ import sys
 from gpupipe.loader import GpuLoader
 
 
-def main(root: str, out: str, resize: str = "fixed") -> None:
+def main(root: str, out: str, resize: str = "fixed", device: str = "cpu") -> None:
     loader = GpuLoader(root, batch_size=64, image_size=32, resize=resize, decode="dali", on_error="skip",
-                       device="cpu", shuffle=False, drop_last=False, num_workers=0)
+                       device=device, shuffle=False, drop_last=False, num_workers=0)
     delivered: dict[str, int] = {}
     seen: list[str] = []
     for n, batch in enumerate(loader):

@@ -55,14 +55,14 @@ def pillow_decodes(data: bytes) -> bool:
     return True
 
 
-def run_loader(files: list[bytes], root: Path, resize: str = "fixed") -> dict:
+def run_loader(files: list[bytes], root: Path, resize: str = "fixed", device: str = "cpu") -> dict:
     """One epoch of ``files`` (sample i: key k{i:07d}, label i) through GpuLoader with DALI in a
     subprocess; its result, or a failure naming the signal that killed it. ``resize``:
     ``fixed`` decodes whole images, ``random_resized_crop`` only each crop box's window."""
     write_dataset(str(root), [len(files)], image=lambda i: files[i], num_classes=10**7)
     out = root / "result.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), str(root), str(out), resize], capture_output=True, text=True,
-                         timeout=240)
+    run = subprocess.run([sys.executable, str(SCRIPT), str(root), str(out), resize, device], capture_output=True,
+                         text=True, timeout=240)
     if run.returncode < 0:
         pytest.fail(f"the decoding process died with {signal.Signals(-run.returncode).name}; "
                     f"stderr ends: {run.stderr[-1500:]}")
@@ -103,10 +103,8 @@ def test_pillow_files_at_batch_64_are_all_delivered(tmp_path):
     assert len(result["delivered"]) == len(files) and result["skipped"] == 0
 
 
-@pytest.mark.slow
-@needs_dali
-@pytest.mark.parametrize("seed", range(RUNS))
-def test_mutated_jpegs_never_kill_the_process(tmp_path, seed):
+def fuzzed(seed: int) -> tuple[list[bytes], list[str]]:
+    """``FILES_PER_RUN`` files of run ``seed``: every fourth clean, the others one mutation each."""
     base = jpeg_mutations.base_jpegs(seed)
     rng = np.random.default_rng([seed, 77])
     files, kinds = [], []
@@ -117,8 +115,32 @@ def test_mutated_jpegs_never_kill_the_process(tmp_path, seed):
             kind, data = jpeg_mutations.mutate(base[i % len(base)], rng)
         files.append(data)
         kinds.append(kind)
-    result = run_loader(files, tmp_path, "random_resized_crop" if seed % 2 else "fixed")
+    return files, kinds
+
+
+def check_run(result: dict, files: list[bytes], kinds: list[str]) -> None:
     check_outcome(result, files, kinds)
     clean = [f"k{i:07d}" for i, k in enumerate(kinds) if k == "clean"]
     assert all(k in result["delivered"] for k in clean)
     assert result["skipped"] > FILES_PER_RUN // 10  # the mutations do break files: the fuzz is not idle
+
+
+@pytest.mark.slow
+@needs_dali
+@pytest.mark.parametrize("seed", range(RUNS))
+def test_mutated_jpegs_never_kill_the_process(tmp_path, seed):
+    files, kinds = fuzzed(seed)
+    check_run(run_loader(files, tmp_path, "random_resized_crop" if seed % 2 else "fixed"), files, kinds)
+
+
+@pytest.mark.gpu
+@pytest.mark.dali
+@pytest.mark.parametrize("resize", ["fixed", "random_resized_crop"])
+def test_mutated_jpegs_never_kill_the_process_on_the_gpu(tmp_path, resize):
+    """The same files through DALI ``mixed`` (nvImageCodec's parser, nvJPEG and the hardware decoder)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("nvidia.dali")
+    for seed in range(2):
+        files, kinds = fuzzed(seed)
+        check_run(run_loader(files, tmp_path / str(seed), resize, "cuda"), files, kinds)
