@@ -63,6 +63,14 @@ class GpuLoader:
     in the decode thread (:class:`~gpupipe.augment.stage.AugmentStage`: a ``gpupipe.transforms``
     pipeline keyed by seed, epoch and sample ids, or any callable on the image batch);
     without one, images stay uint8.
+
+    Bad images follow ``on_error`` (raise, or skip: replaced, counted, their keys logged).
+    What no policy can catch is a native decoder (DALI, nvJPEG) dying by a signal inside its
+    C++ code: the process ends (exit 139) with nothing logged. JPEG headers known to do that
+    never reach one (:mod:`gpupipe.decode.gate`: only strictly well-formed headers do; the
+    rest go to Pillow), but the gate reads headers, not compressed data. If a run ever dies
+    that way, ``gpupipe validate --decode dali DATA`` decodes in a child process and names
+    the file(s) that kill the decoder; ``decode="pil"`` trains without a native decoder meanwhile.
     """
 
     def __init__(self, split: SplitConfig | str | list[str], *, world: World | None = None,

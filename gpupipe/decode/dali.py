@@ -35,7 +35,7 @@ import torch
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, decode_threads, finish, prepare, upright_size
-from gpupipe.decode.gate import gpu_region_decode_safe, native_decodable, nvimgcodec_version
+from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
@@ -135,10 +135,8 @@ class DaliDecoder:
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
-        good = checked.good()
-        jpegs = [i for i in good if native_decodable(checked.headers[i])]
-        side = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
-                           self.stats)
+        jpegs, others = route(checked.headers, checked.good())
+        side = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
         out, refused = self._decode_jpegs(batch, jpegs, self._placement(boxes, checked))
         side.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         if out is None:  # nothing for DALI in this batch

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+from typing import Sequence
 
 from gpupipe.formats.imageheader import ImageHeader
 
-__all__ = ["native_decodable", "why_not_native", "gpu_region_decode_safe", "nvimgcodec_version"]
+__all__ = ["native_decodable", "why_not_native", "route", "gpu_region_decode_safe", "nvimgcodec_version"]
 
 _NATIVE_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
 
@@ -58,6 +59,14 @@ def why_not_native(header: ImageHeader) -> str:
 def native_decodable(header: ImageHeader) -> bool:
     """Whether a native decoder may get this image (see the module docstring)."""
     return not why_not_native(header)
+
+
+def route(headers: Sequence[ImageHeader | None], good: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The rows ``good`` (of a batch with these ``headers``) split into (for the native decoder,
+    for Pillow)."""
+    native = [i for i in good if native_decodable(headers[i])]
+    chosen = set(native)
+    return native, [i for i in good if i not in chosen]
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, assemble, prepare
-from gpupipe.decode.gate import native_decodable
+from gpupipe.decode.gate import route
 from gpupipe.decode.pil import decode_many, pool
 
 __all__ = ["NvjpegDecoder"]
@@ -53,10 +53,8 @@ class NvjpegDecoder:
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
-        good = checked.good()
-        jpegs = [i for i in good if native_decodable(checked.headers[i])]
-        hwc: dict = decode_many(self._pool, batch, [i for i in good if i not in set(jpegs)], boxes, checked, cfg,
-                                self.stats)
+        jpegs, others = route(checked.headers, checked.good())
+        hwc: dict = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
         chw, refused = self._nvjpeg(batch, jpegs) if jpegs else ({}, {})
         hwc.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         for i, img in chw.items():
