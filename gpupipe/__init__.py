@@ -25,7 +25,7 @@ _LAZY = {
     "World": "gpupipe.types:World",
     "Manifest": "gpupipe.manifest:Manifest",
     "ingest": "gpupipe.ingest:ingest",
-    "index": "gpupipe.ingest:index",
+    "index": "gpupipe.indexer:index",
 }
 
 _SUBMODULES = ("transforms",)  # ``gpupipe.transforms.Compose`` after a plain ``import gpupipe``, as in torchvision

@@ -24,3 +24,21 @@ def test_no_module_imports_a_private_name_of_another_module():
 def test_nothing_imports_the_cli_entry_module():
     bad = [str(path) for path, node in _imports() if node.module == "gpupipe.cli"]
     assert not bad, f"import the shared helpers from gpupipe.cliargs instead: {bad}"
+
+
+def test_every_public_name_resolves():
+    """``from gpupipe import *`` works: each name of ``gpupipe.__all__`` (a lazy table) imports.
+    ``gpupipe.index`` pointed at ``gpupipe.ingest:index`` after the function moved to
+    ``gpupipe.indexer``, so the star import raised AttributeError."""
+    import gpupipe
+
+    missing = []
+    for name in gpupipe.__all__:
+        try:
+            getattr(gpupipe, name)
+        except (AttributeError, ImportError) as exc:
+            missing.append(f"{name}: {exc}")
+    assert not missing, missing
+    namespace: dict = {}
+    exec("from gpupipe import *", namespace)  # noqa: S102 — the star import itself, as a user writes it
+    assert set(gpupipe.__all__) <= set(namespace)
