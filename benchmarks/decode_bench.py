@@ -44,7 +44,7 @@ sys.path[:0] = [str(ROOT)]
 
 from gpupipe.dataset import EncodedLoader  # noqa: E402
 from gpupipe.decode import DecodeConfig, make_decoder  # noqa: E402
-from gpupipe.demo import prepare  # noqa: E402
+from gpupipe.tools.demo import prepare  # noqa: E402
 from gpupipe.loader import GpuLoader  # noqa: E402
 
 
@@ -135,7 +135,7 @@ def roi_case(batches, backend: str, resize: str, side: int, threads: int, repeat
 
 
 def run_roi(args) -> dict:
-    from gpupipe.bench.data import make_dataset
+    from gpupipe.tools.bench.data import make_dataset
 
     result = {"machine": f"{os.cpu_count()} cores", "load_before": os.getloadavg(), "args": vars(args)}
     batches = {}

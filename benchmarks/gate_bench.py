@@ -28,7 +28,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 def corpus(n: int) -> list[bytes]:
     from PIL import Image, ImageCms
 
-    from gpupipe.synth import synthetic_jpeg
+    from gpupipe.tools.synth import synthetic_jpeg
 
     rng = np.random.default_rng(23)
     exif = Image.Exif()

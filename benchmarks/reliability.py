@@ -54,7 +54,7 @@ def _dataset(bucket) -> tuple[str, dict[str, bytes]]:
     """Checked shards (``gpupipe index``) and, per shard path, a different object to serve
     when a read is to see the shard replaced."""
     from datagen import write_dataset
-    from gpupipe.indexer import index
+    from gpupipe.tools.indexer import index
 
     opts = bucket.storage_options
     write_dataset(bucket.url("ds"), COUNTS, storage_options=opts, manifest=False)

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/roi_probes.py drift IMAGES     # Pillow DCT scale: pixels against a full decode
     .venv/bin/python benchmarks/roi_probes.py resize IMAGES    # DALI's CPU resize vs torch's uint8 resize, 3 ways
 
-IMAGES: a folder of JPEGs, e.g. ``ROOT/images`` of ``python -m gpupipe.bench.data imagenet
+IMAGES: a folder of JPEGs, e.g. ``ROOT/images`` of ``python -m gpupipe.tools.bench.data imagenet
 --images 1500 --root ROOT``. Interleaved rounds, medians of wall rate and of process CPU time
 per image (user + system, all threads). Not tests.
 """

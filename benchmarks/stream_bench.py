@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from gpupipe.dataset import EncodedLoader, StreamConfig  # noqa: E402
 from gpupipe.formats.writer import ShardSink  # noqa: E402
-from gpupipe.synth import synthetic_jpeg  # noqa: E402
+from gpupipe.tools.synth import synthetic_jpeg  # noqa: E402
 from gpupipe.storage import FetchConfig  # noqa: E402
 
 MB = 1e6
@@ -134,8 +134,8 @@ def in_place_sources(args) -> dict:
     from fault_proxy import FaultProxy
     from s3util import create_bucket
 
-    from gpupipe.indexer import index_in_place
-    from gpupipe.synth import synthetic_jpeg
+    from gpupipe.tools.indexer import index_in_place
+    from gpupipe.tools.synth import synthetic_jpeg
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

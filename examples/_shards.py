@@ -3,7 +3,7 @@
 ``colour_shards(root, n)`` writes ``n`` JPEGs whose class (0..3) is the colour they are
 tinted with, on top of a random smooth field and a disc, as WebDataset tar shards plus
 ``index.json`` (``gpupipe.formats.writer.ShardSink``). A small CNN learns them in one or two
-epochs, so the examples can show the loss falling; ``gpupipe.demo.prepare`` makes bigger
+epochs, so the examples can show the loss falling; ``gpupipe.tools.demo.prepare`` makes bigger
 sample data whose labels are random (good for throughput, not for learning).
 """
 from __future__ import annotations

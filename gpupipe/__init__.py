@@ -7,6 +7,10 @@ submodule is imported on first access, as torchvision's are).
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 from typing import Any
 
 __version__ = "0.1.0"
@@ -24,8 +28,8 @@ _LAZY = {
     "Source": "gpupipe.sources:Source",
     "World": "gpupipe.types:World",
     "Manifest": "gpupipe.manifest:Manifest",
-    "ingest": "gpupipe.ingest:ingest",
-    "index": "gpupipe.indexer:index",
+    "ingest": "gpupipe.tools.ingest:ingest",
+    "index": "gpupipe.tools.indexer:index",
 }
 
 _SUBMODULES = ("transforms",)  # ``gpupipe.transforms.Compose`` after a plain ``import gpupipe``, as in torchvision
@@ -47,3 +51,35 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+# Modules that moved into gpupipe.tools (issue 24): the old names still import, with a DeprecationWarning.
+_MOVED = ("cli", "cliargs", "ingest", "indexer", "sourceinfo", "validate", "validate_read", "validate_child",
+          "preview", "demo", "fit", "models", "synth", "bench")
+
+
+def _moved_to(fullname: str) -> str | None:
+    parts = fullname.split(".")
+    if len(parts) >= 2 and parts[0] == "gpupipe" and parts[1] in _MOVED:
+        return ".".join(["gpupipe", "tools", *parts[1:]])
+    return None
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import gpupipe.validate`` gives ``gpupipe.tools.validate`` (the module itself, not a copy)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        new = _moved_to(fullname)
+        return None if new is None else importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        new = _moved_to(spec.name)
+        warnings.warn(f"{spec.name} moved to {new}; import that instead", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module) -> None:
+        """The module ran when it was imported under its new name."""
+
+
+if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedFinder())

@@ -1,7 +1,7 @@
 """A small, deterministic, in-memory corpus of encoded images for the decoder contract suite.
 
 ``natural_jpegs(n, size)`` gives photo-like JPEGs (smooth colour fields, discs, mild noise:
-:func:`gpupipe.synth.synthetic_jpeg`). ``cases()`` gives named images with what a decoder
+:func:`gpupipe.tools.synth.synthetic_jpeg`). ``cases()`` gives named images with what a decoder
 must make of each (:class:`Expect`):
 
 * ``ok`` cases -- JPEG baseline / progressive / restart markers / grayscale / CMYK; PNG
@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image, features
 
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.synth import synthetic_jpeg
 
 __all__ = ["Expect", "natural_jpegs", "cases", "orientation_pattern", "oriented_jpegs", "stored_as", "png_bytes",
            "SEED"]

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image, ImageCms
 
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.synth import synthetic_jpeg
 
 __all__ = ["base_jpegs", "mutate", "MUTATIONS", "segments", "join"]
 

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from gpupipe.formats.writer import ShardSink
-from gpupipe.models import ImageClassifier
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.models import ImageClassifier
+from gpupipe.tools.synth import synthetic_jpeg
 
 
 def write_split(root: str, n: int, *, shard_size: int, first_id: int = 0) -> str:

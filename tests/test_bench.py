@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpupipe.cli import main
-from gpupipe.synth import LeavesConfig, dead_leaves, dead_leaves_jpeg, write_leaves_folder
+from gpupipe.tools.cli import main
+from gpupipe.tools.synth import LeavesConfig, dead_leaves, dead_leaves_jpeg, write_leaves_folder
 
 HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
 
@@ -55,7 +55,7 @@ def test_bytes_per_pixel_and_spectrum_are_photo_like():
 
 
 def test_per_sample_steps_match_the_config_presets():
-    from gpupipe.bench.steps import SETS, steps_of
+    from gpupipe.tools.bench.steps import SETS, steps_of
     from gpupipe.config import preset
 
     for name in ("none", "simple", "complex"):
@@ -64,7 +64,7 @@ def test_per_sample_steps_match_the_config_presets():
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
-    from gpupipe.bench.data import make_dataset
+    from gpupipe.tools.bench.data import make_dataset
 
     root = tmp_path_factory.mktemp("bench") / "paper"
     make_dataset("paper", 40, str(root), seed=3, workers=1, progress=False)
@@ -95,7 +95,7 @@ def test_runner_writes_json_and_plot_for_every_loader(tiny_data: Path, tmp_path:
     assert meta["environment"]["cores"] >= 1 and meta["targets"][0]["dataset"]["preset"] == "paper"
     assert any("GPU" in n for n in meta["notes"]) or meta["environment"].get("gpu")
     pytest.importorskip("matplotlib")
-    from gpupipe.bench.plot import main as plot_main
+    from gpupipe.tools.bench.plot import main as plot_main
 
     png = tmp_path / "r.png"
     assert plot_main([str(out), str(out), "-o", str(png)]) == 0  # one panel per set, docs combined
@@ -115,7 +115,7 @@ def test_config_target_and_tar_members_baseline(tiny_data: Path, tmp_path: Path,
 
 
 def test_tar_members_are_read_when_there_is_no_folder(tiny_data: Path):
-    from gpupipe.bench.baselines import folder_items, shard_items
+    from gpupipe.tools.bench.baselines import folder_items, shard_items
 
     shards = sorted(str(p) for p in (tiny_data / "shards").glob("*.tar"))
     from_tars, from_folder = shard_items(shards), folder_items(str(tiny_data / "images"))
@@ -159,8 +159,8 @@ def test_make_data_command(tmp_path: Path, capsys):
 @pytest.fixture(scope="module")
 def truncated_data(tmp_path_factory) -> tuple[Path, Path]:
     """12 JPEGs in images/ (one cut in half: 'image file is truncated') ingested to shards/."""
-    from gpupipe.ingest import ingest
-    from gpupipe.synth import write_image_folder
+    from gpupipe.tools.ingest import ingest
+    from gpupipe.tools.synth import write_image_folder
 
     root = tmp_path_factory.mktemp("truncated")
     write_image_folder(str(root / "images"), num_images=12, num_classes=2, size=(48, 48))
@@ -184,7 +184,7 @@ def test_per_sample_pipeline_without_a_cast_gives_uint8_like_gpupipe():
     import torch
     from PIL import Image
 
-    from gpupipe.bench.persample import build_per_sample
+    from gpupipe.tools.bench.persample import build_per_sample
 
     img = Image.new("RGB", (40, 30), (200, 10, 3))
     for prefer in ("auto", "pil"):
@@ -203,7 +203,7 @@ def test_per_sample_baseline_takes_the_steps_interpolation_or_torchvisions_defau
     import torch
     from PIL import Image
 
-    from gpupipe.bench.persample import build_per_sample
+    from gpupipe.tools.bench.persample import build_per_sample
 
     checker = np.indices((32, 32)).sum(0) % 2 * np.array([[[40, 120, 200]]]).transpose(2, 0, 1)  # (3, 32, 32)
     img = Image.fromarray(checker.transpose(1, 2, 0).astype(np.uint8))
@@ -222,7 +222,7 @@ def test_dali_baseline_maps_each_interpolation_to_its_own_kind():
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import types
 
-    from gpupipe.bench.dali import _interp_type
+    from gpupipe.tools.bench.dali import _interp_type
 
     assert [_interp_type(v) for v in ("nearest", "bilinear", "bicubic", 2)] == \
         [types.INTERP_NN, types.INTERP_LINEAR, types.INTERP_CUBIC, types.INTERP_LINEAR]
@@ -232,8 +232,8 @@ def test_dali_baseline_maps_each_interpolation_to_its_own_kind():
 
 @pytest.mark.parametrize("reads", ["folder", "tar members"])
 def test_baseline_names_a_truncated_image_under_on_error_raise(truncated_data, reads):
-    from gpupipe.bench.baselines import folder_items, shard_items, torch_batches
-    from gpupipe.bench.persample import build_per_sample
+    from gpupipe.tools.bench.baselines import folder_items, shard_items, torch_batches
+    from gpupipe.tools.bench.persample import build_per_sample
     from gpupipe.errors import DecodeError
 
     root, victim = truncated_data

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from gpupipe.classes import agreed_classes, class_list
-from gpupipe.cli import main
+from gpupipe.tools.cli import main
 from gpupipe.config import load_config
 from gpupipe.errors import ConfigError
-from gpupipe.ingest import ingest
+from gpupipe.tools.ingest import ingest
 from gpupipe.loader import GpuLoader
 
 PIL = pytest.importorskip("PIL.Image")

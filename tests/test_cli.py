@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import gpupipe
-from gpupipe.cli import COMMANDS, main
+from gpupipe.tools.cli import COMMANDS, main
 
 REPO = Path(gpupipe.__file__).resolve().parent.parent
 SECRET = "hunter2-do-not-print"
@@ -19,7 +19,7 @@ SECRET = "hunter2-do-not-print"
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "gpupipe.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "gpupipe.tools.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -98,7 +98,7 @@ def test_main_in_process_errors(tmp_path: Path, capsys):
 
 
 def test_storage_option_values_parse_as_json_or_text():
-    from gpupipe.cliargs import key_value
+    from gpupipe.tools.cliargs import key_value
 
     assert key_value("anon=true") == ("anon", True)
     assert key_value("client_kwargs={\"region_name\": \"x\"}") == ("client_kwargs", {"region_name": "x"})
@@ -138,7 +138,7 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path, comm
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = [a.format(ds=tmp_path / "ds") for a in command]
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "gpupipe.cli", *argv], stdout=subprocess.PIPE, stderr=err,
+        proc = subprocess.Popen([sys.executable, "-m", "gpupipe.tools.cli", *argv], stdout=subprocess.PIPE, stderr=err,
                                 cwd=tmp_path, env=env)
         proc.stdout.close()  # `| head` gone before the first line: every write is a broken pipe
         code = proc.wait(timeout=120)

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from gpupipe.formats.writer import ShardSink
-from gpupipe.preview import layout
-from gpupipe.validate import Problem, read_quarantine, write_quarantine
+from gpupipe.tools.preview import layout
+from gpupipe.tools.validate import Problem, read_quarantine, write_quarantine
 from lightning_util import real_jpeg, write_split
 
-GPUPIPE = [sys.executable, "-m", "gpupipe.cli"]
+GPUPIPE = [sys.executable, "-m", "gpupipe.tools.cli"]
 BAD = {"s00002": "truncated", "s00005": "decode failed", "s00007": "too many pixels", "s00010": "no image"}
 
 

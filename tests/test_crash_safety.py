@@ -18,7 +18,7 @@ import torch
 
 from datagen import write_dataset
 from gpupipe.decode import available_backends
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.synth import synthetic_jpeg
 
 SCRIPT = textwrap.dedent("""
     import sys

@@ -491,7 +491,7 @@ def test_dali_error_names_what_failed_not_dalis_banner():
     from PIL import Image
 
     from gpupipe.formats.imageheader import probe
-    from gpupipe.synth import synthetic_jpeg
+    from gpupipe.tools.synth import synthetic_jpeg
 
     buf = io.BytesIO()
     Image.open(io.BytesIO(synthetic_jpeg(np.random.default_rng(0), (64, 64)))).save(buf, "JPEG", progressive=True)

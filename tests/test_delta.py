@@ -14,7 +14,7 @@ import pytest
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, MissingDependencyError
 from gpupipe.formats import delta
-from gpupipe.indexer import index_in_place
+from gpupipe.tools.indexer import index_in_place
 from gpupipe.manifest import MANIFEST_NAME
 from gpupipe.sources import Source, resolve
 from inplace_data import image_ids, parquet_table, write_parquet

@@ -200,7 +200,7 @@ def runnable_blocks() -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder laid out like the repository after `make demo`, with small sample data."""
-    from gpupipe.demo import prepare
+    from gpupipe.tools.demo import prepare
 
     root = tmp_path_factory.mktemp("docs")
     prepare(str(root / "demo-data"), images=160, size=64, shard_size=40)

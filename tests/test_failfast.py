@@ -198,8 +198,8 @@ def test_endpoint_faults_are_retried_once_the_endpoint_has_answered(tmp_path):
 # -- the command line: one line, exit 2 ---------------------------------------------------------
 _CLI_SCRIPT = """
 import contextlib, io, json, sys
-from gpupipe.cli import main
-from gpupipe.synth import write_image_folder
+from gpupipe.tools.cli import main
+from gpupipe.tools.synth import write_image_folder
 images, url, endpoint, out = sys.argv[1:5]
 write_image_folder(images, num_images=2, num_classes=2, size=(64, 64))
 opt = ["--storage-option", "endpoint_url=" + endpoint]
@@ -230,7 +230,7 @@ def test_cli_without_credentials_prints_one_line_for_every_storage_command(s3_bu
 def test_cli_words_a_raw_storage_error_and_lets_a_bug_through(monkeypatch, capsys):
     from botocore.exceptions import NoCredentialsError
 
-    import gpupipe.cli as cli
+    import gpupipe.tools.cli as cli
 
     def fail(exc):
         def run(args):

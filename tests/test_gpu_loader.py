@@ -12,7 +12,7 @@ import torch
 from gpupipe import GpuLoader
 from gpupipe.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.writer import ShardSink
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.synth import synthetic_jpeg
 
 HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
 BACKENDS = [pytest.param("dali", marks=[pytest.mark.dali, pytest.mark.skipif(not HAS_DALI, reason="no DALI")]), "pil"]

@@ -55,8 +55,8 @@ def test_the_cuda_path_decodes_whole_images_with_a_bad_nvimgcodec(monkeypatch, d
 def photos(folder: Path, count: int = 48) -> None:
     """JPEG photos: matplotlib's sample photograph where matplotlib is installed (the GPU machine
     has it), and ImageNet-sized natural-statistics JPEGs (gpupipe's dead-leaves images, 4:2:0)."""
-    from gpupipe.bench.data import preset_sizes
-    from gpupipe.synth import LeavesConfig, dead_leaves_jpeg
+    from gpupipe.tools.bench.data import preset_sizes
+    from gpupipe.tools.synth import LeavesConfig, dead_leaves_jpeg
 
     folder.mkdir(parents=True, exist_ok=True)
     try:

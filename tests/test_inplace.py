@@ -15,7 +15,7 @@ import pytest
 from datagen import payload, write_dataset
 from gpupipe.dataset import EncodedDataset, EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, ShardFormatError, StorageError
-from gpupipe.indexer import index_in_place
+from gpupipe.tools.indexer import index_in_place
 from gpupipe.manifest import Manifest
 from gpupipe.sources import Source, resolve
 from inplace_data import image_ids, label_of, write_class_folder, write_flat_folder, write_parquet
@@ -97,7 +97,7 @@ def test_the_folder_above_datasets_is_refused_not_read_as_classes(tmp_path):
                                           r"shards, val-images, val-shards\) would be the classes; give one "
                                           r"dataset's folder, e\.g\. .*data/images/"):
         loader(str(tmp_path / "data"))
-    from gpupipe.ingest import ingest
+    from gpupipe.tools.ingest import ingest
 
     with pytest.raises(ConfigError, match="holds dataset folders"):  # ingest reads an image folder the same way
         ingest(str(tmp_path / "data"), str(tmp_path / "out"), shard_size=4, progress=False)
@@ -347,7 +347,7 @@ def test_memory_filesystem_works_too():
 
 
 def test_gpupipe_index_cli_describes_folders_and_parquet(tmp_path, capsys):
-    from gpupipe.cli import main
+    from gpupipe.tools.cli import main
 
     write_class_folder(str(tmp_path / "imgs"), 8)
     write_parquet(str(tmp_path / "t"), [5, 6], row_group_rows=4)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gpupipe.indexer import index_in_place
+from gpupipe.tools.indexer import index_in_place
 from inplace_data import write_class_folder, write_parquet
 
 _RANK_SCRIPT = """

@@ -203,7 +203,7 @@ def test_empty_image_member_is_named_and_its_slot_is_a_genuine_pair(tmp_path):
 
     from gpupipe.errors import ShardFormatError
     from gpupipe.loader import GpuLoader
-    from gpupipe.synth import synthetic_jpeg
+    from gpupipe.tools.synth import synthetic_jpeg
 
     url = str(tmp_path / "ds")
     write_dataset(url, [8], image=lambda i: b"" if i == 3 else synthetic_jpeg(np.random.default_rng(i), (24, 24)))
@@ -229,7 +229,7 @@ def test_padding_repeat_of_a_bad_sample_is_counted_once(tmp_path, bad):
     import numpy as np
 
     from gpupipe.loader import GpuLoader
-    from gpupipe.synth import synthetic_jpeg
+    from gpupipe.tools.synth import synthetic_jpeg
 
     url = str(tmp_path / "ds")
     write_dataset(url, [5], image=lambda i: bad if i == 0 else synthetic_jpeg(np.random.default_rng(i), (24, 24)))

@@ -20,7 +20,7 @@ from datagen import ids_of, write_dataset
 from fault_proxy import FATAL, RETRYABLE
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ShardFormatError, StorageError
-from gpupipe.indexer import index
+from gpupipe.tools.indexer import index
 from gpupipe.manifest import Manifest
 from gpupipe.storage import FetchConfig
 from s3util import storage_options_via

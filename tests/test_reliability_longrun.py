@@ -21,7 +21,7 @@ import pytest
 from datagen import ids_of, write_dataset
 from fault_proxy import RETRYABLE
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.indexer import index
+from gpupipe.tools.indexer import index
 from gpupipe.storage import FetchConfig
 from s3util import storage_options_via
 

@@ -127,7 +127,7 @@ def _in_place(kind, bucket):
 
 @pytest.mark.parametrize("kind", ["folder", "parquet"])
 def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind):
-    from gpupipe.indexer import index_in_place
+    from gpupipe.tools.indexer import index_in_place
     from inplace_data import image_ids
 
     url, n = _in_place(kind, s3_bucket)
@@ -147,7 +147,7 @@ def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["folder", "parquet"])
 def test_in_place_sources_survive_five_percent_faults(s3_bucket, s3_proxy, kind):
-    from gpupipe.indexer import index_in_place
+    from gpupipe.tools.indexer import index_in_place
     from inplace_data import image_ids
 
     url, n = _in_place(kind, s3_bucket)

@@ -28,12 +28,12 @@ from gpupipe import GpuLoader
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.writer import ShardSink
-from gpupipe.indexer import index
-from gpupipe.ingest import ingest
-from gpupipe.sourceinfo import inspect
+from gpupipe.tools.indexer import index
+from gpupipe.tools.ingest import ingest
+from gpupipe.tools.sourceinfo import inspect
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import FetchConfig
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.synth import synthetic_jpeg
 from s3util import storage_options_via
 
 SECRET = "sentinel-secret-7c1f0e"

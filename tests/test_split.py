@@ -19,7 +19,7 @@ from gpupipe.errors import ConfigError
 from gpupipe.loader import GpuLoader
 from gpupipe.split import SplitConfig
 from gpupipe.stream import StreamConfig
-from gpupipe.synth import synthetic_jpeg
+from gpupipe.tools.synth import synthetic_jpeg
 from gpupipe.types import World
 
 N = 24

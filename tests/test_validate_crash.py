@@ -1,6 +1,6 @@
 """``gpupipe validate`` survives a decoder that kills its process (issue 23).
 
-A native decoder runs in a child process (gpupipe.validate_child). The decoders here
+A native decoder runs in a child process (gpupipe.tools.validate_child). The decoders here
 (tests/crashing_decoder.py) really die by SIGSEGV in that child; the command must name the
 batch, narrow it to the file(s) that kill the decoder alone, quarantine them as ``decoder
 crash`` and check the rest -- where it used to exit 139 with nothing printed.
@@ -16,11 +16,11 @@ import torch
 from PIL import Image
 
 import crashing_decoder
-from gpupipe import cli, validate_child
+from gpupipe.tools import cli, validate_child
 from gpupipe.decode import available_backends
 from gpupipe.errors import DecodeError
-from gpupipe.synth import synthetic_jpeg
-from gpupipe.validate import validate
+from gpupipe.tools.synth import synthetic_jpeg
+from gpupipe.tools.validate import validate
 
 PILLOW_FILES = sorted(Path(__file__).parent.joinpath("fixtures", "pillow-jpeg").glob("*.jpg"))
 

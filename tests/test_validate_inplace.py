@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from decode_corpus import cases
-from gpupipe.cli import main
-from gpupipe.indexer import index_in_place
-from gpupipe.validate import validate
+from gpupipe.tools.cli import main
+from gpupipe.tools.indexer import index_in_place
+from gpupipe.tools.validate import validate
 from lightning_util import real_jpeg
 from test_cli_validate_preview import damaged  # 5: a JPEG whose Huffman table is bogus (a real decode fails)
 

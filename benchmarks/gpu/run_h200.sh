@@ -11,7 +11,7 @@
 #   bash benchmarks/gpu/run_h200.sh imagenet   # make 20,000 ImageNet-mix + bench              (~9 min)
 # Data lives in /tmp/gpupipe-bench: if the machine went cold between calls, the next call remakes it
 # (same seed, same bytes). The plots need matplotlib; if it is missing there, draw them here with
-#   .venv/bin/python -m gpupipe.bench.plot <json> -o docs/bench-h200-<name>.png
+#   .venv/bin/python -m gpupipe.tools.bench.plot <json> -o docs/bench-h200-<name>.png
 set -euo pipefail
 export PYTHONPATH=$HOME/gpsite:$PWD
 OUT=${OUT:-/tmp/out}
@@ -25,7 +25,7 @@ plot_flag() {  # --plot only where matplotlib imports
 
 bench() {  # name, data root, sets, batch size, image size, extra args...
     local name=$1 root=$2 sets=$3 batch=$4 size=$5; shift 5
-    $PY -m gpupipe.cli bench "$root/shards/" --augment "$sets" --batch-size "$batch" --image-size "$size" \
+    $PY -m gpupipe.tools.cli bench "$root/shards/" --augment "$sets" --batch-size "$batch" --image-size "$size" \
         --decode dali --device cuda --compare baseline,webdataset,dali --workers 4,16 --repeat 3 "$@" \
         --json "$OUT/bench-h200-$name.json" $(plot_flag "$name") 2>&1 | grep -v "Index file not provided" \
         | tee "$OUT/bench-h200-$name.log"
@@ -38,13 +38,13 @@ setup)
     $PY -c "import torch, nvidia.dali, kornia, webdataset, torchvision, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'dali', nvidia.dali.__version__, 'kornia', kornia.__version__, 'torchvision', torchvision.__version__, 'util', torch.cuda.utilization())" | tee "$OUT/versions.txt"
     ;;
 paper)
-    $PY -m gpupipe.bench.data paper --images 50000 --root "$DATA/paper-50000" --workers 16 2>/dev/null | tee "$OUT/data-paper.txt"
+    $PY -m gpupipe.tools.bench.data paper --images 50000 --root "$DATA/paper-50000" --workers 16 2>/dev/null | tee "$OUT/data-paper.txt"
     # 60 timed batches of 256 per run (15,360 images); the docs' sizes: simple 128x128, complex 256x256
     bench paper-simple "$DATA/paper-50000" none,simple 256 128 --batches 60
     bench paper-complex "$DATA/paper-50000" complex 256 256 --batches 40
     ;;
 imagenet)
-    $PY -m gpupipe.bench.data imagenet --images 20000 --root "$DATA/imagenet-20000" --workers 16 2>/dev/null | tee "$OUT/data-imagenet.txt"
+    $PY -m gpupipe.tools.bench.data imagenet --images 20000 --root "$DATA/imagenet-20000" --workers 16 2>/dev/null | tee "$OUT/data-imagenet.txt"
     bench imagenet "$DATA/imagenet-20000" none,simple,complex 256 224 --batches 30
     ;;
 *)

@@ -2,8 +2,8 @@
 
 FILE is either a pipeline config (``source:``, ``decode:``, ``augment:`` ... at the top;
 it becomes LightningCLI's ``--data``) or a LightningCLI file with ``data:``, ``model:``
-and ``trainer:`` sections. The model is :class:`~gpupipe.models.ImageClassifier` with
-``model.arch`` from :data:`~gpupipe.models.ARCHITECTURES`; a ``class_path`` anywhere in
+and ``trainer:`` sections. The model is :class:`~gpupipe.tools.models.ImageClassifier` with
+``model.arch`` from :data:`~gpupipe.tools.models.ARCHITECTURES`; a ``class_path`` anywhere in
 the file or the overrides must name a Lightning callback or logger, or a gpupipe class —
 a config file never imports arbitrary code.
 """
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning.pytorch.cli import LightningCLI
 
     from gpupipe.lightning import GpuDataModule
-    from gpupipe.models import ImageClassifier
+    from gpupipe.tools.models import ImageClassifier
 
     data_flag = "--config" if isinstance(raw, dict) and "data" in raw else "--data"
     cli_args = ["fit", data_flag, str(args.config), *args.overrides]
@@ -96,4 +96,4 @@ def _check_class(path: str, value: str) -> None:
         if not name.startswith(ALLOWED_CLASS_PREFIXES):
             raise ConfigError(f"{path}: class path {name!r} is not allowed (a config never imports arbitrary code); "
                               f"allowed: {', '.join(p + '*' for p in ALLOWED_CLASS_PREFIXES)}, "
-                              f"and model.arch from gpupipe.models.ARCHITECTURES")
+                              f"and model.arch from gpupipe.tools.models.ARCHITECTURES")

@@ -1,6 +1,6 @@
 """Benchmark datasets made by gpupipe itself, reproducibly from a seed.
 
-Two presets of dead-leaves JPEGs (:mod:`gpupipe.synth`), quality 90:
+Two presets of dead-leaves JPEGs (:mod:`gpupipe.tools.synth`), quality 90:
 
 * ``paper`` — N images at 250×250, the setup of the docs this project grew from
   (~0.34 bytes per pixel, ~21 KB each, like real photos at that size);
@@ -11,7 +11,7 @@ Two presets of dead-leaves JPEGs (:mod:`gpupipe.synth`), quality 90:
 ``make_dataset`` writes ``ROOT/images`` (ImageNet folder layout, what the torch
 DataLoader baseline reads) and ingests it into ``ROOT/shards`` (tar shards +
 ``index.json``, what gpupipe, webdataset and DALI read). Run as
-``python -m gpupipe.bench.data paper --images 5000 --root .bench/paper-5000`` or
+``python -m gpupipe.tools.bench.data paper --images 5000 --root .bench/paper-5000`` or
 ``gpupipe bench --make-data paper --images 5000 --root ...``.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from gpupipe.errors import ConfigError
 from gpupipe.manifest import MANIFEST_NAME
-from gpupipe.synth import LeavesConfig
+from gpupipe.tools.synth import LeavesConfig
 
 __all__ = ["Preset", "PRESETS", "preset_sizes", "make_dataset", "main"]
 
@@ -72,8 +72,8 @@ def make_dataset(preset: str, images: int, root: str, *, seed: int = 0, workers:
                  progress: bool = True) -> dict:
     """Write ``root/images`` and ``root/shards`` (skipped when ``root/shards/index.json``
     exists); returns a summary (also written to ``root/dataset.json``)."""
-    from gpupipe.ingest import ingest
-    from gpupipe.synth import write_leaves_folder
+    from gpupipe.tools.ingest import ingest
+    from gpupipe.tools.synth import write_leaves_folder
 
     if preset not in PRESETS:
         raise ConfigError(f"bench data: unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
@@ -105,7 +105,7 @@ def describe(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpupipe.bench.data", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m gpupipe.tools.bench.data", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("--images", type=int, required=True)

@@ -11,13 +11,13 @@ Usage::
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
                  [--image-size PX] [--decode BACKEND] [--augment simple|complex|none]
-    gpupipe fit --config FILE [LightningCLI options ...]   (gpupipe/fit.py)
+    gpupipe fit --config FILE [LightningCLI options ...]   (gpupipe/tools/fit.py)
     gpupipe validate (URL | --config FILE [--split S]) [--decode BACKEND] [--quarantine FILE]
-                     [--max-pixels N] [--storage-option KEY=VALUE ...]   (gpupipe/validate.py; exit 1: bad samples)
+                     [--max-pixels N] [--storage-option KEY=VALUE ...]   (gpupipe/tools/validate.py; exit 1: bad samples)
     gpupipe preview --config FILE [--split S] [--n N] [--out PNG] [--epoch N] [--seed-offset N]
-                    [--compare]   (gpupipe/preview.py)
+                    [--compare]   (gpupipe/tools/preview.py)
     gpupipe bench CONFIG.yaml... | SOURCE [--compare baseline,webdataset,dali] [--workers 0,1,2]
-                  [--batches N] [--repeat R] [--json [PATH]] [--plot PNG]   (gpupipe/bench/cli.py)
+                  [--batches N] [--repeat R] [--json [PATH]] [--plot PNG]   (gpupipe/tools/bench/cli.py)
     gpupipe bench --make-data paper|imagenet --images N --root DIR
 
 Each subcommand is an entry of ``_COMMANDS``: ``name -> (help, add_arguments, run)``, where
@@ -37,7 +37,7 @@ import sys
 from types import MappingProxyType
 from typing import Callable, Sequence
 
-from gpupipe.cliargs import storage_arguments
+from gpupipe.tools.cliargs import storage_arguments
 from gpupipe.errors import GpupipeError
 from gpupipe.formats.imageheader import MAX_PIXELS
 
@@ -86,7 +86,7 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ingest_run(args: argparse.Namespace) -> int:
-    from gpupipe.ingest import ingest
+    from gpupipe.tools.ingest import ingest
 
     report = ingest(args.src, args.dst, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
                     shuffle=not args.no_shuffle, max_pixels=args.max_pixels, progress=not args.quiet,
@@ -114,7 +114,7 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _index_run(args: argparse.Namespace) -> int:
-    from gpupipe.indexer import index, index_in_place
+    from gpupipe.tools.indexer import index, index_in_place
 
     options = dict(args.storage_options)
     manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,
@@ -138,7 +138,7 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
-    from gpupipe.sourceinfo import KIND_NAMES, inspect
+    from gpupipe.tools.sourceinfo import KIND_NAMES, inspect
 
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
     if args.json:
@@ -202,7 +202,7 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _demo_run(args: argparse.Namespace) -> int:
-    from gpupipe.demo import run_demo
+    from gpupipe.tools.demo import run_demo
 
     if args.epochs < 2:
         raise GpupipeError("--epochs must be >= 2 (the first epoch is a warm-up)")
@@ -238,13 +238,13 @@ def _print_stages(stages: dict, seconds: float) -> None:
 # ---------------------------------------------------------------- bench
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.bench.cli import add_arguments
+    from gpupipe.tools.bench.cli import add_arguments
 
     add_arguments(p)
 
 
 def _bench_run(args: argparse.Namespace) -> int:
-    from gpupipe.bench.cli import run
+    from gpupipe.tools.bench.cli import run
 
     return run(args)
 
@@ -271,13 +271,13 @@ def _lazy(module: str, attr: str) -> Callable:
 
 _COMMANDS.update({
     "fit": ("train with Lightning from a config (LightningCLI; models from an allowlist)",
-            _lazy("gpupipe.fit", "add_arguments"), _lazy("gpupipe.fit", "run")),
+            _lazy("gpupipe.tools.fit", "add_arguments"), _lazy("gpupipe.tools.fit", "run")),
 })
 _COMMANDS.update({
     "validate": ("read and decode every image; list the bad ones (exit 1 if any)",
-                 _lazy("gpupipe.validate", "add_arguments"), _lazy("gpupipe.validate", "run")),
+                 _lazy("gpupipe.tools.validate", "add_arguments"), _lazy("gpupipe.tools.validate", "run")),
     "preview": ("write a PNG grid of a config's augmented samples",
-                _lazy("gpupipe.preview", "add_arguments"), _lazy("gpupipe.preview", "run")),
+                _lazy("gpupipe.tools.preview", "add_arguments"), _lazy("gpupipe.tools.preview", "run")),
 })
 COMMANDS = MappingProxyType(_COMMANDS)
 

@@ -7,10 +7,10 @@ really decodes each image with the backend training would use (``--decode auto|d
 and collects everything that failed: unreadable tar data, objects or row groups, samples
 without an image (a null Parquet cell) or with a non-integer label, checksum mismatches
 against ``index.json``, bad headers and undecodable images. A native backend (DALI, nvJPEG)
-decodes in a child process (:mod:`gpupipe.validate_child`): if a file kills the decoder,
+decodes in a child process (:mod:`gpupipe.tools.validate_child`): if a file kills the decoder,
 the command names the batch, narrows it to the file(s) that do it alone (kind ``decoder
 crash``) and goes on, where it used to exit 139 with nothing printed. How each kind of source is read,
-and what ``shard``/``key``/``offset`` name for it: :mod:`gpupipe.validate_read`. Files of an
+and what ``shard``/``key``/``offset`` name for it: :mod:`gpupipe.tools.validate_read`. Files of an
 image folder that the loader does not read as images (``notes.txt``) are listed as skipped,
 not quarantined: training never sees them.
 
@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequenc
 
 from gpupipe.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
-from gpupipe.validate_child import Crash
-from gpupipe.validate_read import Good, Problem
+from gpupipe.tools.validate_child import Crash
+from gpupipe.tools.validate_read import Good, Problem
 
 if TYPE_CHECKING:
     from gpupipe.sources import Source
@@ -71,7 +71,7 @@ class Report:
     """What :func:`validate` found: samples checked, units read (``shards``: tar shards,
     images or row groups; ``units`` says which, in words), the problems, the files of
     an image folder that the loader skips (``(path, why)``: not samples, not problems), and
-    each death of the decoding child process (:class:`~gpupipe.validate_child.Crash`)."""
+    each death of the decoding child process (:class:`~gpupipe.tools.validate_child.Crash`)."""
 
     checked: int = 0
     shards: int = 0
@@ -105,7 +105,7 @@ def _check_headers(items: Iterable[Good | Problem], max_pixels: int | None) -> I
 def _decode_all(items: Iterable[Good | Problem], check: Callable[[list[tuple[str, bytes]]], list[str | None]],
                 batch_size: int) -> Iterator[Good | Problem]:
     """Decode the images that passed so far, a batch at a time (``check``: their verdicts,
-    :func:`gpupipe.validate_child.verdicts` in this process or in a child)."""
+    :func:`gpupipe.tools.validate_child.verdicts` in this process or in a child)."""
     pending: list[Good] = []
     for item in items:
         if isinstance(item, Problem):
@@ -136,7 +136,7 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
 
     from gpupipe.decode import DecodeConfig, make_decoder
     from gpupipe.types import ErrorPolicy
-    from gpupipe.validate_child import ChildDecoder, contained_verdicts, verdicts
+    from gpupipe.tools.validate_child import ChildDecoder, contained_verdicts, verdicts
 
     config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
     decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet
@@ -161,7 +161,7 @@ def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | No
 
     from gpupipe.sources import Source, resolve
     from gpupipe.storage import Fetcher
-    from gpupipe.validate_read import read_samples, skipped_files
+    from gpupipe.tools.validate_read import read_samples, skipped_files
 
     if batch_size < 1:
         raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
@@ -251,7 +251,7 @@ def _is_json(path: str) -> bool:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cliargs import device_option, storage_arguments
+    from gpupipe.tools.cliargs import device_option, storage_arguments
 
     p.add_argument("url", nargs="?", help="shard folder, image folder, Parquet folder or glob, index.json, shard "
                                           "pattern (or give --config)")

@@ -133,7 +133,7 @@ def _serve(conn) -> None:
 class ChildDecoder:
     """A decoder that lives in a child process, started on first use and again after a death.
 
-    The child is ``python -m gpupipe.validate_child`` with two pipes of its own: a fresh
+    The child is ``python -m gpupipe.tools.validate_child`` with two pipes of its own: a fresh
     interpreter that inherits nothing of this one's threads, DALI or CUDA state, and -- unlike
     multiprocessing's ``spawn`` -- never re-runs the caller's ``__main__`` (a script without a
     ``__name__`` guard, a notebook, stdin)."""
@@ -273,7 +273,7 @@ def _attempt(child: ChildDecoder, images, on_death: Callable[[ChildDied], list[s
         return on_death(died)
 
 
-if __name__ == "__main__":  # the child: python -m gpupipe.validate_child READ_FD WRITE_FD
+if __name__ == "__main__":  # the child: python -m gpupipe.tools.validate_child READ_FD WRITE_FD
     from multiprocessing.connection import Connection
 
     _serve(_Pair(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)))

@@ -3,7 +3,7 @@
 Each ``*_batches`` generator yields ``len(batch)`` for every batch it produces,
 forever (a new epoch starts when one ends), so the runner can time any number of
 batches. Closing the generator shuts its worker processes down. All of them run the
-same steps per sample (:mod:`gpupipe.bench.persample`), seeded per sample:
+same steps per sample (:mod:`gpupipe.tools.bench.persample`), seeded per sample:
 
 * ``torch_batches``: ``torch.utils.data.DataLoader`` over a map-style dataset of
   the image folder (ImageNet layout) — or, with no folder, of the shards' members

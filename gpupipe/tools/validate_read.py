@@ -2,7 +2,7 @@
 
 Each reader turns a resolved source into :class:`Good` items (a sample whose bytes were
 read and which has an image and an integer label) and :class:`Problem` items, in unit
-order; :mod:`gpupipe.validate` then runs the same header checks and decodes on the
+order; :mod:`gpupipe.tools.validate` then runs the same header checks and decodes on the
 images of every kind. Sources read in place are read by the loader's own readers
 (:mod:`gpupipe.readers`), so a sample validate passes is one the loader delivers:
 

@@ -1,7 +1,7 @@
 """images/s against the worker count: one line per loader, one panel per transform set.
 
 ``plot(results, path)`` draws one or more result documents of ``gpupipe bench``
-(the ``--json`` output); ``python -m gpupipe.bench.plot a.json b.json -o out.png``
+(the ``--json`` output); ``python -m gpupipe.tools.bench.plot a.json b.json -o out.png``
 draws saved ones together. Bars span the min and max of the rounds; points are medians.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def plot(docs: dict | list[dict], path: str, title: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpupipe.bench.plot", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gpupipe.tools.bench.plot", description=__doc__)
     ap.add_argument("json", nargs="+", help="result files written by gpupipe bench --json")
     ap.add_argument("-o", "--out", required=True, help="PNG to write")
     ap.add_argument("--title")

@@ -1,4 +1,4 @@
-"""What to bench: :class:`~gpupipe.bench.runner.Target` objects from configs or a source.
+"""What to bench: :class:`~gpupipe.tools.bench.runner.Target` objects from configs or a source.
 
 From a config (``gpupipe.config.load_config``): its train source, ``decode.image_size``,
 ``augment`` specs, ``loader.batch_size`` and seed; gpupipe's loader is
@@ -14,8 +14,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from gpupipe.bench.runner import Target
-from gpupipe.bench.steps import SETS, gpupipe_pipeline, steps_of
+from gpupipe.tools.bench.runner import Target
+from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline, steps_of
 from gpupipe.errors import ConfigError
 
 __all__ = ["set_names", "source_targets", "config_targets", "describe_target"]

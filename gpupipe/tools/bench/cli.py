@@ -33,7 +33,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cliargs import device_option
+    from gpupipe.tools.cliargs import device_option
 
     p.add_argument("targets", nargs="*", metavar="CONFIG|SOURCE",
                    help="pipeline config(s) (.yaml) or a shard folder, pattern or list (any fsspec URL)")
@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _key_value(text: str):
-    from gpupipe.cliargs import key_value as parse
+    from gpupipe.tools.cliargs import key_value as parse
 
     return parse(text)
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     legacy = not configs and args.compare is None and args.plot is None and args.batches is None \
         and args.repeat is None and len(args.workers or ()) <= 1
     if legacy:
-        from gpupipe.bench.single import run_single
+        from gpupipe.tools.bench.single import run_single
 
         args.epochs = 2 if args.epochs is None else args.epochs
         return run_single(args)
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _make_data(args: argparse.Namespace) -> int:
-    from gpupipe.bench.data import describe, make_dataset
+    from gpupipe.tools.bench.data import describe, make_dataset
 
     if args.images is None or args.root is None:
         raise ConfigError("bench --make-data: --images N and --root DIR are required")
@@ -113,9 +113,9 @@ def _make_data(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, configs: list[str]) -> int:
-    from gpupipe.bench.measure import environment, gpu_note
-    from gpupipe.bench.runner import RunSpec, run_benchmark, validate
-    from gpupipe.bench.targets import config_targets, describe_target, source_targets
+    from gpupipe.tools.bench.measure import environment, gpu_note
+    from gpupipe.tools.bench.runner import RunSpec, run_benchmark, validate
+    from gpupipe.tools.bench.targets import config_targets, describe_target, source_targets
 
     compare = tuple(n.strip() for n in (args.compare or "").split(",") if n.strip())
     spec = RunSpec(loaders=("gpupipe", *[c for c in compare if c != "gpupipe"]),
@@ -159,7 +159,7 @@ def _print_row(row: dict) -> None:
 
 def _write(result: dict, args: argparse.Namespace) -> None:
     if args.plot:
-        from gpupipe.bench.plot import plot
+        from gpupipe.tools.bench.plot import plot
 
         plot(result, args.plot)
     text = json.dumps(result, indent=2)

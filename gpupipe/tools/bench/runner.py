@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from gpupipe.bench.measure import Sampler, cpu_seconds, gpu_note
-from gpupipe.bench.steps import Step
+from gpupipe.tools.bench.measure import Sampler, cpu_seconds, gpu_note
+from gpupipe.tools.bench.steps import Step
 from gpupipe.errors import ConfigError
 
 __all__ = ["LOADERS", "Target", "RunSpec", "run_benchmark", "validate", "check_loaders"]
@@ -108,7 +108,7 @@ def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict)
 
 
 def _open_baseline(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
-    from gpupipe.bench.baselines import folder_items, shard_items, torch_batches
+    from gpupipe.tools.bench.baselines import folder_items, shard_items, torch_batches
 
     workers = _per_core(workers)
 
@@ -124,7 +124,7 @@ def _open_baseline(target: Target, workers: int | None, spec: RunSpec, ctx: dict
 
 
 def _open_webdataset(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
-    from gpupipe.bench.baselines import webdataset_batches
+    from gpupipe.tools.bench.baselines import webdataset_batches
 
     workers = _per_core(workers)
 
@@ -140,7 +140,7 @@ def _open_webdataset(target: Target, workers: int | None, spec: RunSpec, ctx: di
 def _open_dali(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     import torch
 
-    from gpupipe.bench.dali import dali_batches, write_index
+    from gpupipe.tools.bench.dali import dali_batches, write_index
 
     if "dali_index" not in ctx:
         ctx["dali_index"] = write_index(target.shards, ctx["tmp"])
@@ -275,7 +275,7 @@ def _sweep(target: Target, spec: RunSpec, workers: int | None, ctx: dict, batche
 
 def run_benchmark(targets: list[Target], spec: RunSpec, progress: Callable[[dict], None] | None = None) -> dict:
     """Run every target × worker count × loader; returns ``{"meta": ..., "results": [...]}``."""
-    from gpupipe.bench.persample import build_per_sample
+    from gpupipe.tools.bench.persample import build_per_sample
 
     check_loaders(spec.loaders)
     rows = []
@@ -297,8 +297,8 @@ def run_benchmark(targets: list[Target], spec: RunSpec, progress: Callable[[dict
 
 def validate(targets: list[Target], spec: RunSpec) -> None:
     """Fail before anything runs: unknown loaders, steps a chosen baseline cannot run."""
-    from gpupipe.bench.dali import check_dali
-    from gpupipe.bench.steps import check_supported
+    from gpupipe.tools.bench.dali import check_dali
+    from gpupipe.tools.bench.steps import check_supported
 
     check_loaders(spec.loaders)
     for t in targets:

@@ -2,7 +2,7 @@
 
 The same steps drive every loader: gpupipe builds its batch pipeline from them (or
 the config does), the baselines build per-sample equivalents
-(:mod:`gpupipe.bench.persample`, :mod:`gpupipe.bench.dali`). The names and
+(:mod:`gpupipe.tools.bench.persample`, :mod:`gpupipe.tools.bench.dali`). The names and
 arguments are those of ``gpupipe.transforms`` (torchvision's). ``SETS`` holds the
 docs' simple and complex sets after a decode to the output size; they equal
 ``gpupipe.config.preset(...)`` (a test checks) and ``gpupipe.transforms.simple_set()``
@@ -30,7 +30,7 @@ SETS: Mapping[str, tuple[Step, ...]] = MappingProxyType({
                 _TAIL[0], ("ColorJitter", {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2, "hue": 0.2}),
                 *_TAIL[1:]),
 })
-# What the per-sample baselines implement (the DALI one: see gpupipe.bench.dali).
+# What the per-sample baselines implement (the DALI one: see gpupipe.tools.bench.dali).
 SUPPORTED = ("Resize", "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip",
              "RandomPerspective", "ColorJitter", "ToDtype", "ToTensor", "RepeatChannels", "Normalize")
 

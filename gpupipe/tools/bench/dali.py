@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from gpupipe.augment.warp import check_interpolation
-from gpupipe.bench.steps import Step, check_supported
+from gpupipe.tools.bench.steps import Step, check_supported
 
 __all__ = ["DALI_SUPPORTED", "check_dali", "write_index", "dali_batches"]
 
@@ -45,7 +45,7 @@ class _PerspectiveMatrices:
         self.size, self.scale, self.p, self.seed = size, distortion_scale, p, seed
 
     def __call__(self, info) -> np.ndarray:
-        from gpupipe.bench.persample import perspective_coeffs
+        from gpupipe.tools.bench.persample import perspective_coeffs
 
         rng = np.random.default_rng([self.seed, info.iteration, info.idx_in_batch])
         if rng.random() >= self.p:

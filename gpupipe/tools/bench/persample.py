@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from gpupipe.augment.warp import check_interpolation
-from gpupipe.bench.steps import Step, check_supported
+from gpupipe.tools.bench.steps import Step, check_supported
 
 __all__ = ["build_per_sample", "PilPipeline"]
 

@@ -167,7 +167,7 @@ def _fit(draw, text: str, width: int) -> str:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.cliargs import device_option
+    from gpupipe.tools.cliargs import device_option
 
     p.add_argument("--config", required=True, metavar="FILE", help="pipeline config (YAML)")
     p.add_argument("--split", default="train", help="split to preview (default train)")

@@ -8,8 +8,8 @@ the :class:`IngestReport` -- never dropped silently. The output order is a permu
 from ``seed`` (readers shuffle only within a window, so the order at rest matters) and the
 same inputs and seed give byte-identical shards.
 
-:func:`gpupipe.indexer.index` writes the manifest for shards made elsewhere (e.g. by
-``webdataset``) and :func:`gpupipe.sourceinfo.inspect` summarises a dataset. Nothing here prints.
+:func:`gpupipe.tools.indexer.index` writes the manifest for shards made elsewhere (e.g. by
+``webdataset``) and :func:`gpupipe.tools.sourceinfo.inspect` summarises a dataset. Nothing here prints.
 """
 from __future__ import annotations
 
