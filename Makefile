@@ -19,6 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/gpupipe demo --root demo-data --config configs/quickstart.yaml
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check gpupipe tests benchmarks examples
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:

@@ -44,8 +44,8 @@ sys.path[:0] = [str(ROOT)]
 
 from gpupipe.dataset import EncodedLoader  # noqa: E402
 from gpupipe.decode import DecodeConfig, make_decoder  # noqa: E402
-from gpupipe.tools.demo import prepare  # noqa: E402
 from gpupipe.loader import GpuLoader  # noqa: E402
+from gpupipe.tools.demo import prepare  # noqa: E402
 
 
 class FolderDataset(torch.utils.data.Dataset):

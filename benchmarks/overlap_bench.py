@@ -29,9 +29,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline  # noqa: E402
-from gpupipe.loader import GpuLoader  # noqa: E402
 from gpupipe.decode import DecodeConfig  # noqa: E402
+from gpupipe.loader import GpuLoader  # noqa: E402
+from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline  # noqa: E402
 
 
 def loader_for(shards: str, augment: str, threads: int, overlap: bool, args) -> GpuLoader:

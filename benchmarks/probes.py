@@ -59,10 +59,12 @@ def fork(shards: str) -> None:
     batches = _batches(shards)
     decoder = make_decoder(DecodeConfig(backend="dali", image_size=(128, 128), num_threads=2), "cpu")
     decoder.decode(batches[0])
-    print("alone:             %6.0f images/s, system %.2f s, minor faults %d" % _decode_rate(decoder, batches))
+    rate, system, faults = _decode_rate(decoder, batches)
+    print(f"alone:             {rate:6.0f} images/s, system {system:.2f} s, minor faults {faults}")
     it = iter(EncodedLoader(shards, batch_size=128, num_workers=1, rank=0, world_size=1))
     next(it)  # one worker forked and now idle (its prefetch is full)
-    print("idle worker alive: %6.0f images/s, system %.2f s, minor faults %d" % _decode_rate(decoder, batches))
+    rate, system, faults = _decode_rate(decoder, batches)
+    print(f"idle worker alive: {rate:6.0f} images/s, system {system:.2f} s, minor faults {faults}")
     del it
 
 
@@ -79,7 +81,7 @@ def idct(shards: str) -> None:
             return fn.resize(img, size=[128, 128], antialias=True)
         p = pipe()
         p.build()
-        for rep in range(2):  # the second pass is timed
+        for _ in range(2):  # the second pass is timed
             t0 = time.perf_counter()
             for x in inputs:
                 p.feed_input("enc", x)

@@ -54,6 +54,7 @@ def _dataset(bucket) -> tuple[str, dict[str, bytes]]:
     """Checked shards (``gpupipe index``) and, per shard path, a different object to serve
     when a read is to see the shard replaced."""
     from datagen import write_dataset
+
     from gpupipe.tools.indexer import index
 
     opts = bucket.storage_options
@@ -71,6 +72,7 @@ def _epoch(url: str, opts: dict, proxy) -> tuple[str, float, int, str]:
     surfaced or wrong. For a surfaced error, ``seconds`` counts from the first injected
     fault (the proxy's clock), not from the start of the epoch."""
     from datagen import ids_of
+
     from gpupipe.dataset import EncodedLoader, StreamConfig
     from gpupipe.errors import GpupipeError
     from gpupipe.storage import FetchConfig

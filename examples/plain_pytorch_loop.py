@@ -21,10 +21,10 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
+from _shards import NUM_CLASSES, colour_shards
 from torch import nn
 
 import gpupipe.transforms as T
-from _shards import NUM_CLASSES, colour_shards
 from gpupipe import GpuLoader
 
 

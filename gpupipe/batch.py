@@ -6,8 +6,8 @@ tensors, one of them the bytes) and pinnable for an asynchronous copy.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ class EncodedBatch:
     def nbytes(self) -> int:
         return int(self.data.numel())
 
-    def pin_memory(self) -> "EncodedBatch":
+    def pin_memory(self) -> EncodedBatch:
         """Called by torch's DataLoader when ``pin_memory=True``."""
         return replace(self, data=self.data.pin_memory(), offsets=self.offsets.pin_memory(),
                        labels=self.labels.pin_memory(), sample_ids=self.sample_ids.pin_memory(),

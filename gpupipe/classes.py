@@ -10,7 +10,8 @@ given) and each other's. :func:`class_list` reads the list another split was ing
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gpupipe.errors import ConfigError, StorageError
 

@@ -19,8 +19,9 @@ import inspect
 import os
 import re
 import types
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
 from gpupipe.classes import check_class_names
@@ -28,6 +29,9 @@ from gpupipe.configtypes import build, check_keys, coerce, join_path, suggest
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.errors import ConfigError
 from gpupipe.stream import StreamConfig
+
+if TYPE_CHECKING:  # split.py imports this module: at run time SplitConfig is imported where it is built
+    from gpupipe.split import SplitConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
            "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "plain", "preset",
@@ -165,7 +169,7 @@ class PipelineConfig:
     loader: LoaderConfig = field(default_factory=LoaderConfig)
     seed: int = 0
 
-    def split(self, name: str = "train") -> "SplitConfig":
+    def split(self, name: str = "train") -> SplitConfig:
         """Everything ``name``'s loader needs, with the per-split decisions made: training
         shuffles, drops the last partial batch (``stream.shuffle`` / ``stream.drop_last``),
         crops as ``decode.resize`` says and runs ``augment`` and ``mix``; the other splits

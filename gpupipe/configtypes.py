@@ -8,8 +8,9 @@ import difflib
 import enum
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any
 
 from gpupipe.errors import ConfigError
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Iterator, Mapping
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -211,7 +211,7 @@ class EncodedLoader:
 
     def _reading(self, wid: int, workers: int, chunks: list, received: dict[int, int]) -> str:
         if self.source.manifest is None:
-            return "was streaming every %d-th shard of the epoch's order (no manifest)" % (workers * self.world.world_size)
+            return f"was streaming every {workers * self.world.world_size}-th shard of the epoch's order (no manifest)"
         for c in worker_chunks(chunks, wid, workers):
             if received.get(c.index, 0) < c.num_batches - c.first_batch:
                 shards = sorted({self.source.shard_urls[s.shard] for s in chunk_spans(self.spec, self.epoch, c)})

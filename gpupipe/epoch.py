@@ -24,7 +24,7 @@ The whole story, in one place:
 from __future__ import annotations
 
 import collections
-from typing import Mapping
+from collections.abc import Mapping
 
 from gpupipe.errors import PlanError
 from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity

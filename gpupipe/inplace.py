@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from gpupipe.errors import ConfigError, StorageError
 from gpupipe.formats.folder import LABEL_FILES, FolderListing, class_numbering, folder_table, parse_label_file
-from gpupipe.formats.rowgroups import (TAIL_BYTES, Pieces, RowGroupTable, describe_parquet, footer_range,
-                                       read_columns, read_footer)
+from gpupipe.formats.rowgroups import (
+    TAIL_BYTES,
+    Pieces,
+    RowGroupTable,
+    describe_parquet,
+    footer_range,
+    read_columns,
+    read_footer,
+)
 from gpupipe.manifest import Manifest
 from gpupipe.objects import fetch_objects
 from gpupipe.storage import Fetcher
@@ -110,9 +118,8 @@ def with_checksums(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str],
     if manifest.objects is not None:
         t = manifest.objects
         crcs = []
-        for i, got in enumerate(fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(t.sizes[i])), "")
-                                                        for i in range(len(t))),
-                                              in_flight=fetcher.config.object_concurrency)):
+        for got in fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(t.sizes[i])), "") for i in range(len(t))),
+                                 in_flight=fetcher.config.object_concurrency):
             if isinstance(got, StorageError):
                 raise got
             tick(len(got))

@@ -14,8 +14,9 @@ loader's decode thread, one batch ahead, on a side CUDA stream) or
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -38,10 +39,10 @@ class GpuDataModule(pl.LightningDataModule):
     keyword arguments — the form LightningCLI fills from a file's ``data:`` section.
     """
 
-    def __init__(self, config: Union[str, dict, None] = None, *, source: Union[str, dict, None] = None,
-                 stream: Optional[dict] = None, decode: Optional[dict] = None,
-                 augment: Union[str, list, None] = None, eval_augment: Union[str, list, None] = None,
-                 loader: Optional[dict] = None, seed: int = 0) -> None:
+    def __init__(self, config: str | dict | None = None, *, source: str | dict | None = None,
+                 stream: dict | None = None, decode: dict | None = None,
+                 augment: str | list | None = None, eval_augment: str | list | None = None,
+                 loader: dict | None = None, seed: int = 0) -> None:
         super().__init__()
         sections = {"source": source, "stream": stream, "decode": decode, "augment": augment,
                     "eval_augment": eval_augment, "loader": loader}
@@ -81,7 +82,7 @@ class GpuDataModule(pl.LightningDataModule):
         return self._classes or ()
 
     @property
-    def num_classes(self) -> Optional[int]:
+    def num_classes(self) -> int | None:
         """``len(classes)``, or ``None`` when the data does not say."""
         return len(self.classes) or None
 
@@ -95,22 +96,22 @@ class GpuDataModule(pl.LightningDataModule):
                               f"set mix.num_classes: {len(classes)}")
         return classes
 
-    def _loader(self, split: str) -> "_SplitLoader":
+    def _loader(self, split: str) -> _SplitLoader:
         if split not in self._loaders:
             self.config.checked_split(split)  # raises naming source.<split> when it is not set
             self.setup({"train": "fit", "val": "validate"}.get(split, split))
         return self._loaders[split]
 
-    def train_dataloader(self) -> "_SplitLoader":
+    def train_dataloader(self) -> _SplitLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> "_SplitLoader":
+    def val_dataloader(self) -> _SplitLoader:
         return self._loader("val")
 
-    def test_dataloader(self) -> "_SplitLoader":
+    def test_dataloader(self) -> _SplitLoader:
         return self._loader("test")
 
-    def predict_dataloader(self) -> "_SplitLoader":
+    def predict_dataloader(self) -> _SplitLoader:
         return self._loader("predict")
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class _Unset:
         self.config.checked_split(self.split)  # raises: source.<split> is not set
 
 
-def _split_of(trainer) -> Optional[str]:
+def _split_of(trainer) -> str | None:
     if trainer is None:
         return None
     if trainer.training:

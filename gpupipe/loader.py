@@ -13,8 +13,8 @@ import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Iterator, Mapping
 
 import torch
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -159,7 +159,7 @@ class Manifest:
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = MANIFEST_NAME) -> "Manifest":
+    def from_json(cls, text: str | bytes, *, source: str = MANIFEST_NAME) -> Manifest:
         """Parse and validate a manifest; any defect raises ``ShardFormatError`` naming ``source``."""
         try:
             doc = json.loads(text)

@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections import deque
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from gpupipe.errors import StorageError
 from gpupipe.storage import Fetcher

@@ -26,9 +26,10 @@ exact and lets the worker count change on resume.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -152,7 +153,7 @@ def steps_per_rank(spec: PlanSpec) -> int:
     return math.ceil(spec.num_samples / per_step)
 
 
-def rank_chunks(spec: PlanSpec, rank: int, progress: "Progress | None" = None) -> list[Chunk]:
+def rank_chunks(spec: PlanSpec, rank: int, progress: Progress | None = None) -> list[Chunk]:
     """The chunks of ``rank`` that still have batches to deliver, in order."""
     if not 0 <= rank < spec.world_size:
         raise PlanError(f"rank {rank} is not in [0, {spec.world_size})")
@@ -242,7 +243,7 @@ class Progress:
     partial: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def for_rank(cls, spec: PlanSpec) -> "Progress":
+    def for_rank(cls, spec: PlanSpec) -> Progress:
         steps = steps_per_rank(spec)
         sizes = tuple(min(spec.chunk_batches, steps - f) for f in range(0, steps, spec.chunk_batches))
         return cls(chunk_sizes=sizes)
@@ -274,7 +275,7 @@ class Progress:
         return {"done_below": self.done_below, "partial": {str(k): v for k, v in sorted(self.partial.items())}}
 
     @classmethod
-    def from_dict(cls, spec: PlanSpec, state: Mapping) -> "Progress":
+    def from_dict(cls, spec: PlanSpec, state: Mapping) -> Progress:
         progress = cls.for_rank(spec)
         progress.done_below = int(state["done_below"])
         progress.partial = {int(k): int(v) for k, v in state["partial"].items()}

@@ -23,8 +23,8 @@ import itertools
 import logging
 import zlib
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.formats.imagefolder import extension

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 import posixpath
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -15,8 +15,9 @@ on the way. There are two ways to make one, and they share one validator:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 from gpupipe.decode import DecodeConfig
 from gpupipe.errors import ConfigError

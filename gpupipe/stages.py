@@ -21,8 +21,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gpupipe.machine import limit_this_threads_intraop
 
@@ -152,7 +153,7 @@ class Stages:
         return False
 
 
-_LIVE: "weakref.WeakSet[Stages]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Stages] = weakref.WeakSet()
 _HOOKED = False
 
 

@@ -27,10 +27,11 @@ import random
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from gpupipe.cache import BlockCache
 from gpupipe.errors import ConfigError, MissingDependencyError, StorageError
@@ -165,7 +166,7 @@ class Fetcher:
         self.answered = False  # has a request succeeded (so the endpoint is right)?
 
     @classmethod
-    def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig()) -> "Fetcher":
+    def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig()) -> Fetcher:
         fs, _ = open_filesystem(url, storage_options)
         return cls(fs, config)
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
+from collections.abc import Iterator
 from enum import Enum
-from typing import Iterator
 
-from gpupipe.errors import (StorageAuthError, StorageEndpointError, StorageError,
-                            StorageNotFoundError)
+from gpupipe.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
 
 __all__ = ["Fault", "classify", "storage_error", "from_backend", "CONNECT_TIMEOUT_S"]
 

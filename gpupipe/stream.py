@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
     return Sample(key=s.key, fields=s.fields, shard=shard, offset=s.offset, sample_id=sample_id, label=label_of(s))
 
 
-def _parse_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int, expected: int,
+def _parse_span(blocks: list[bytes] | GpupipeError, url: str, start_byte: int, expected: int,
                 crcs: np.ndarray | None) -> ReadSpan:
     """Parse a byte range that should hold ``expected`` samples, checking each against
     its manifest checksum when there is one."""
@@ -115,7 +115,7 @@ def _parse_span(blocks: "list[bytes] | GpupipeError", url: str, start_byte: int,
     return ReadSpan(samples + [None] * (expected - len(samples)), problems)
 
 
-def _read_span(fetcher: Fetcher, blocks: "list[bytes] | GpupipeError", r: ByteRange, version: str,
+def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRange, version: str,
                offsets: np.ndarray, crcs: np.ndarray | None) -> ReadSpan:
     """Parse and check a fetched byte range (``offsets``: its samples' starts and end).
 

@@ -9,16 +9,35 @@ pipeline, reading only their documented attributes; torchvision is never importe
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpupipe.augment.autoaugment import AugMix, AutoAugment, AutoAugmentPolicy, RandAugment, TrivialAugmentWide
 from gpupipe.augment.base import AugKey, Transform
-from gpupipe.augment.color import (ColorJitter, GaussianBlur, Grayscale, Normalize, RandomErasing, RandomGrayscale,
-                                   RepeatChannels, ToDtype, ToTensor)
+from gpupipe.augment.color import (
+    ColorJitter,
+    GaussianBlur,
+    Grayscale,
+    Normalize,
+    RandomErasing,
+    RandomGrayscale,
+    RepeatChannels,
+    ToDtype,
+    ToTensor,
+)
 from gpupipe.augment.compose import Compose
 from gpupipe.augment.containers import RandomApply, RandomChoice, RandomOrder
-from gpupipe.augment.geometry import (CenterCrop, RandomAffine, RandomCrop, RandomHorizontalFlip, RandomPerspective,
-                                      RandomResizedCrop, RandomRotation, RandomVerticalFlip, Resize)
+from gpupipe.augment.geometry import (
+    CenterCrop,
+    RandomAffine,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomPerspective,
+    RandomResizedCrop,
+    RandomRotation,
+    RandomVerticalFlip,
+    Resize,
+)
 from gpupipe.augment.mix import CutMix, MixUp
 from gpupipe.augment.registry import transform_class
 

@@ -7,9 +7,9 @@ worker, and free of torch/CUDA state (``EncodedBatch`` lives in
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Mapping
 
 __all__ = ["World", "ByteRange", "TarMember", "Sample", "ErrorPolicy"]
 
@@ -45,7 +45,7 @@ class World:
             )
 
     @classmethod
-    def detect(cls, rank: int | None = None, world_size: int | None = None) -> "World":
+    def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
         """Read rank and world size once: explicit arguments, else torch.distributed,
         else ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else a single process."""
         if (rank is None) != (world_size is None):
@@ -64,7 +64,7 @@ class World:
             )
         return cls()
 
-    def for_current_worker(self) -> "World":
+    def for_current_worker(self) -> World:
         """This world, with the worker id and count of the DataLoader worker we run in
         (unchanged in the main process)."""
         import torch.utils.data

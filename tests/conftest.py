@@ -14,9 +14,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 import pytest
-import torch
-
 import s3util
+import torch
 from fault_proxy import FaultProxy
 
 # ---------------------------------------------------------------- devices

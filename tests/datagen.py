@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import fsspec
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import fsspec
-
 from datagen import payload
 
 CLASSES = 3

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageCms

@@ -11,11 +11,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
+from datagen import write_dataset
 from lightning.pytorch.strategies import DDPStrategy
+from lightning_util import LedgerModel, pipeline, real_jpeg
 
 from gpupipe.lightning import GpuDataModule
-from datagen import write_dataset
-from lightning_util import LedgerModel, pipeline, real_jpeg
 
 COUNTS = (13, 0, 7, 9)  # uneven, one empty shard: 29 samples; batch 4, 2 ranks -> 3 steps each (24 samples)
 

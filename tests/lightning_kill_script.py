@@ -11,9 +11,9 @@ import os
 import sys
 
 import lightning.pytorch as pl
+from lightning_util import LedgerModel, pipeline
 
 from gpupipe.lightning import GpuDataModule
-from lightning_util import LedgerModel, pipeline
 
 
 class FileLedger(LedgerModel):

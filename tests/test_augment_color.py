@@ -9,8 +9,19 @@ import torch
 
 from gpupipe.augment.base import AugKey
 from gpupipe.augment.color import (
-    ColorJitter, GaussianBlur, Grayscale, Normalize, RandomErasing, RandomGrayscale, RepeatChannels,
-    ToDtype, adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, fused_color,
+    ColorJitter,
+    GaussianBlur,
+    Grayscale,
+    Normalize,
+    RandomErasing,
+    RandomGrayscale,
+    RepeatChannels,
+    ToDtype,
+    adjust_brightness,
+    adjust_contrast,
+    adjust_hue,
+    adjust_saturation,
+    fused_color,
 )
 from gpupipe.augment.mix import CutMix, MixUp, sample_beta
 

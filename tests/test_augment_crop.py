@@ -20,8 +20,16 @@ import gpupipe.transforms as T
 from gpupipe.augment import compose as compose_mod
 from gpupipe.augment.base import AugKey
 from gpupipe.augment.compose import Compose
-from gpupipe.augment.geometry import (CenterCrop, RandomAffine, RandomCrop, RandomHorizontalFlip, RandomPerspective,
-                                      RandomResizedCrop, RandomRotation, Resize)
+from gpupipe.augment.geometry import (
+    CenterCrop,
+    RandomAffine,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomPerspective,
+    RandomResizedCrop,
+    RandomRotation,
+    Resize,
+)
 
 
 class InterpolationMode(enum.Enum):

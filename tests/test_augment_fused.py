@@ -14,8 +14,15 @@ import pytest
 import torch
 
 from gpupipe.augment.base import AugKey
-from gpupipe.augment.color import (ColorJitter, Normalize, RandomGrayscale, RepeatChannels, ToDtype, adjust_hue,
-                                   fused_color)
+from gpupipe.augment.color import (
+    ColorJitter,
+    Normalize,
+    RandomGrayscale,
+    RepeatChannels,
+    ToDtype,
+    adjust_hue,
+    fused_color,
+)
 from gpupipe.augment.colorfuse import hue_shift_, run_steps
 from gpupipe.augment.compose import Compose
 from gpupipe.augment.geometry import RandomAffine, RandomHorizontalFlip

@@ -28,11 +28,17 @@ from gpupipe.augment import compose as compose_mod
 from gpupipe.augment.base import AugKey, Transform
 from gpupipe.augment.compose import Compose
 from gpupipe.augment.geometry import (
-    CenterCrop, RandomAffine, RandomCrop, RandomHorizontalFlip, RandomPerspective, RandomResizedCrop,
-    RandomRotation, RandomVerticalFlip, Resize,
+    CenterCrop,
+    RandomAffine,
+    RandomCrop,
+    RandomHorizontalFlip,
+    RandomPerspective,
+    RandomResizedCrop,
+    RandomRotation,
+    RandomVerticalFlip,
+    Resize,
 )
 from gpupipe.augment.keys import uniform
-
 
 
 def _key(n: int, device="cpu", seed: int = 7, epoch: int = 0) -> AugKey:

@@ -332,7 +332,6 @@ def test_dense_path_never_reads_a_value_on_the_host(monkeypatch):
     """What the accelerator runs must not sync: no .item(), bool(), nonzero or tolist."""
     x = _images(16, h=10, w=12)
     policies = [TrivialAugmentWide(), RandAugment(), AutoAugment(), AugMix(chain_depth=2)]
-    params = [p.make_params(x, _key(16)) for p in policies]
 
     def refuse(*args, **kwargs):
         raise AssertionError("host sync")

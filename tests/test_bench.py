@@ -55,8 +55,8 @@ def test_bytes_per_pixel_and_spectrum_are_photo_like():
 
 
 def test_per_sample_steps_match_the_config_presets():
-    from gpupipe.tools.bench.steps import SETS, steps_of
     from gpupipe.config import preset
+    from gpupipe.tools.bench.steps import SETS, steps_of
 
     for name in ("none", "simple", "complex"):
         assert steps_of(preset(name)) == SETS[name]
@@ -232,9 +232,9 @@ def test_dali_baseline_maps_each_interpolation_to_its_own_kind():
 
 @pytest.mark.parametrize("reads", ["folder", "tar members"])
 def test_baseline_names_a_truncated_image_under_on_error_raise(truncated_data, reads):
+    from gpupipe.errors import DecodeError
     from gpupipe.tools.bench.baselines import folder_items, shard_items, torch_batches
     from gpupipe.tools.bench.persample import build_per_sample
-    from gpupipe.errors import DecodeError
 
     root, victim = truncated_data
     items = folder_items(str(root / "images")) if reads == "folder" else \

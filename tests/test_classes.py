@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from gpupipe.classes import agreed_classes, class_list
-from gpupipe.tools.cli import main
 from gpupipe.config import load_config
 from gpupipe.errors import ConfigError
-from gpupipe.tools.ingest import ingest
 from gpupipe.loader import GpuLoader
+from gpupipe.tools.cli import main
+from gpupipe.tools.ingest import ingest
 
 PIL = pytest.importorskip("PIL.Image")
 COLOUR = {"ant": (250, 0, 0), "cat": (0, 250, 0), "dog": (0, 0, 250)}  # a class is known by its pixels

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning_util import write_split
 
 from gpupipe.errors import ConfigError
 from gpupipe.tools.fit import check_class_paths, check_overrides
-from lightning_util import write_split
 
 GPUPIPE = [sys.executable, "-m", "gpupipe.tools.cli"]
 

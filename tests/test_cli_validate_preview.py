@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from lightning_util import real_jpeg, write_split
 
 from gpupipe.formats.writer import ShardSink
 from gpupipe.tools.preview import layout
 from gpupipe.tools.validate import Problem, read_quarantine, write_quarantine
-from lightning_util import real_jpeg, write_split
 
 GPUPIPE = [sys.executable, "-m", "gpupipe.tools.cli"]
 BAD = {"s00002": "truncated", "s00005": "decode failed", "s00007": "too many pixels", "s00010": "no image"}

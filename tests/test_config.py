@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupipe.config import (LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset)
+from gpupipe.config import LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset
 from gpupipe.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))

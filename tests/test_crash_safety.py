@@ -10,13 +10,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
 from datagen import write_dataset
+
 from gpupipe.decode import available_backends
 from gpupipe.tools.synth import synthetic_jpeg
 

@@ -17,12 +17,12 @@ import io
 import re
 from dataclasses import dataclass
 
+import decode_corpus as corpus
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
 
-import decode_corpus as corpus
 from gpupipe.batch import EncodedBatch, pack
 from gpupipe.decode import DecodeConfig, DecodedBatch, ResizeMode, make_decoder
 from gpupipe.errors import DecodeError

@@ -4,12 +4,12 @@ interpolation DALI's CPU resize did at a quarter of its cost — and the DALI ba
 it for every resize mode."""
 from __future__ import annotations
 
+import decode_corpus as corpus
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import decode_corpus as corpus
 from gpupipe.batch import pack
 from gpupipe.decode import DecodeConfig, make_decoder
 from gpupipe.decode.resize import resize_boxes

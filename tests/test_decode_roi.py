@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import io
 
+import decode_corpus as corpus
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps, JpegImagePlugin
 
-import decode_corpus as corpus
 from gpupipe.batch import pack
 from gpupipe.decode import DecodeConfig, ResizeMode, make_decoder
 from gpupipe.decode.roi import dali_slices, decode_window, draft_scale, drafted_box, transpose_box

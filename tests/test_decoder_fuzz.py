@@ -20,13 +20,13 @@ import sys
 import warnings
 from pathlib import Path
 
+import jpeg_mutations
 import numpy as np
 import pytest
 import torch
+from datagen import write_dataset
 from PIL import Image
 
-import jpeg_mutations
-from datagen import write_dataset
 from gpupipe.decode import available_backends
 from gpupipe.decode.common import upright_size
 from gpupipe.decode.gate import native_decodable

@@ -10,15 +10,15 @@ import logging
 import sys
 
 import pytest
+from inplace_data import image_ids, parquet_table, write_parquet
+from s3util import storage_options_via
 
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, MissingDependencyError
 from gpupipe.formats import delta
-from gpupipe.tools.indexer import index_in_place
 from gpupipe.manifest import MANIFEST_NAME
 from gpupipe.sources import Source, resolve
-from inplace_data import image_ids, parquet_table, write_parquet
-from s3util import storage_options_via
+from gpupipe.tools.indexer import index_in_place
 
 pytest.importorskip("pyarrow")
 deltalake = pytest.importorskip("deltalake")

@@ -21,8 +21,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpupipe.errors import (StorageAuthError, StorageEndpointError, StorageError,
-                            StorageNotFoundError)
+from gpupipe.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import FetchConfig, Fetcher, is_transient, open_filesystem
 from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
@@ -142,7 +141,7 @@ def test_unknown_host_is_an_endpoint_error_not_retried():
         try:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         except socket.gaierror:
-            raise EndpointConnectionError(endpoint_url="http://minio.internal:9000/b/x")
+            raise EndpointConnectionError(endpoint_url="http://minio.internal:9000/b/x")  # noqa: B904 — the implicit chain is under test
     except EndpointConnectionError as exc:
         caught = exc
     assert classify(caught) is Fault.HOST_NAME and not is_transient(caught)

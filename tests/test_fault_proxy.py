@@ -25,7 +25,6 @@ import aiohttp
 import botocore.exceptions
 import pytest
 import s3fs
-
 from fault_proxy import FAULTS, FaultProxy
 from s3util import storage_options_via
 

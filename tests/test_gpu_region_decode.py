@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpupipe.decode import DecodeConfig, ResizeMode, available_backends
-from gpupipe.decode import gate
+from gpupipe.decode import DecodeConfig, ResizeMode, available_backends, gate
 
 SCRIPT = Path(__file__).with_name("gpu_region_script.py")
 needs_dali = pytest.mark.skipif("dali" not in available_backends(torch.device("cpu")), reason="needs nvidia-dali")
@@ -38,8 +37,8 @@ def test_gpu_region_decode_is_safe_only_before_the_regression(monkeypatch, versi
 def test_the_cuda_path_decodes_whole_images_with_a_bad_nvimgcodec(monkeypatch, device, version, region):
     """The decoder's placement (built without touching CUDA: DALI pipelines are built on first
     decode): region windows (win_start/win_end) only where region decode is safe."""
-    from gpupipe.decode.dali import DaliDecoder
     from gpupipe.decode.common import Checked
+    from gpupipe.decode.dali import DaliDecoder
     from gpupipe.formats.imageheader import ImageHeader
 
     monkeypatch.setattr(gate, "nvimgcodec_version", lambda: version)

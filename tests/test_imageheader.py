@@ -11,7 +11,8 @@ import tracemalloc
 import zlib
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import MAX_TRAILER, ImageHeader, check_complete, probe
@@ -416,7 +417,7 @@ def test_check_complete_on_mutated_images(draw):
 
 # -- properties -----------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def corpus() -> tuple[bytes, ...]:
     """One valid image of each kind the fuzzer mutates."""
     images = [encode("RGB", "JPEG"), encode("CMYK", "JPEG", progressive=True),

@@ -13,11 +13,11 @@ import pytest
 
 from gpupipe.errors import ConfigError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.manifest import MANIFEST_NAME, Manifest
+from gpupipe.plan import shuffle_buffer
 from gpupipe.tools.indexer import index
 from gpupipe.tools.ingest import _ordered_map, ingest
 from gpupipe.tools.sourceinfo import inspect
-from gpupipe.plan import shuffle_buffer
-from gpupipe.manifest import MANIFEST_NAME, Manifest
 
 PIL = pytest.importorskip("PIL.Image")
 CLASSES = ("cat", "dog", "eel")

@@ -11,14 +11,14 @@ import pickle
 
 import fsspec
 import pytest
-
 from datagen import payload, write_dataset
+from inplace_data import image_ids, label_of, write_class_folder, write_flat_folder, write_parquet
+
 from gpupipe.dataset import EncodedDataset, EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, ShardFormatError, StorageError
-from gpupipe.tools.indexer import index_in_place
 from gpupipe.manifest import Manifest
 from gpupipe.sources import Source, resolve
-from inplace_data import image_ids, label_of, write_class_folder, write_flat_folder, write_parquet
+from gpupipe.tools.indexer import index_in_place
 
 pyarrow = pytest.importorskip("pyarrow")
 

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from inplace_data import write_class_folder, write_parquet
 
 from gpupipe.tools.indexer import index_in_place
-from inplace_data import write_class_folder, write_parquet
 
 _RANK_SCRIPT = """
 import datetime, json, sys

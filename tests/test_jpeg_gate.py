@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupipe.decode.gate import native_decodable, why_not_native
 from gpupipe.errors import DecodeError
@@ -91,7 +92,7 @@ def test_clean_encoder_output_goes_native(seed, width, height, grain, quality, m
 
 # -- 2. bytes between segments are always flagged ---------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def corpus() -> tuple[bytes, ...]:
     """A few clean encodings to break: baseline 4:2:0, progressive, grayscale, Exif + optimised."""
     exif = Image.Exif()
@@ -157,7 +158,7 @@ def test_standalone_markers_in_the_header_are_flagged(data, code):
 
 # -- 3. one rule per row ------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def base(kind: str) -> bytes:
     """The clean files the rows edit: 64x48 RGB, quality 90, 4:2:0 (baseline or progressive)."""
     data = save(picture(3, 64, 48), quality=90, progressive=kind == "progressive")
@@ -385,7 +386,7 @@ def clear_caches() -> None:
     jpeg_module._LAYOUT_CACHE.clear()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def optimized(seed: int) -> bytes:
     """Optimised Huffman tables: their own per image, unlike the standard tables of ``base``."""
     return save(picture(seed, 64, 48), quality=90, optimize=True)

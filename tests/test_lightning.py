@@ -14,9 +14,10 @@ import pytest
 
 pl = pytest.importorskip("lightning.pytorch")
 
+from lightning_util import Interrupted, LedgerModel, pipeline, write_split  # noqa: E402
+
 from gpupipe.errors import ConfigError  # noqa: E402
 from gpupipe.lightning import GpuDataModule  # noqa: E402
-from lightning_util import Interrupted, LedgerModel, pipeline, write_split  # noqa: E402
 
 N_TRAIN, N_VAL = 40, 12  # batch 4: 10 training steps per epoch
 
@@ -28,7 +29,7 @@ def data(tmp_path_factory):
             write_split(str(root / "val"), N_VAL, shard_size=5, first_id=1000))
 
 
-def trainer(tmp_path, **kw) -> "pl.Trainer":
+def trainer(tmp_path, **kw) -> pl.Trainer:
     kw.setdefault("max_epochs", 2)
     kw.setdefault("logger", False)
     kw.setdefault("enable_checkpointing", False)

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 import torch
-
 from datagen import ids_of, write_dataset
+
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, PlanError, StorageError
 

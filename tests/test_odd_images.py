@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpupipe.decode import available_backends
-
-import torch
 
 SCRIPT = Path(__file__).with_name("odd_batch_script.py")
 

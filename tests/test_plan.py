@@ -5,13 +5,22 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupipe.errors import PlanError
 from gpupipe.plan import (
-    PlanSpec, Progress, chunk_sample_ids, check_resumable, permutation, plan_identity,
-    rank_chunks, steps_per_rank, worker_chunks,
+    PlanSpec,
+    Progress,
+    check_resumable,
+    chunk_sample_ids,
+    permutation,
+    plan_identity,
+    rank_chunks,
+    steps_per_rank,
+    worker_chunks,
 )
+
 
 def _specs(counts):
     return st.builds(PlanSpec, counts=counts, batch_size=st.integers(1, 9), world_size=st.integers(1, 8),

@@ -15,15 +15,15 @@ import json
 import time
 
 import pytest
-
 from datagen import ids_of, write_dataset
 from fault_proxy import FATAL, RETRYABLE
+from s3util import storage_options_via
+
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ShardFormatError, StorageError
-from gpupipe.tools.indexer import index
 from gpupipe.manifest import Manifest
 from gpupipe.storage import FetchConfig
-from s3util import storage_options_via
+from gpupipe.tools.indexer import index
 
 COUNTS = [40, 0, 33, 57, 12]
 N = sum(COUNTS)

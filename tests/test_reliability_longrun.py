@@ -17,13 +17,13 @@ import time
 
 import numpy as np
 import pytest
-
 from datagen import ids_of, write_dataset
 from fault_proxy import RETRYABLE
-from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.tools.indexer import index
-from gpupipe.storage import FetchConfig
 from s3util import storage_options_via
+
+from gpupipe.dataset import EncodedLoader, StreamConfig
+from gpupipe.storage import FetchConfig
+from gpupipe.tools.indexer import index
 
 COUNTS = [30, 0, 20, 25, 15]
 N = sum(COUNTS)

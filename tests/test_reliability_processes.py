@@ -16,8 +16,8 @@ import threading
 import time
 
 import pytest
+from datagen import write_dataset
 
-from datagen import ids_of, write_dataset
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import WorkerError
 

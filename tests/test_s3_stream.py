@@ -10,12 +10,12 @@ import dataclasses
 import time
 
 import pytest
-
 from datagen import ids_of, write_dataset
+from s3util import storage_options_via
+
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import StorageError
 from gpupipe.storage import FetchConfig
-from s3util import storage_options_via
 
 COUNTS = [40, 0, 33, 57, 12]
 N = sum(COUNTS)
@@ -127,8 +127,9 @@ def _in_place(kind, bucket):
 
 @pytest.mark.parametrize("kind", ["folder", "parquet"])
 def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind):
-    from gpupipe.tools.indexer import index_in_place
     from inplace_data import image_ids
+
+    from gpupipe.tools.indexer import index_in_place
 
     url, n = _in_place(kind, s3_bucket)
     proxy = s3_proxy()
@@ -147,8 +148,9 @@ def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["folder", "parquet"])
 def test_in_place_sources_survive_five_percent_faults(s3_bucket, s3_proxy, kind):
-    from gpupipe.tools.indexer import index_in_place
     from inplace_data import image_ids
+
+    from gpupipe.tools.indexer import index_in_place
 
     url, n = _in_place(kind, s3_bucket)
     index_in_place(url, storage_options=s3_bucket.storage_options, checksums=True, progress=False)

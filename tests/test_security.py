@@ -22,19 +22,19 @@ import zlib
 
 import numpy as np
 import pytest
-
 from datagen import ids_of, write_dataset
+from s3util import storage_options_via
+
 from gpupipe import GpuLoader
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.writer import ShardSink
+from gpupipe.sources import Source, resolve
+from gpupipe.storage import FetchConfig
 from gpupipe.tools.indexer import index
 from gpupipe.tools.ingest import ingest
 from gpupipe.tools.sourceinfo import inspect
-from gpupipe.sources import Source, resolve
-from gpupipe.storage import FetchConfig
 from gpupipe.tools.synth import synthetic_jpeg
-from s3util import storage_options_via
 
 SECRET = "sentinel-secret-7c1f0e"
 

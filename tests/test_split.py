@@ -8,10 +8,10 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from datagen import write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datagen import write_dataset
 from gpupipe.config import load_config
 from gpupipe.dataset import EncodedLoader
 from gpupipe.decode import DecodeConfig

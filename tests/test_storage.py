@@ -11,8 +11,8 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
 from datagen import ids_of, write_dataset
+
 from gpupipe.cache import BlockCache
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.errors import ConfigError, StorageError

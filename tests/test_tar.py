@@ -14,7 +14,7 @@ import pickle
 import tarfile
 import time
 import tracemalloc
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings

@@ -15,9 +15,9 @@ import math
 
 import pytest
 import torch
+from tv_contract import CONTRACTS, F32, FILL, REQUIRED, SIZE, U8, Contract
 
 import gpupipe.transforms as G
-from tv_contract import CONTRACTS, FILL, F32, REQUIRED, SIZE, U8, Contract
 
 
 def _torchvision():

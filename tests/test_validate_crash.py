@@ -10,15 +10,15 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import crashing_decoder
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-import crashing_decoder
-from gpupipe.tools import cli, validate_child
 from gpupipe.decode import available_backends
 from gpupipe.errors import DecodeError
+from gpupipe.tools import cli, validate_child
 from gpupipe.tools.synth import synthetic_jpeg
 from gpupipe.tools.validate import validate
 

@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-
 from decode_corpus import cases
+from lightning_util import real_jpeg
+from test_cli_validate_preview import damaged  # 5: a JPEG whose Huffman table is bogus (a real decode fails)
+
 from gpupipe.tools.cli import main
 from gpupipe.tools.indexer import index_in_place
 from gpupipe.tools.validate import validate
-from lightning_util import real_jpeg
-from test_cli_validate_preview import damaged  # 5: a JPEG whose Huffman table is bogus (a real decode fails)
 
 FOLDER_BAD = {"c1/corrupt.jpg": "decode failed", "c1/page.jpg": "not an image", "c1/half.jpg": "truncated"}
 

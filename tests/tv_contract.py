@@ -19,8 +19,9 @@ Argument values that are callables ``f(ns)`` are built in the namespace under te
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -19,8 +19,7 @@ import functools
 import torch
 
 from .base import AugKey, Transform
-from .keys import draw
-from .keys import normal, uniform
+from .keys import draw, normal, uniform
 from .policyops import OP_IDS, apply_ops
 from .warp import check_fill, check_interpolation
 

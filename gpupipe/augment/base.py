@@ -23,12 +23,12 @@ class AugKey:
     sample_ids: torch.Tensor
     tag: int = 0
 
-    def child(self, tag: int) -> "AugKey":
+    def child(self, tag: int) -> AugKey:
         """The key for the transform at position ``tag`` of a pipeline."""
         return AugKey(self.seed, self.epoch, self.sample_ids, self.tag * 1_000_003 + tag + 1)
 
     @classmethod
-    def for_batch(cls, batch, seed: int = 0) -> "AugKey":
+    def for_batch(cls, batch, seed: int = 0) -> AugKey:
         """The key of a :class:`~gpupipe.decode.DecodedBatch`."""
         return cls(seed=seed, epoch=batch.epoch, sample_ids=batch.sample_ids.to(batch.images.device))
 

@@ -24,10 +24,20 @@ from collections.abc import Sequence
 import torch
 
 from .base import AugKey, Transform, check_dtype, check_probability
-from .colorfn import (adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, check_image,
-                      rgb_to_grayscale)
-from .colorfuse import (BRIGHTNESS, CONTRAST, SATURATION, Affine, Blend, Hue, PointwiseTransform, Repeat, Spec,
-                        Step, run_steps)
+from .colorfn import adjust_brightness, adjust_contrast, adjust_hue, adjust_saturation, check_image, rgb_to_grayscale
+from .colorfuse import (
+    BRIGHTNESS,
+    CONTRAST,
+    SATURATION,
+    Affine,
+    Blend,
+    Hue,
+    PointwiseTransform,
+    Repeat,
+    Spec,
+    Step,
+    run_steps,
+)
 from .filters import GaussianBlur, RandomErasing
 from .keys import draw
 

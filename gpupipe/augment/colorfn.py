@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
-from kornia.enhance import adjust_brightness_accumulative, adjust_hue as _k_adjust_hue
+from kornia.enhance import adjust_brightness_accumulative
+from kornia.enhance import adjust_hue as _k_adjust_hue
 
 from .base import check_dtype
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .base import AugKey, Transform, check_probability
-from .keys import draw
+from .base import AugKey, Transform
 from .compose import Compose
+from .keys import draw
 
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 

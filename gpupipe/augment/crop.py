@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .keys import draw
-from .warp import (HW, GeometricTransform, _check_range, _int_between, _ones, _setup_size, box_matrix,
-                   check_interpolation)
+from .warp import (
+    HW,
+    GeometricTransform,
+    _check_range,
+    _int_between,
+    _ones,
+    _setup_size,
+    box_matrix,
+    check_interpolation,
+)
 
 __all__ = ["Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop", "crop_padding"]
 

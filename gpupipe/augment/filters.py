@@ -10,8 +10,8 @@ from kornia.filters import filter2d_separable, get_gaussian_kernel1d
 
 from . import keys
 from .base import AugKey, Transform
-from .keys import draw
 from .colorfn import check_image as _check_image
+from .keys import draw
 
 __all__ = ["GaussianBlur", "RandomErasing"]
 

@@ -21,14 +21,23 @@ Differences from torchvision, all deliberate:
 """
 from __future__ import annotations
 
-
 import torch
 
 from .base import check_probability
 from .crop import CenterCrop, RandomCrop, RandomResizedCrop, Resize
 from .keys import draw
-from .warp import (HW, GeometricTransform, _affine, _int_between, _ones, _setup_angle, box_matrix,
-                   check_interpolation, check_sequence, warp)
+from .warp import (
+    HW,
+    GeometricTransform,
+    _affine,
+    _int_between,
+    _ones,
+    _setup_angle,
+    box_matrix,
+    check_interpolation,
+    check_sequence,
+    warp,
+)
 
 __all__ = [
     "GeometricTransform", "warp", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",

@@ -25,7 +25,7 @@ torchvision's where a nearest-neighbour sample falls exactly between two pixels.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["TRANSFORMS", "MIXES", "CONTAINERS", "transform_class", "build_transform", "DTYPES"]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class AugmentStage:
         self._with_batch = transforms is not None and not isinstance(transforms, Transform) \
             and _positional_arity(transforms) >= 2
 
-    def to(self, device: torch.device) -> "AugmentStage":
+    def to(self, device: torch.device) -> AugmentStage:
         """Module constants (Normalize's mean and std) on ``device``."""
         for part in (self.transforms, self.mix):
             if isinstance(part, torch.nn.Module):

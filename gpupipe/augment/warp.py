@@ -20,7 +20,7 @@ On the CPU a nearest affine warp of uint8 copies pixels in uint8, never going th
 from __future__ import annotations
 
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpupipe.formats.imageheader import ImageHeader
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 import re
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping
 
 import numpy as np
 import torch

@@ -10,8 +10,8 @@ still resizes on the device.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Sequence
 
 import numpy as np
 import torch

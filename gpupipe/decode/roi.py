@@ -18,7 +18,7 @@ upright image coordinates, the image as a viewer shows it after its EXIF orienta
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import unquote
 
 from gpupipe.errors import ConfigError, MissingDependencyError, StorageError

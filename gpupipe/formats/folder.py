@@ -22,8 +22,9 @@ import csv
 import io
 import json
 import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class ObjectTable:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: Mapping) -> "ObjectTable":
+    def from_dict(cls, doc: Mapping) -> ObjectTable:
         names = doc["names"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError("objects.names must be a list of strings")

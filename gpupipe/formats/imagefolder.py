@@ -8,7 +8,8 @@ reads no file: whether the bytes are an image is checked later, from the header.
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from gpupipe.errors import ConfigError
 from gpupipe.formats.tar import MAX_MEMBER_BYTES

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from gpupipe.errors import ConfigError, MissingDependencyError
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import base64
 import io
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class RowGroupTable:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: Mapping) -> "RowGroupTable":
+    def from_dict(cls, doc: Mapping) -> RowGroupTable:
         files, groups = doc["files"], doc["row_groups"]
         if not all(isinstance(n, str) for n in files["names"]):
             raise ValueError("parquet.files.names must be strings")

@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import tarfile
 import zlib
-from typing import BinaryIO, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import BinaryIO
 
 from gpupipe.errors import ShardFormatError
 from gpupipe.types import Sample, TarMember

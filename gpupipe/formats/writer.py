@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gpupipe.formats.tar import TarShardWriter
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -60,7 +61,7 @@ class ShardSink:
         self._io.call(f"{self.url}/{MANIFEST_NAME}", "pipe_file", manifest.to_json().encode())
         return manifest
 
-    def __enter__(self) -> "ShardSink":
+    def __enter__(self) -> ShardSink:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -34,12 +34,12 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
-from typing import Callable, Sequence
 
-from gpupipe.tools.cliargs import storage_arguments
 from gpupipe.errors import GpupipeError
 from gpupipe.formats.imageheader import MAX_PIXELS
+from gpupipe.tools.cliargs import storage_arguments
 
 __all__ = ["COMMANDS", "main"]
 

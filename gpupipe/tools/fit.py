@@ -14,7 +14,8 @@ import logging
 import re
 import sys
 import warnings
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from gpupipe.config import parse_config, read_yaml
 from gpupipe.errors import ConfigError

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import sys
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from gpupipe.classes import CLASSES_NAME, class_lines
 from gpupipe.errors import ConfigError, StorageError

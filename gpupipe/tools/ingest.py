@@ -22,9 +22,10 @@ import re
 import sys
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from gpupipe.classes import CLASSES_NAME, check_class_names, class_list, describe, refuse_unlisted
 from gpupipe.errors import ConfigError, DecodeError, StorageError

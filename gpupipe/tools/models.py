@@ -6,7 +6,8 @@ work by using :class:`~gpupipe.lightning.GpuDataModule` from Python.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -59,7 +60,7 @@ class ImageClassifier(pl.LightningModule):
     each batch's labels are checked against the head instead.
     """
 
-    def __init__(self, arch: str = "small_cnn", num_classes: Optional[int] = None, lr: float = 0.05,
+    def __init__(self, arch: str = "small_cnn", num_classes: int | None = None, lr: float = 0.05,
                  momentum: float = 0.9, weight_decay: float = 5e-4) -> None:
         super().__init__()
         if arch not in ARCHITECTURES:

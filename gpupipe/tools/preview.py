@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 __all__ = ["Layout", "layout", "preview", "add_arguments", "run", "MIN_TILE"]
 

@@ -10,7 +10,8 @@ first object names (``c0/img1.jpg``) or the keys the loader gives the first rows
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.manifest import Manifest

@@ -43,8 +43,9 @@ import functools
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gpupipe.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
@@ -135,8 +136,8 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
     from dataclasses import replace
 
     from gpupipe.decode import DecodeConfig, make_decoder
-    from gpupipe.types import ErrorPolicy
     from gpupipe.tools.validate_child import ChildDecoder, contained_verdicts, verdicts
+    from gpupipe.types import ErrorPolicy
 
     config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
     decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet

@@ -20,8 +20,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from gpupipe.errors import DecodeError, GpupipeError
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
 

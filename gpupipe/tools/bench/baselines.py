@@ -26,7 +26,7 @@ import logging
 import os
 import tarfile
 import zlib
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -168,7 +168,8 @@ class _WdsSamples:
             except Exception as exc:  # noqa: BLE001  (whatever Pillow raises for a bad image)
                 bad, problem = bad + 1, problem or _problem(f"{sample.get('__url__')}: sample {sample['__key__']!r}", exc)
                 if bad >= _MAX_BAD_IN_A_ROW:
-                    raise DecodeError(f"bench webdataset: {bad} images in a row do not decode; the first: {problem}")
+                    raise DecodeError(f"bench webdataset: {bad} images in a row do not decode; the first: {problem}") \
+                        from exc
                 continue
             rng = np.random.default_rng([self.seed, zlib.crc32(sample["__key__"].encode())])
             yield self.pipeline(img, rng), int(sample["cls"]), bad, problem

@@ -13,7 +13,7 @@ with per-sample matrices drawn like torchvision's, ``ColorJitter`` →
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

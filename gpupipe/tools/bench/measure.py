@@ -83,7 +83,7 @@ class Sampler:
             if self._stop.wait(self.interval):
                 return
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 

@@ -12,7 +12,8 @@ colour steps run before the cast even where the list names them after it.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

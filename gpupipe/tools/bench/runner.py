@@ -23,12 +23,13 @@ import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
+from gpupipe.errors import ConfigError
 from gpupipe.tools.bench.measure import Sampler, cpu_seconds, gpu_note
 from gpupipe.tools.bench.steps import Step
-from gpupipe.errors import ConfigError
 
 __all__ = ["LOADERS", "Target", "RunSpec", "run_benchmark", "validate", "check_loaders"]
 

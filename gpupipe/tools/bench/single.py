@@ -22,9 +22,9 @@ def write_trace(timeline: list[tuple[str, float, float]], path: str) -> None:
 
 
 def run_single(args: argparse.Namespace) -> int:
+    from gpupipe.loader import GpuLoader
     from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline
     from gpupipe.tools.bench.targets import set_names
-    from gpupipe.loader import GpuLoader
 
     (name,) = set_names(args.augment)[:1] or ("none",)
     image_size = args.image_size or 224

@@ -10,8 +10,9 @@ docs' simple and complex sets after a decode to the output size; they equal
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from gpupipe.errors import ConfigError
 

@@ -14,9 +14,9 @@ import dataclasses
 import os
 from pathlib import Path
 
+from gpupipe.errors import ConfigError
 from gpupipe.tools.bench.runner import Target
 from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline, steps_of
-from gpupipe.errors import ConfigError
 
 __all__ = ["set_names", "source_targets", "config_targets", "describe_target"]
 
