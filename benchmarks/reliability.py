@@ -73,8 +73,8 @@ def _epoch(url: str, opts: dict, proxy) -> tuple[str, float, int, str]:
     fault (the proxy's clock), not from the start of the epoch."""
     from datagen import ids_of
 
+    from gpupipe.core.errors import GpupipeError
     from gpupipe.dataset import EncodedLoader, StreamConfig
-    from gpupipe.errors import GpupipeError
     from gpupipe.storage import FetchConfig
 
     fetch = FetchConfig(block_bytes=BLOCK, backoff_s=0.005, backoff_max_s=0.1, retries=12, request_timeout_s=5)

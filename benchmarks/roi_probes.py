@@ -174,9 +174,9 @@ def resize(folder: str) -> None:
     import gpupipe.decode.dali as dali
     import gpupipe.decode.resize as rs
     from gpupipe.batch import pack
+    from gpupipe.core.machine import this_threads_intraop
+    from gpupipe.core.types import Sample
     from gpupipe.decode import DecodeConfig, make_decoder
-    from gpupipe.machine import this_threads_intraop
-    from gpupipe.types import Sample
 
     with this_threads_intraop(1):
         for (h, w), out in (((250, 250), (128, 128)), ((300, 300), (224, 224)), ((375, 500), (224, 224))):
@@ -247,7 +247,7 @@ def _resize_rows_on(threads: int, images, start, end, relative, size):
     import torch
     import torch.nn.functional as F
 
-    from gpupipe.machine import this_threads_intraop
+    from gpupipe.core.machine import this_threads_intraop
 
     out = torch.empty((len(images), *size, 3), dtype=torch.uint8)
     with this_threads_intraop(threads):

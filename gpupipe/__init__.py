@@ -26,7 +26,7 @@ _LAZY = {
     "EncodedBatch": "gpupipe.batch:EncodedBatch",
     "FetchConfig": "gpupipe.storage:FetchConfig",
     "Source": "gpupipe.sources:Source",
-    "World": "gpupipe.types:World",
+    "World": "gpupipe.core.types:World",
     "Manifest": "gpupipe.manifest:Manifest",
     "ingest": "gpupipe.tools.ingest:ingest",
     "index": "gpupipe.tools.indexer:index",
@@ -53,15 +53,17 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-# Modules that moved into gpupipe.tools (issue 24): the old names still import, with a DeprecationWarning.
-_MOVED = ("cli", "cliargs", "ingest", "indexer", "sourceinfo", "validate", "validate_read", "validate_child",
-          "preview", "demo", "fit", "models", "synth", "bench")
+# Modules that moved into rooms (issue 24): the old names still import, with a DeprecationWarning.
+_MOVED = {**{name: "tools" for name in ("cli", "cliargs", "ingest", "indexer", "sourceinfo", "validate",
+                                         "validate_read", "validate_child", "preview", "demo", "fit", "models",
+                                         "synth", "bench")},
+          **{name: "core" for name in ("errors", "types", "machine")}}
 
 
 def _moved_to(fullname: str) -> str | None:
     parts = fullname.split(".")
     if len(parts) >= 2 and parts[0] == "gpupipe" and parts[1] in _MOVED:
-        return ".".join(["gpupipe", "tools", *parts[1:]])
+        return ".".join(["gpupipe", _MOVED[parts[1]], *parts[1:]])
     return None
 
 

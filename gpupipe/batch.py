@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from gpupipe.errors import ShardFormatError
-from gpupipe.types import Sample
+from gpupipe.core.errors import ShardFormatError
+from gpupipe.core.types import Sample
 
 __all__ = ["EncodedBatch", "pack", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpupipe.errors import ConfigError, StorageError
+from gpupipe.core.errors import ConfigError, StorageError
 
 __all__ = ["CLASSES_NAME", "agreed_classes", "check_class_names", "class_list", "class_lines", "describe",
            "refuse_unlisted"]

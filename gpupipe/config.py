@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
 from gpupipe.classes import check_class_names
 from gpupipe.configtypes import build, check_keys, coerce, join_path, suggest
+from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig, ResizeMode
-from gpupipe.errors import ConfigError
 from gpupipe.stream import StreamConfig
 
 if TYPE_CHECKING:  # split.py imports this module: at run time SplitConfig is imported where it is built

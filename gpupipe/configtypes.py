@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 
 __all__ = ["build", "coerce", "check_keys", "suggest", "join_path"]
 

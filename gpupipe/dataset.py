@@ -7,7 +7,7 @@ main-process side: it reads batches from the workers, knows the exact number of
 batches, and keeps the epoch and resume position in an
 :class:`~gpupipe.epoch.EpochLedger`. ``GpuLoader`` puts decode and augmentation
 behind it. Worker supervision lives in :mod:`gpupipe.workers`, machine-derived
-defaults in :mod:`gpupipe.machine`.
+defaults in :mod:`gpupipe.core.machine`.
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gpupipe.batch import EncodedBatch, pack
 from gpupipe.classes import agreed_classes
+from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
+from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold
+from gpupipe.core.types import World
 from gpupipe.epoch import EpochLedger
-from gpupipe.errors import ConfigError, GpupipeError, WorkerError
-from gpupipe.machine import default_num_workers, fix_malloc_mmap_threshold
 from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
 from gpupipe.sources import ResolvedSource, expand_pattern, resolve
 from gpupipe.split import SplitConfig, split_from_options
 from gpupipe.storage import Fetcher, refuse_commands
 from gpupipe.stream import SkipLog, StreamConfig, iter_chunks, iter_whole_shards
-from gpupipe.types import World
 from gpupipe.workers import dead_workers, describe_dead, start_workers, stop_workers
 
 __all__ = ["LoaderStats", "EncodedDataset", "EncodedLoader"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping
 
-from gpupipe.errors import PlanError
+from gpupipe.core.errors import PlanError
 from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity
 
 __all__ = ["EpochLedger", "STATE_VERSION"]

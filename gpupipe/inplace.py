@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpupipe.errors import ConfigError, StorageError
+from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.core.types import ByteRange
 from gpupipe.formats.folder import LABEL_FILES, FolderListing, class_numbering, folder_table, parse_label_file
 from gpupipe.formats.rowgroups import (
     TAIL_BYTES,
@@ -28,7 +29,6 @@ from gpupipe.formats.rowgroups import (
 from gpupipe.manifest import Manifest
 from gpupipe.objects import fetch_objects
 from gpupipe.storage import Fetcher
-from gpupipe.types import ByteRange
 
 __all__ = ["describe_folder", "parquet_paths", "describe_parquet_files", "with_checksums"]
 

@@ -23,8 +23,8 @@ import torch
 
 from gpupipe.classes import agreed_classes, describe
 from gpupipe.config import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
-from gpupipe.errors import ConfigError
-from gpupipe.types import World
+from gpupipe.core.errors import ConfigError
+from gpupipe.core.types import World
 
 __all__ = ["GpuDataModule"]
 

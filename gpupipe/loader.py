@@ -19,13 +19,13 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from gpupipe.batch import EncodedBatch
+from gpupipe.core.errors import ConfigError
+from gpupipe.core.machine import default_num_workers
+from gpupipe.core.types import World
 from gpupipe.dataset import EncodedLoader
 from gpupipe.decode import DecodedBatch, make_decoder
-from gpupipe.errors import ConfigError
-from gpupipe.machine import default_num_workers
 from gpupipe.split import SplitConfig, split_from_options
 from gpupipe.stages import END, Stage, Stages
-from gpupipe.types import World
 
 __all__ = ["GpuLoader", "StageStats"]
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpupipe.errors import ShardFormatError
+from gpupipe.core.errors import ShardFormatError
+from gpupipe.core.types import TarMember
 from gpupipe.formats.folder import ObjectTable
 from gpupipe.formats.rowgroups import RowGroupTable
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
-from gpupipe.types import TarMember
 
 __all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard"]
 

@@ -28,9 +28,9 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from gpupipe.errors import StorageError
+from gpupipe.core.errors import StorageError
+from gpupipe.core.types import ByteRange
 from gpupipe.storage import Fetcher
-from gpupipe.types import ByteRange
 
 __all__ = ["fetch_objects", "read_object_fresh"]
 

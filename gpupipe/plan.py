@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from gpupipe.errors import PlanError
+from gpupipe.core.errors import PlanError
 
 __all__ = [
     "PlanSpec",

@@ -26,13 +26,13 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.imagefolder import extension
 from gpupipe.formats.rowgroups import Pieces, decode_row_group, read_footer
 from gpupipe.objects import fetch_objects, read_object_fresh
 from gpupipe.plan import Span
 from gpupipe.storage import Fetcher
-from gpupipe.types import ByteRange, Sample
 
 __all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
 

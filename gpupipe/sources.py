@@ -36,14 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from gpupipe.errors import ConfigError, StorageError
+from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.core.types import ByteRange
 from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.parquet import require_pyarrow
 from gpupipe.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
-from gpupipe.types import ByteRange
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 

@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from gpupipe.core.errors import ConfigError
+from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
-from gpupipe.errors import ConfigError
 from gpupipe.sources import Source
 from gpupipe.stream import StreamConfig
-from gpupipe.types import World
 
 __all__ = ["SplitConfig", "split_from_options"]
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupipe.machine import limit_this_threads_intraop
+from gpupipe.core.machine import limit_this_threads_intraop
 
 __all__ = ["END", "Stage", "Stages"]
 

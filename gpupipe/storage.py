@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupipe.cache import BlockCache
-from gpupipe.errors import ConfigError, MissingDependencyError, StorageError
+from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageError
+from gpupipe.core.types import ByteRange
 from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
-from gpupipe.types import ByteRange
 
 __all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient", "refuse_commands",
            "storage_errors"]

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Iterator
 from enum import Enum
 
-from gpupipe.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
+from gpupipe.core.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
 
 __all__ = ["Fault", "classify", "storage_error", "from_backend", "CONNECT_TIMEOUT_S"]
 

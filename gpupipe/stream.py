@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupipe.batch import IMAGE_EXTENSIONS, image_field, label_of
-from gpupipe.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.readers import ReadSpan, object_spans, rowgroup_spans
 from gpupipe.sources import ResolvedSource
 from gpupipe.storage import FetchConfig, Fetcher
-from gpupipe.types import ByteRange, ErrorPolicy, Sample
 
 __all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards"]
 

@@ -46,7 +46,7 @@ def _no_async_worker_errors(it) -> None:
     the main thread is running (in the training step, or halfway through handling the
     same death). Without it a death still shows, through the iterator: a reset pipe at
     once, or torch's liveness check within its 5 s status interval; the loader turns
-    that into a :class:`~gpupipe.errors.WorkerError` naming the worker and its shards.
+    that into a :class:`~gpupipe.core.errors.WorkerError` naming the worker and its shards.
     """
     try:
         from torch.utils.data._utils import signal_handling

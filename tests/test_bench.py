@@ -232,7 +232,7 @@ def test_dali_baseline_maps_each_interpolation_to_its_own_kind():
 
 @pytest.mark.parametrize("reads", ["folder", "tar members"])
 def test_baseline_names_a_truncated_image_under_on_error_raise(truncated_data, reads):
-    from gpupipe.errors import DecodeError
+    from gpupipe.core.errors import DecodeError
     from gpupipe.tools.bench.baselines import folder_items, shard_items, torch_batches
     from gpupipe.tools.bench.persample import build_per_sample
 
@@ -286,8 +286,8 @@ def test_without_workers_each_loader_runs_at_its_own_default(tiny_data: Path, tm
     baseline one worker per core — not gpupipe forced to the baseline's count."""
     import os
 
-    from gpupipe.machine import default_num_workers
-    from gpupipe.types import World
+    from gpupipe.core.machine import default_num_workers
+    from gpupipe.core.types import World
 
     cores = len(os.sched_getaffinity(0))
     counts = {}

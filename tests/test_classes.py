@@ -9,7 +9,7 @@ import pytest
 
 from gpupipe.classes import agreed_classes, class_list
 from gpupipe.config import load_config
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 from gpupipe.loader import GpuLoader
 from gpupipe.tools.cli import main
 from gpupipe.tools.ingest import ingest

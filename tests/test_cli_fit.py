@@ -11,7 +11,7 @@ import pytest
 import yaml
 from lightning_util import write_split
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 from gpupipe.tools.fit import check_class_paths, check_overrides
 
 GPUPIPE = [sys.executable, "-m", "gpupipe.tools.cli"]

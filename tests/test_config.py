@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupipe.config import LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 GOOD = {"source": {"train": "data/train-{0000..0003}.tar", "val": "data/val.tar"},
@@ -211,8 +211,8 @@ def test_mix_mixes_labels_in_training_only(tmp_path):
     cfg = load_config({"source": {"train": root, "val": root}, "decode": {"image_size": [16, 16]}, "augment": "simple",
                        "mix": {"name": "CutMix", "alpha": 1.0, "num_classes": 4},
                        "loader": {"batch_size": 8, "num_workers": 0}})
+    from gpupipe.core.types import World
     from gpupipe.loader import GpuLoader
-    from gpupipe.types import World
 
     train = list(GpuLoader(cfg.split("train"), world=World(), device="cpu"))
     assert all(b.labels.shape == (8, 4) and b.labels.dtype == torch.float32 for b in train)

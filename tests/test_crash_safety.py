@@ -64,5 +64,5 @@ def test_error_in_the_loop_body_is_a_python_exception(dataset, backend, workers)
 def test_error_inside_the_pipeline_is_a_python_exception(dataset, backend):
     run = _run(f"{dataset}/bad", backend, 0, "none")
     assert run.returncode == 1, f"exit {run.returncode}: {run.stderr[-2000:]}"
-    assert "gpupipe.errors.DecodeError: cannot decode sample 'k0000" in run.stderr
+    assert "gpupipe.core.errors.DecodeError: cannot decode sample 'k0000" in run.stderr
     assert "terminate called" not in run.stderr and "Exception ignored" not in run.stderr

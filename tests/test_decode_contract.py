@@ -24,9 +24,9 @@ import torch
 from PIL import Image, ImageOps
 
 from gpupipe.batch import EncodedBatch, pack
+from gpupipe.core.errors import DecodeError
+from gpupipe.core.types import Sample
 from gpupipe.decode import DecodeConfig, DecodedBatch, ResizeMode, make_decoder
-from gpupipe.errors import DecodeError
-from gpupipe.types import Sample
 
 
 @dataclass(frozen=True)

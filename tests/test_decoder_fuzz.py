@@ -27,11 +27,11 @@ import torch
 from datagen import write_dataset
 from PIL import Image
 
+from gpupipe.core.errors import DecodeError
 from gpupipe.decode import available_backends
 from gpupipe.decode.common import upright_size
 from gpupipe.decode.gate import native_decodable
 from gpupipe.decode.pil import decode_one
-from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import check_complete, probe
 
 SCRIPT = Path(__file__).with_name("fuzz_decode_script.py")

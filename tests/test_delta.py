@@ -13,8 +13,8 @@ import pytest
 from inplace_data import image_ids, parquet_table, write_parquet
 from s3util import storage_options_via
 
+from gpupipe.core.errors import ConfigError, MissingDependencyError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import ConfigError, MissingDependencyError
 from gpupipe.formats import delta
 from gpupipe.manifest import MANIFEST_NAME
 from gpupipe.sources import Source, resolve

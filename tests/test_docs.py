@@ -18,9 +18,9 @@ import yaml
 
 from gpupipe.augment.registry import MIXES, TRANSFORMS, transform_class
 from gpupipe.config import LoaderConfig, PipelineConfig, SourceConfig, parse_config
+from gpupipe.core.errors import ConfigError
 from gpupipe.dataset import StreamConfig
 from gpupipe.decode import DecodeConfig
-from gpupipe.errors import ConfigError
 from gpupipe.storage import FetchConfig
 
 ROOT = Path(__file__).resolve().parent.parent

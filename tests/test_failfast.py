@@ -21,7 +21,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpupipe.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
+from gpupipe.core.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import FetchConfig, Fetcher, is_transient, open_filesystem
 from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpupipe import GpuLoader
-from gpupipe.errors import ConfigError, DecodeError, StorageError
+from gpupipe.core.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.writer import ShardSink
 from gpupipe.tools.synth import synthetic_jpeg
 

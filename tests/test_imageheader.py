@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupipe.errors import DecodeError
+from gpupipe.core.errors import DecodeError
 from gpupipe.formats.imageheader import MAX_TRAILER, ImageHeader, check_complete, probe
 
 Image = pytest.importorskip("PIL.Image")

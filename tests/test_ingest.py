@@ -11,7 +11,7 @@ import uuid
 import fsspec
 import pytest
 
-from gpupipe.errors import ConfigError, StorageError
+from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.manifest import MANIFEST_NAME, Manifest
 from gpupipe.plan import shuffle_buffer

@@ -14,8 +14,8 @@ import pytest
 from datagen import payload, write_dataset
 from inplace_data import image_ids, label_of, write_class_folder, write_flat_folder, write_parquet
 
+from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.dataset import EncodedDataset, EncodedLoader, StreamConfig
-from gpupipe.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.manifest import Manifest
 from gpupipe.sources import Source, resolve
 from gpupipe.tools.indexer import index_in_place

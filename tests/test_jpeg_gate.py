@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpupipe.core.errors import DecodeError
 from gpupipe.decode.gate import native_decodable, why_not_native
-from gpupipe.errors import DecodeError
 from gpupipe.formats.imageheader import probe
 
 Image = pytest.importorskip("PIL.Image")

@@ -79,7 +79,8 @@ def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
     import sys
     import warnings
 
-    for old, new in (("gpupipe.validate", "gpupipe.tools.validate"), ("gpupipe.bench.data", "gpupipe.tools.bench.data")):
+    for old, new in (("gpupipe.validate", "gpupipe.tools.validate"), ("gpupipe.bench.data", "gpupipe.tools.bench.data"),
+                     ("gpupipe.errors", "gpupipe.core.errors")):
         for name in [n for n in sys.modules if n == old or old.startswith(n + ".")]:
             if name != "gpupipe":
                 del sys.modules[name]
@@ -89,3 +90,10 @@ def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
         assert module is importlib.import_module(new)
         messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
         assert f"{old} moved to {new}; import that instead" in messages, messages
+
+
+def test_the_core_imports_nothing_else_of_gpupipe():
+    """The ground floor (errors, value types, the machine) stands on nothing of the package."""
+    bad = [f"{path}: imports {module}" for path, module in _all_imports()
+           if path.parts[1] == "core" and module.startswith("gpupipe") and not module.startswith("gpupipe.core")]
+    assert not bad, bad

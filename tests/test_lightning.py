@@ -16,7 +16,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from lightning_util import Interrupted, LedgerModel, pipeline, write_split  # noqa: E402
 
-from gpupipe.errors import ConfigError  # noqa: E402
+from gpupipe.core.errors import ConfigError  # noqa: E402
 from gpupipe.lightning import GpuDataModule  # noqa: E402
 
 N_TRAIN, N_VAL = 40, 12  # batch 4: 10 training steps per epoch
@@ -156,8 +156,8 @@ def test_deferred_delivery_counts_only_committed_batches(data):
     """Lightning may fetch a batch before the step that uses it: the resume state must count
     only batches committed in on_after_batch_transfer, whatever was fetched ahead."""
     from gpupipe.config import load_config
+    from gpupipe.core.types import World
     from gpupipe.loader import GpuLoader
-    from gpupipe.types import World
 
     loader = GpuLoader(load_config(pipeline(*data)).split("train"), world=World(), device="cpu")
     loader.ledger.defer()

@@ -10,8 +10,8 @@ import pytest
 import torch
 from datagen import ids_of, write_dataset
 
+from gpupipe.core.errors import ConfigError, PlanError, StorageError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import ConfigError, PlanError, StorageError
 
 COUNTS = [23, 0, 41, 7, 30, 1]  # uneven, with an empty shard
 N = sum(COUNTS)
@@ -201,7 +201,7 @@ def test_empty_image_member_is_named_and_its_slot_is_a_genuine_pair(tmp_path):
     under ``skip`` its slot carries a real image with that image's label (not -1)."""
     import numpy as np
 
-    from gpupipe.errors import ShardFormatError
+    from gpupipe.core.errors import ShardFormatError
     from gpupipe.loader import GpuLoader
     from gpupipe.tools.synth import synthetic_jpeg
 

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from fsspec.asyn import AsyncFileSystem
 
-from gpupipe.errors import StorageError
+from gpupipe.core.errors import StorageError
+from gpupipe.core.types import ByteRange
 from gpupipe.objects import fetch_objects
 from gpupipe.storage import FetchConfig, Fetcher
-from gpupipe.types import ByteRange
 
 
 class SlowObjects(AsyncFileSystem):

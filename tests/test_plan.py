@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupipe.errors import PlanError
+from gpupipe.core.errors import PlanError
 from gpupipe.plan import (
     PlanSpec,
     Progress,

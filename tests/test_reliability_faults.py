@@ -19,8 +19,8 @@ from datagen import ids_of, write_dataset
 from fault_proxy import FATAL, RETRYABLE
 from s3util import storage_options_via
 
+from gpupipe.core.errors import ShardFormatError, StorageError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import ShardFormatError, StorageError
 from gpupipe.manifest import Manifest
 from gpupipe.storage import FetchConfig
 from gpupipe.tools.indexer import index

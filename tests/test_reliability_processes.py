@@ -18,8 +18,8 @@ import time
 import pytest
 from datagen import write_dataset
 
+from gpupipe.core.errors import WorkerError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import WorkerError
 
 
 def children(pid: int | None = None) -> set[int]:

@@ -13,8 +13,8 @@ import pytest
 from datagen import ids_of, write_dataset
 from s3util import storage_options_via
 
+from gpupipe.core.errors import StorageError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import StorageError
 from gpupipe.storage import FetchConfig
 
 COUNTS = [40, 0, 33, 57, 12]

@@ -26,8 +26,8 @@ from datagen import ids_of, write_dataset
 from s3util import storage_options_via
 
 from gpupipe import GpuLoader
+from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.writer import ShardSink
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import FetchConfig

@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupipe.config import load_config
+from gpupipe.core.errors import ConfigError
+from gpupipe.core.types import World
 from gpupipe.dataset import EncodedLoader
 from gpupipe.decode import DecodeConfig
-from gpupipe.errors import ConfigError
 from gpupipe.loader import GpuLoader
 from gpupipe.split import SplitConfig
 from gpupipe.stream import StreamConfig
 from gpupipe.tools.synth import synthetic_jpeg
-from gpupipe.types import World
 
 N = 24
 

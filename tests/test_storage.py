@@ -14,11 +14,11 @@ import pytest
 from datagen import ids_of, write_dataset
 
 from gpupipe.cache import BlockCache
+from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.core.types import ByteRange, World
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.errors import ConfigError, StorageError
 from gpupipe.sources import Source, expand_pattern, resolve
 from gpupipe.storage import FetchConfig, Fetcher, is_transient, open_filesystem
-from gpupipe.types import ByteRange, World
 
 
 # -- patterns ---------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_a_missing_fsspec_backend_names_the_extra_to_install(monkeypatch):
     """gcs:// without gcsfs: MissingDependencyError naming the package and the pip extra."""
     import builtins
 
-    from gpupipe.errors import MissingDependencyError
+    from gpupipe.core.errors import MissingDependencyError
     from gpupipe.storage import open_filesystem
 
     real_import = builtins.__import__

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpupipe.errors import ShardFormatError
+from gpupipe.core.errors import ShardFormatError
+from gpupipe.core.types import Sample, TarMember
 from gpupipe.formats.tar import (
     BLOCK,
     MAX_MEMBER_BYTES,
@@ -30,7 +31,6 @@ from gpupipe.formats.tar import (
     split_name,
 )
 from gpupipe.manifest import index_shard
-from gpupipe.types import Sample, TarMember
 
 SHARD = "s3://bucket/train/shard-000042.tar"
 END = bytes(2 * BLOCK)

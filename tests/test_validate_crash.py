@@ -16,8 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
+from gpupipe.core.errors import DecodeError
 from gpupipe.decode import available_backends
-from gpupipe.errors import DecodeError
 from gpupipe.tools import cli, validate_child
 from gpupipe.tools.synth import synthetic_jpeg
 from gpupipe.tools.validate import validate

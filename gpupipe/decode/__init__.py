@@ -29,9 +29,9 @@ from typing import Protocol
 
 import torch
 
-from gpupipe.errors import ConfigError, MissingDependencyError
+from gpupipe.core.errors import ConfigError, MissingDependencyError
+from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.imageheader import MAX_PIXELS
-from gpupipe.types import ErrorPolicy
 
 __all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS",
            "make_decoder", "available_backends"]

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpupipe.errors import DecodeError
+from gpupipe.core.errors import DecodeError
+from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
-from gpupipe.types import ErrorPolicy
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
            "random_resized_crop_box", "replacements", "record_bad", "upright_size"]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpupipe.machine import this_threads_intraop
+from gpupipe.core.machine import this_threads_intraop
 
 __all__ = ["resize_boxes"]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from gpupipe.errors import ConfigError, MissingDependencyError, StorageError
+from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageError
 from gpupipe.formats.folder import FolderListing
 from gpupipe.formats.rowgroups import LABEL_COLUMNS
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from gpupipe.errors import ConfigError, ShardFormatError
+from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
 from gpupipe.formats.tar import MAX_MEMBER_BYTES
 

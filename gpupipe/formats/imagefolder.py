@@ -11,7 +11,7 @@ import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 from gpupipe.formats.tar import MAX_MEMBER_BYTES
 
 __all__ = ["IMAGE_EXTENSIONS", "FolderImage", "extension", "scan_image_folder", "no_images_message"]

@@ -1,7 +1,7 @@
 """A cheap pre-decode check of encoded image bytes: format, size, channels, EXIF orientation.
 
 :func:`probe` reads only the header of a JPEG, PNG, GIF, BMP or WebP image (stdlib only,
-no copy of the buffer) and raises :class:`~gpupipe.errors.DecodeError` for anything a
+no copy of the buffer) and raises :class:`~gpupipe.core.errors.DecodeError` for anything a
 decoder should not be given: empty data, unknown magic bytes (an HTML/XML error page saved
 as ``.jpg`` is named as such), headers cut off or malformed, zero or absurd sizes, and
 images whose declared size exceeds ``max_pixels`` (decompression bombs). "Truncated"
@@ -24,7 +24,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-from gpupipe.errors import DecodeError
+from gpupipe.core.errors import DecodeError
 from gpupipe.formats import jpeg
 from gpupipe.formats.exif import exif_orientation
 

@@ -32,7 +32,7 @@ import operator
 import struct
 from typing import NamedTuple
 
-from gpupipe.errors import DecodeError
+from gpupipe.core.errors import DecodeError
 from gpupipe.formats.exif import exif_orientation
 
 __all__ = ["JpegHeader", "walk", "SOF_MARKERS", "MAX_SEGMENTS"]

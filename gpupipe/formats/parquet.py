@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpupipe.errors import ConfigError, MissingDependencyError
+from gpupipe.core.errors import ConfigError, MissingDependencyError
 
 __all__ = ["LABEL_COLUMNS", "RowGroup", "ParquetPlan", "ParquetRow", "plan_parquet", "read_row_group",
            "require_pyarrow", "is_image_type", "classlabel_names"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpupipe.errors import ConfigError, ShardFormatError
+from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.formats.folder import NameList
 from gpupipe.formats.parquet import classlabel_names, is_image_type, require_pyarrow
 

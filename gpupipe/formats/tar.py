@@ -3,8 +3,8 @@
 The reader works on an iterable of byte chunks (no file, no extraction, nothing
 unpickled): :func:`iter_members` yields regular-file members, and
 :func:`group_by_key` joins consecutive members with one key into a
-:class:`~gpupipe.types.Sample`. Links, devices, FIFOs, absolute names and ``..``
-components are rejected with :class:`~gpupipe.errors.ShardFormatError`, which
+:class:`~gpupipe.core.types.Sample`. Links, devices, FIFOs, absolute names and ``..``
+components are rejected with :class:`~gpupipe.core.errors.ShardFormatError`, which
 names the shard and the byte offset of the bad header. A compressed shard
 (gzip, bzip2, xz, zstd) is refused from its first bytes, before anything is
 decompressed: byte-range reads need an uncompressed tar, and encoded images do
@@ -21,8 +21,8 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import BinaryIO
 
-from gpupipe.errors import ShardFormatError
-from gpupipe.types import Sample, TarMember
+from gpupipe.core.errors import ShardFormatError
+from gpupipe.core.types import Sample, TarMember
 
 __all__ = [
     "BLOCK",

@@ -37,7 +37,7 @@ import sys
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-from gpupipe.errors import GpupipeError
+from gpupipe.core.errors import GpupipeError
 from gpupipe.formats.imageheader import MAX_PIXELS
 from gpupipe.tools.cliargs import storage_arguments
 

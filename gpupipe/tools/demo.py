@@ -56,8 +56,8 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
     the batch/decode/augment arguments are ignored."""
     shards = prepare(root, images=images, size=size, shard_size=shard_size)
     if config is not None:
+        from gpupipe.core.types import World
         from gpupipe.loader import GpuLoader
-        from gpupipe.types import World
 
         split = config.split("train")
         loader = GpuLoader(split if num_workers is None else replace(split, num_workers=num_workers), world=World())

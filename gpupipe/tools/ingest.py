@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from gpupipe.classes import CLASSES_NAME, check_class_names, class_list, describe, refuse_unlisted
-from gpupipe.errors import ConfigError, DecodeError, StorageError
+from gpupipe.core.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
 from gpupipe.formats.writer import ShardSink

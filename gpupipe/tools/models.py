@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpupipe.classes import describe
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 
 __all__ = ["ImageClassifier", "ARCHITECTURES", "small_cnn"]
 

@@ -61,8 +61,8 @@ def _preview_config(config, n: int, seed_offset: int):
 
 def _first_batch(config, split: str, epoch: int, device):
     """The first decoded (not augmented) batch of ``split`` at ``epoch``."""
+    from gpupipe.core.types import World
     from gpupipe.loader import GpuLoader
-    from gpupipe.types import World
 
     settings = replace(config.split(split), augment=(), mix=None, num_workers=0)
     loader = GpuLoader(settings, world=World(), device=device)
@@ -78,7 +78,7 @@ def _first_batch(config, split: str, epoch: int, device):
 
 
 def _empty(split: str):
-    from gpupipe.errors import GpupipeError
+    from gpupipe.core.errors import GpupipeError
 
     return GpupipeError(f"the {split} split has no samples to preview")
 
@@ -114,7 +114,7 @@ def to_display(images, specs: Sequence = ()):
 def preview(config, *, split: str = "train", n: int = 16, epoch: int = 0, seed_offset: int = 0,
             compare: bool = False, device=None):
     """A Pillow image: the grid of the first ``n`` samples of ``split`` (see the module doc)."""
-    from gpupipe.errors import ConfigError
+    from gpupipe.core.errors import ConfigError
 
     if n < 1:
         raise ConfigError(f"--n: must be >= 1, got {n}")

@@ -13,11 +13,11 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
+from gpupipe.core.types import ByteRange
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.manifest import Manifest
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import Fetcher, open_filesystem
-from gpupipe.types import ByteRange
 
 __all__ = ["KIND_NAMES", "inspect", "in_place_summary"]
 

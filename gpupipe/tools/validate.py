@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpupipe.errors import ConfigError, DecodeError
+from gpupipe.core.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
 from gpupipe.tools.validate_child import Crash
 from gpupipe.tools.validate_read import Good, Problem
@@ -135,9 +135,9 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
     a native backend (DALI, nvJPEG) in a child process, where its crash costs one batch."""
     from dataclasses import replace
 
+    from gpupipe.core.types import ErrorPolicy
     from gpupipe.decode import DecodeConfig, make_decoder
     from gpupipe.tools.validate_child import ChildDecoder, contained_verdicts, verdicts
-    from gpupipe.types import ErrorPolicy
 
     config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
     decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpupipe.errors import DecodeError, GpupipeError
+from gpupipe.core.errors import DecodeError, GpupipeError
 
 __all__ = ["ChildDecoder", "ChildDied", "Crash", "verdicts", "contained_verdicts", "FACTORY"]
 
@@ -103,7 +103,7 @@ def pillow_opinion(data: bytes) -> str:
 
 def _pack(images: Sequence[tuple[str, bytes]]):
     from gpupipe.batch import pack
-    from gpupipe.types import Sample
+    from gpupipe.core.types import Sample
 
     samples = [Sample(key=key, fields={"jpg": data}, shard="", offset=0, sample_id=i)
                for i, (key, data) in enumerate(images)]

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpupipe.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 
 __all__ = ["Problem", "Good", "read_samples", "skipped_files"]
 
@@ -70,8 +70,8 @@ def read_samples(fetcher, resolved) -> Iterator[Good | Problem]:
 def _read_shards(fetcher, resolved) -> Iterator[Good | Problem]:
     """Whole-shard reads; tar damage ends its shard as a Problem, a sample failing its
     manifest checksum is a Problem."""
+    from gpupipe.core.types import ByteRange
     from gpupipe.formats.tar import group_by_key, iter_members
-    from gpupipe.types import ByteRange
 
     urls = resolved.shard_urls
     entries = resolved.manifest.shards if resolved.manifest is not None else [None] * len(urls)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from gpupipe.errors import ConfigError, DecodeError, MissingDependencyError
+from gpupipe.core.errors import ConfigError, DecodeError, MissingDependencyError
 
 __all__ = ["Item", "folder_items", "shard_items", "torch_batches", "webdataset_batches"]
 

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
 

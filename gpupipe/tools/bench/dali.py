@@ -31,7 +31,7 @@ def check_dali(steps: Iterable[Step]) -> None:
     check_supported(steps, DALI_SUPPORTED, who="the dali baseline")
     for i, (name, args) in enumerate(steps):
         if name == "RandomAffine" and any(args.get(k) is not None for k in ("translate", "scale", "shear")):
-            from gpupipe.errors import ConfigError
+            from gpupipe.core.errors import ConfigError
 
             raise ConfigError(f"augment[{i}]: the dali baseline runs RandomAffine(degrees) only; "
                               "translate/scale/shear are not mapped (leave dali out of --compare)")

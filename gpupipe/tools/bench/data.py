@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 from gpupipe.manifest import MANIFEST_NAME
 from gpupipe.tools.synth import LeavesConfig
 

@@ -42,7 +42,7 @@ def build_per_sample(steps: Iterable[Step], image_size: tuple[int, int] | None,
 
         return TorchvisionPipeline(pil_first), f"torchvision {torchvision.__version__}"
     if prefer == "torchvision":
-        from gpupipe.errors import MissingDependencyError
+        from gpupipe.core.errors import MissingDependencyError
 
         raise MissingDependencyError("torchvision", extra="bench", feature="--per-sample torchvision")
     return PilPipeline(pil_first), "pillow+numpy"

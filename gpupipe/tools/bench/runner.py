@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 from gpupipe.tools.bench.measure import Sampler, cpu_seconds, gpu_note
 from gpupipe.tools.bench.steps import Step
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 
 __all__ = ["Step", "SETS", "SUPPORTED", "steps_of", "check_supported", "gpupipe_pipeline"]
 

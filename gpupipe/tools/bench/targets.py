@@ -14,7 +14,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from gpupipe.errors import ConfigError
+from gpupipe.core.errors import ConfigError
 from gpupipe.tools.bench.runner import Target
 from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline, steps_of
 
@@ -106,8 +106,8 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
         shards, n = _local_shards(list(train) if isinstance(train, tuple) else train, cfg.source.storage_options)
 
         def make(workers, device, cfg=cfg):
+            from gpupipe.core.types import World
             from gpupipe.loader import GpuLoader
-            from gpupipe.types import World
 
             split = cfg.split("train")  # workers None: the config's own count (or gpupipe's automatic one)
             split = split if workers is None else dataclasses.replace(split, num_workers=workers)

@@ -6,7 +6,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from gpupipe.types import World
+from gpupipe.core.types import World
 
 __all__ = ["default_num_workers", "limit_this_threads_intraop", "this_threads_intraop", "fix_malloc_mmap_threshold"]
 
