@@ -27,7 +27,7 @@ _LAZY = {
     "FetchConfig": "gpupipe.storage:FetchConfig",
     "Source": "gpupipe.sources:Source",
     "World": "gpupipe.core.types:World",
-    "Manifest": "gpupipe.manifest:Manifest",
+    "Manifest": "gpupipe.formats.manifest:Manifest",
     "ingest": "gpupipe.tools.ingest:ingest",
     "index": "gpupipe.tools.indexer:index",
 }
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 _MOVED = {**{name: "tools" for name in ("cli", "cliargs", "ingest", "indexer", "sourceinfo", "validate",
                                          "validate_read", "validate_child", "preview", "demo", "fit", "models",
                                          "synth", "bench")},
-          **{name: "core" for name in ("errors", "types", "machine")}}
+          **{name: "core" for name in ("errors", "types", "machine")}, "manifest": "formats"}
 
 
 def _moved_to(fullname: str) -> str | None:

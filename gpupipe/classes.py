@@ -110,7 +110,7 @@ def refuse_unlisted(found: Sequence[str], given: tuple[str, ...], what: str) -> 
 def class_list(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """The class list at ``url``: an ``index.json`` (its ``classes``), a folder holding one,
     or a text file with one class name a line (``classes.txt``)."""
-    from gpupipe.manifest import MANIFEST_NAME, Manifest
+    from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
     from gpupipe.storage import open_filesystem
 
     fs, path = open_filesystem(url, storage_options)

@@ -17,6 +17,7 @@ from typing import Any
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.folder import LABEL_FILES, FolderListing, class_numbering, folder_table, parse_label_file
+from gpupipe.formats.manifest import Manifest
 from gpupipe.formats.rowgroups import (
     TAIL_BYTES,
     Pieces,
@@ -26,7 +27,6 @@ from gpupipe.formats.rowgroups import (
     read_columns,
     read_footer,
 )
-from gpupipe.manifest import Manifest
 from gpupipe.objects import fetch_objects
 from gpupipe.storage import Fetcher
 

@@ -40,9 +40,9 @@ from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.parquet import require_pyarrow
 from gpupipe.inplace import describe_folder, describe_parquet_files, parquet_paths
-from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import fsspec
 
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.tar import TarShardWriter
-from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 
 
 def payload(sample_id: int) -> bytes:

@@ -16,7 +16,7 @@ from s3util import storage_options_via
 from gpupipe.core.errors import ConfigError, MissingDependencyError
 from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.formats import delta
-from gpupipe.manifest import MANIFEST_NAME
+from gpupipe.formats.manifest import MANIFEST_NAME
 from gpupipe.sources import Source, resolve
 from gpupipe.tools.indexer import index_in_place
 

@@ -12,8 +12,8 @@ import fsspec
 import pytest
 
 from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
-from gpupipe.manifest import MANIFEST_NAME, Manifest
 from gpupipe.plan import shuffle_buffer
 from gpupipe.tools.indexer import index
 from gpupipe.tools.ingest import _ordered_map, ingest

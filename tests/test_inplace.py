@@ -16,7 +16,7 @@ from inplace_data import image_ids, label_of, write_class_folder, write_flat_fol
 
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.dataset import EncodedDataset, EncodedLoader, StreamConfig
-from gpupipe.manifest import Manifest
+from gpupipe.formats.manifest import Manifest
 from gpupipe.sources import Source, resolve
 from gpupipe.tools.indexer import index_in_place
 

@@ -80,7 +80,7 @@ def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
     import warnings
 
     for old, new in (("gpupipe.validate", "gpupipe.tools.validate"), ("gpupipe.bench.data", "gpupipe.tools.bench.data"),
-                     ("gpupipe.errors", "gpupipe.core.errors")):
+                     ("gpupipe.errors", "gpupipe.core.errors"), ("gpupipe.manifest", "gpupipe.formats.manifest")):
         for name in [n for n in sys.modules if n == old or old.startswith(n + ".")]:
             if name != "gpupipe":
                 del sys.modules[name]

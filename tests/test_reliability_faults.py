@@ -21,7 +21,7 @@ from s3util import storage_options_via
 
 from gpupipe.core.errors import ShardFormatError, StorageError
 from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.manifest import Manifest
+from gpupipe.formats.manifest import Manifest
 from gpupipe.storage import FetchConfig
 from gpupipe.tools.indexer import index
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample, TarMember
+from gpupipe.formats.manifest import index_shard
 from gpupipe.formats.tar import (
     BLOCK,
     MAX_MEMBER_BYTES,
@@ -30,7 +31,6 @@ from gpupipe.formats.tar import (
     iter_members,
     split_name,
 )
-from gpupipe.manifest import index_shard
 
 SHARD = "s3://bucket/train/shard-000042.tar"
 END = bytes(2 * BLOCK)

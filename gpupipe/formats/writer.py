@@ -6,8 +6,8 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.tar import TarShardWriter
-from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.storage import Fetcher, open_filesystem
 
 __all__ = ["ShardSink"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from gpupipe.manifest import MANIFEST_NAME
+from gpupipe.formats.manifest import MANIFEST_NAME
 
 __all__ = ["DemoResult", "prepare", "run_demo"]
 

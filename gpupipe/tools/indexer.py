@@ -20,8 +20,8 @@ from gpupipe.classes import CLASSES_NAME, class_lines
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.delta import DELTA_INDEX, index_json
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.inplace import with_checksums
-from gpupipe.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.sources import Source, expand_pattern, resolve
 from gpupipe.storage import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
 

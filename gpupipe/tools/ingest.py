@@ -31,8 +31,8 @@ from gpupipe.classes import CLASSES_NAME, check_class_names, class_list, describ
 from gpupipe.core.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.writer import ShardSink
-from gpupipe.manifest import MANIFEST_NAME, Manifest
 from gpupipe.plan import shuffle_buffer
 from gpupipe.storage import open_filesystem, storage_errors
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupipe.core.types import ByteRange
+from gpupipe.formats.manifest import Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
-from gpupipe.manifest import Manifest
 from gpupipe.sources import Source, resolve
 from gpupipe.storage import Fetcher, open_filesystem
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from gpupipe.core.errors import ConfigError
-from gpupipe.manifest import MANIFEST_NAME
+from gpupipe.formats.manifest import MANIFEST_NAME
 from gpupipe.tools.synth import LeavesConfig
 
 __all__ = ["Preset", "PRESETS", "preset_sizes", "make_dataset", "main"]
