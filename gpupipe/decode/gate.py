@@ -23,10 +23,10 @@ import importlib.metadata
 from collections.abc import Sequence
 
 from gpupipe.formats.imageheader import ImageHeader
+from gpupipe.formats.jpeg import HUFFMAN_SOF
 
 __all__ = ["native_decodable", "why_not_native", "route", "gpu_region_decode_safe", "nvimgcodec_version"]
 
-_NATIVE_SOF = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman JPEG
 
 # GPU region decode (DALI's decoders.image_slice / image_random_crop on "mixed") goes through
 # nvImageCodec's sub-code-stream regions, which regressed in nvImageCodec 0.9.0: ordinary,
@@ -45,7 +45,7 @@ def why_not_native(header: ImageHeader) -> str:
     """Why an image goes to Pillow instead of a native decoder; "" when it may go native."""
     if header.format != "jpeg":
         return header.format
-    if header.sof not in _NATIVE_SOF:
+    if header.sof not in HUFFMAN_SOF:
         return f"JPEG coding SOF 0xFF{header.sof:02X}"
     if header.bit_depth != 8:
         return f"{header.bit_depth}-bit JPEG"

@@ -35,13 +35,13 @@ from typing import NamedTuple
 from gpupipe.core.errors import DecodeError
 from gpupipe.formats.exif import exif_orientation
 
-__all__ = ["JpegHeader", "walk", "SOF_MARKERS", "MAX_SEGMENTS"]
+__all__ = ["JpegHeader", "walk", "SOF_MARKERS", "HUFFMAN_SOF", "MAX_SEGMENTS"]
 
 MAX_SEGMENTS = 4096  # markers walked before SOS
 _MAX_SKIP = 4096  # fill bytes or stray bytes tolerated before one marker (the lenient walk)
 SOF_MARKERS = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 _PROGRESSIVE = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
-_HUFFMAN_SOF = frozenset((0xC0, 0xC1, 0xC2))  # the frames the strict checks understand in full
+HUFFMAN_SOF = frozenset((0xC0, 0xC1, 0xC2))  # baseline, extended, progressive: what the strict checks understand
 _STANDALONE = frozenset((0x01, 0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5, 0xD6, 0xD7))
 _SOI, _EOI, _SOS, _DQT, _DHT, _DRI, _APP1, _COM = 0xD8, 0xD9, 0xDA, 0xDB, 0xC4, 0xDD, 0xE1, 0xFE
 _SAMPLING = (1, 2, 4)
@@ -171,7 +171,7 @@ def _frame(marker: int, body: memoryview) -> _Frame:
 def _check_frame(frame: _Frame) -> str:
     """Why a frame is not one the strict gate passes, or ""."""
     comps = frame.components
-    if frame.marker not in _HUFFMAN_SOF:
+    if frame.marker not in HUFFMAN_SOF:
         return f"SOF 0xFF{frame.marker:02X} (lossless, arithmetic or hierarchical coding)"
     if len(comps) == 2:
         return "SOF with 2 components"

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpupipe.core.errors import DecodeError, GpupipeError
@@ -261,16 +261,12 @@ def _narrow(child: ChildDecoder, images: list[tuple[str, bytes]], how: str, cras
                 f"({pillow_opinion(data)})"]
     half = len(images) // 2
     out: list[str | None] = []
-    for part in (images[:half], images[half:]):
-        out += _attempt(child, part, lambda died, part=part: _narrow(child, part, died.how, crash))
+    for part in (images[:half], images[half:]):  # each in a fresh child when the last one died
+        try:
+            out += child.verdicts(part)
+        except ChildDied as died:
+            out += _narrow(child, part, died.how, crash)
     return out
-
-
-def _attempt(child: ChildDecoder, images, on_death: Callable[[ChildDied], list[str | None]]) -> list[str | None]:
-    try:
-        return child.verdicts(images)
-    except ChildDied as died:
-        return on_death(died)
 
 
 if __name__ == "__main__":  # the child: python -m gpupipe.tools.validate_child READ_FD WRITE_FD
