@@ -20,8 +20,8 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 import gpupipe.transforms as T  # noqa: E402
-from gpupipe.dataset import EncodedLoader  # noqa: E402
 from gpupipe.decode import DecodeConfig, make_decoder  # noqa: E402
+from gpupipe.loader.encoded import EncodedLoader  # noqa: E402
 
 
 def main() -> None:

@@ -42,9 +42,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from gpupipe.dataset import EncodedLoader  # noqa: E402
 from gpupipe.decode import DecodeConfig, make_decoder  # noqa: E402
-from gpupipe.loader import GpuLoader  # noqa: E402
+from gpupipe.loader.encoded import EncodedLoader  # noqa: E402
+from gpupipe.loader.gpu import GpuLoader  # noqa: E402
 from gpupipe.tools.demo import prepare  # noqa: E402
 
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from gpupipe.decode import DecodeConfig  # noqa: E402
-from gpupipe.loader import GpuLoader  # noqa: E402
+from gpupipe.loader.gpu import GpuLoader  # noqa: E402
 from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline  # noqa: E402
 
 

@@ -47,14 +47,14 @@ def _decode_rate(decoder, batches) -> tuple[float, float, int]:
 
 
 def _batches(shards: str, n: int = 15):
-    from gpupipe.dataset import EncodedLoader
+    from gpupipe.loader.encoded import EncodedLoader
 
     return list(EncodedLoader(shards, batch_size=128, num_workers=0, rank=0, world_size=1))[:n]
 
 
 def fork(shards: str) -> None:
-    from gpupipe.dataset import EncodedLoader
     from gpupipe.decode import DecodeConfig, make_decoder
+    from gpupipe.loader.encoded import EncodedLoader
 
     batches = _batches(shards)
     decoder = make_decoder(DecodeConfig(backend="dali", image_size=(128, 128), num_threads=2), "cpu")

@@ -74,8 +74,8 @@ def _epoch(url: str, opts: dict, proxy) -> tuple[str, float, int, str]:
     from datagen import ids_of
 
     from gpupipe.core.errors import GpupipeError
-    from gpupipe.dataset import EncodedLoader, StreamConfig
-    from gpupipe.storage import FetchConfig
+    from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+    from gpupipe.storage.fetch import FetchConfig
 
     fetch = FetchConfig(block_bytes=BLOCK, backoff_s=0.005, backoff_max_s=0.1, retries=12, request_timeout_s=5)
     gets0 = proxy.counts.get("method:GET", 0)

@@ -173,10 +173,10 @@ def resize(folder: str) -> None:
 
     import gpupipe.decode.dali as dali
     import gpupipe.decode.resize as rs
-    from gpupipe.batch import pack
     from gpupipe.core.machine import this_threads_intraop
     from gpupipe.core.types import Sample
     from gpupipe.decode import DecodeConfig, make_decoder
+    from gpupipe.stream.batch import pack
 
     with this_threads_intraop(1):
         for (h, w), out in (((250, 250), (128, 128)), ((300, 300), (224, 224)), ((375, 500), (224, 224))):

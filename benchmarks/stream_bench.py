@@ -36,9 +36,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from gpupipe.dataset import EncodedLoader, StreamConfig  # noqa: E402
 from gpupipe.formats.writer import ShardSink  # noqa: E402
-from gpupipe.storage import FetchConfig  # noqa: E402
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig  # noqa: E402
+from gpupipe.storage.fetch import FetchConfig  # noqa: E402
 from gpupipe.tools.synth import synthetic_jpeg  # noqa: E402
 
 MB = 1e6

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         root = args.root or tmp
         train_dir = colour_shards(os.path.join(root, "train"), images, seed=0)
         val_dir = colour_shards(os.path.join(root, "val"), max(32, images // 8), seed=1)
-        from gpupipe.config import load_config
+        from gpupipe.config.schema import load_config
 
         config = load_config(pipeline(train_dir, val_dir, workers=0 if args.fast else None))
         before, after = train(config, epochs=epochs, root=root, fast=args.fast)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for split, n, seed in (("train", images, 0), ("val", max(32, images // 8), 1)):
                 upload(colour_shards(os.path.join(tmp, split), n, seed=seed), f"s3://{BUCKET}/{split}/", options)
-            from gpupipe.config import load_config
+            from gpupipe.config.schema import load_config
 
             config = load_config(pipeline(f"s3://{BUCKET}/train/", f"s3://{BUCKET}/val/",
                                           workers=0 if args.fast else 2, storage_options=options))

@@ -16,16 +16,16 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GpuLoader": "gpupipe.loader:GpuLoader",
+    "GpuLoader": "gpupipe.loader.gpu:GpuLoader",
     "GpuDataModule": "gpupipe.lightning:GpuDataModule",
-    "load_config": "gpupipe.config:load_config",
-    "PipelineConfig": "gpupipe.config:PipelineConfig",
+    "load_config": "gpupipe.config.schema:load_config",
+    "PipelineConfig": "gpupipe.config.schema:PipelineConfig",
     "DecodeConfig": "gpupipe.decode:DecodeConfig",
-    "EncodedLoader": "gpupipe.dataset:EncodedLoader",
-    "StreamConfig": "gpupipe.dataset:StreamConfig",
-    "EncodedBatch": "gpupipe.batch:EncodedBatch",
-    "FetchConfig": "gpupipe.storage:FetchConfig",
-    "Source": "gpupipe.sources:Source",
+    "EncodedLoader": "gpupipe.loader.encoded:EncodedLoader",
+    "StreamConfig": "gpupipe.stream.chunks:StreamConfig",
+    "EncodedBatch": "gpupipe.stream.batch:EncodedBatch",
+    "FetchConfig": "gpupipe.storage.fetch:FetchConfig",
+    "Source": "gpupipe.sources.resolve:Source",
     "World": "gpupipe.core.types:World",
     "Manifest": "gpupipe.formats.manifest:Manifest",
     "ingest": "gpupipe.tools.ingest:ingest",
@@ -54,16 +54,22 @@ def __dir__() -> list[str]:
 
 
 # Modules that moved into rooms (issue 24): the old names still import, with a DeprecationWarning.
-_MOVED = {**{name: "tools" for name in ("cli", "cliargs", "ingest", "indexer", "sourceinfo", "validate",
-                                         "validate_read", "validate_child", "preview", "demo", "fit", "models",
-                                         "synth", "bench")},
-          **{name: "core" for name in ("errors", "types", "machine")}, "manifest": "formats"}
+_MOVED = {**{name: f"tools.{name}" for name in ("cli", "cliargs", "ingest", "indexer", "sourceinfo", "validate",
+                                                 "validate_read", "validate_child", "preview", "demo", "fit",
+                                                 "models", "synth", "bench")},
+          **{name: f"core.{name}" for name in ("errors", "types", "machine")},
+          "manifest": "formats.manifest",
+          "cache": "storage.cache", "storage_faults": "storage.faults", "objects": "storage.objects",
+          "inplace": "sources.inplace", "classes": "sources.classes",
+          "batch": "stream.batch", "readers": "stream.readers", "workers": "stream.workers",
+          "configtypes": "config.values", "split": "config.split",
+          "dataset": "loader.encoded", "stages": "loader.stages", "epoch": "loader.epoch"}
 
 
 def _moved_to(fullname: str) -> str | None:
     parts = fullname.split(".")
     if len(parts) >= 2 and parts[0] == "gpupipe" and parts[1] in _MOVED:
-        return ".".join(["gpupipe", _MOVED[parts[1]], *parts[1:]])
+        return ".".join(["gpupipe", _MOVED[parts[1]], *parts[2:]])
     return None
 
 
@@ -77,11 +83,13 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         new = _moved_to(spec.name)
         warnings.warn(f"{spec.name} moved to {new}; import that instead", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        spec.loader_state = (module.__spec__, module.__loader__)  # the import machinery stamps the alias's on it
+        return module
 
     def exec_module(self, module) -> None:
-        """The module ran when it was imported under its new name."""
-
+        """The module ran when it was imported under its new name; it gets its own spec back."""
+        module.__spec__, module.__loader__ = module.__spec__.loader_state
 
 if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _MovedFinder())

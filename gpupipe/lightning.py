@@ -21,10 +21,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from gpupipe.classes import agreed_classes, describe
-from gpupipe.config import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
+from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
+from gpupipe.sources.classes import agreed_classes, describe
 
 __all__ = ["GpuDataModule"]
 
@@ -179,7 +179,7 @@ class _SplitLoader:
     batches come out in ``loader.batch_format``, and ``len`` is exact."""
 
     def __init__(self, dm: GpuDataModule, split: str) -> None:
-        from gpupipe.loader import GpuLoader
+        from gpupipe.loader.gpu import GpuLoader
 
         self.dm, self.split, cfg = dm, split, dm.config
         trainer = dm._trainer_or_none()

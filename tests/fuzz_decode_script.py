@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gpupipe.loader import GpuLoader
+from gpupipe.loader.gpu import GpuLoader
 
 
 def main(root: str, out: str, resize: str = "fixed", device: str = "cpu") -> None:

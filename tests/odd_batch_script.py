@@ -16,10 +16,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import decode_corpus  # noqa: E402
 
-from gpupipe.batch import pack  # noqa: E402
 from gpupipe.core.types import Sample  # noqa: E402
 from gpupipe.decode import DecodeConfig, make_decoder  # noqa: E402
 from gpupipe.decode.pil import decode_one  # noqa: E402
+from gpupipe.stream.batch import pack  # noqa: E402
 
 SIZE = (32, 32)
 

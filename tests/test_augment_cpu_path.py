@@ -74,7 +74,7 @@ def test_colour_pass_on_an_owned_buffer_writes_in_place():
 def test_a_stage_thread_runs_torch_on_its_own_thread_count():
     """``Stage(threads=1)``: torch ops in that stage's thread run on 1 thread; the consumer's
     thread keeps its count (``torch.set_num_threads`` would have changed both)."""
-    from gpupipe.stages import END, Stage, Stages
+    from gpupipe.loader.stages import END, Stage, Stages
 
     before = torch.get_num_threads()
     run = Stages(lambda: iter([0, 1]), [Stage("decode", lambda i: i),
@@ -88,7 +88,7 @@ def test_a_stage_thread_runs_torch_on_its_own_thread_count():
 
 
 def test_a_stage_thread_count_below_one_is_refused():
-    from gpupipe.stages import Stage
+    from gpupipe.loader.stages import Stage
 
     with pytest.raises(ValueError, match="stage 'augment': threads=0; use 1 or more"):
         Stage("augment", lambda i: i, threads=0)

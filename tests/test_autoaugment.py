@@ -390,7 +390,7 @@ def test_arguments_are_checked_like_torchvision():
 
 def test_policies_are_config_steps_and_presets():
     from gpupipe.augment.compose import Compose
-    from gpupipe.config import parse_config
+    from gpupipe.config.schema import parse_config
 
     cfg = parse_config({"source": "x", "augment": [
         {"name": "TrivialAugmentWide", "num_magnitude_bins": 11}, {"name": "RandAugment", "num_ops": 1},

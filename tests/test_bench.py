@@ -55,7 +55,7 @@ def test_bytes_per_pixel_and_spectrum_are_photo_like():
 
 
 def test_per_sample_steps_match_the_config_presets():
-    from gpupipe.config import preset
+    from gpupipe.config.schema import preset
     from gpupipe.tools.bench.steps import SETS, steps_of
 
     for name in ("none", "simple", "complex"):

@@ -7,10 +7,10 @@ import io
 import numpy as np
 import pytest
 
-from gpupipe.classes import agreed_classes, class_list
-from gpupipe.config import load_config
+from gpupipe.config.schema import load_config
 from gpupipe.core.errors import ConfigError
-from gpupipe.loader import GpuLoader
+from gpupipe.loader.gpu import GpuLoader
+from gpupipe.sources.classes import agreed_classes, class_list
 from gpupipe.tools.cli import main
 from gpupipe.tools.ingest import ingest
 

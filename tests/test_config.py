@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupipe.config import LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset
+from gpupipe.config.schema import LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset
 from gpupipe.core.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
@@ -188,7 +188,7 @@ def test_to_dict_round_trips(data):
        st.text(st.characters(codec="ascii", categories=["Ll"]), min_size=1, max_size=12))
 def test_any_unknown_key_raises_with_its_path(data, section, key):
     known = {f.name for f in dataclasses.fields(PipelineConfig)} | {"storage_options", "train", "val", "test", "predict"}
-    from gpupipe.config import LoaderConfig
+    from gpupipe.config.schema import LoaderConfig
     from gpupipe.decode import DecodeConfig
     known |= {f.name for f in dataclasses.fields(LoaderConfig)} | {f.name for f in dataclasses.fields(DecodeConfig)}
     if key in known or key == "data":
@@ -212,7 +212,7 @@ def test_mix_mixes_labels_in_training_only(tmp_path):
                        "mix": {"name": "CutMix", "alpha": 1.0, "num_classes": 4},
                        "loader": {"batch_size": 8, "num_workers": 0}})
     from gpupipe.core.types import World
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
 
     train = list(GpuLoader(cfg.split("train"), world=World(), device="cpu"))
     assert all(b.labels.shape == (8, 4) and b.labels.dtype == torch.float32 for b in train)

@@ -21,7 +21,7 @@ from gpupipe.tools.synth import synthetic_jpeg
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
     root, backend, workers, where = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     loader = GpuLoader(root, batch_size=4, image_size=16, decode=backend, num_workers=workers, device="cpu")
 

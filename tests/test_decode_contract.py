@@ -23,10 +23,10 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from gpupipe.batch import EncodedBatch, pack
 from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import Sample
 from gpupipe.decode import DecodeConfig, DecodedBatch, ResizeMode, make_decoder
+from gpupipe.stream.batch import EncodedBatch, pack
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
-from gpupipe.batch import pack
 from gpupipe.core.types import Sample
 from gpupipe.decode import DecodeConfig, make_decoder
 from gpupipe.decode.resize import resize_boxes
+from gpupipe.stream.batch import pack
 
 
 def _image(h: int, w: int, seed: int) -> np.ndarray:

@@ -12,10 +12,10 @@ import pytest
 import torch
 from PIL import Image, ImageOps, JpegImagePlugin
 
-from gpupipe.batch import pack
 from gpupipe.core.types import Sample
 from gpupipe.decode import DecodeConfig, ResizeMode, make_decoder
 from gpupipe.decode.roi import dali_slices, decode_window, draft_scale, drafted_box, transpose_box
+from gpupipe.stream.batch import pack
 
 PHOTO = corpus.oriented_jpegs()  # 203x157 (w x h), orientations 1..8
 INVERSE = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 8, 7: 7, 8: 6}

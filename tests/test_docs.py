@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from gpupipe.augment.registry import MIXES, TRANSFORMS, transform_class
-from gpupipe.config import LoaderConfig, PipelineConfig, SourceConfig, parse_config
+from gpupipe.config.schema import LoaderConfig, PipelineConfig, SourceConfig, parse_config
 from gpupipe.core.errors import ConfigError
-from gpupipe.dataset import StreamConfig
 from gpupipe.decode import DecodeConfig
-from gpupipe.storage import FetchConfig
+from gpupipe.loader.encoded import StreamConfig
+from gpupipe.storage.fetch import FetchConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

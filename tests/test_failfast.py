@@ -22,9 +22,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpupipe.core.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
-from gpupipe.sources import Source, resolve
-from gpupipe.storage import FetchConfig, Fetcher, is_transient, open_filesystem
-from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
+from gpupipe.sources.resolve import Source, resolve
+from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
+from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
 
 FAST_S = 2.0
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +83,7 @@ def test_no_credentials_fail_at_once_saying_what_to_set(s3_bucket, tmp_path):
     url = s3_bucket.url("ds/")
     script = (
         "import json, time\n"
-        "from gpupipe.sources import Source, resolve\n"
+        "from gpupipe.sources.resolve import Source, resolve\n"
         "t0 = time.perf_counter()\n"
         "try:\n"
         f"    resolve(Source({url!r}, storage_options={{'endpoint_url': {s3_bucket.endpoint!r}}}))\n"

@@ -128,7 +128,7 @@ def test_breaking_early_leaves_no_stage_thread(shards):
 
 
 def test_unknown_keys_and_bad_values_raise_naming_them(shards):
-    from gpupipe.config import load_config
+    from gpupipe.config.schema import load_config
 
     loader = GpuLoader(load_config({"source": shards, "decode": {"image_size": [16, 16], "backend": "pil"},
                                     "loader": {"batch_size": 8, "device": "cpu", "num_workers": 0},

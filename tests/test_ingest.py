@@ -369,7 +369,7 @@ def test_index_reads_shards_in_blocks(tmp_path, monkeypatch):
     """Many small blocks (not whole shards), crossing member and shard boundaries, give the
     same manifest as ingest wrote."""
     import gpupipe.tools.indexer as indexer_module
-    from gpupipe.storage import FetchConfig
+    from gpupipe.storage.fetch import FetchConfig
 
     make_image_folder(str(tmp_path / "src"))
     ingest(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=6, progress=False)

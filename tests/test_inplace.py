@@ -15,9 +15,9 @@ from datagen import payload, write_dataset
 from inplace_data import image_ids, label_of, write_class_folder, write_flat_folder, write_parquet
 
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
-from gpupipe.dataset import EncodedDataset, EncodedLoader, StreamConfig
 from gpupipe.formats.manifest import Manifest
-from gpupipe.sources import Source, resolve
+from gpupipe.loader.encoded import EncodedDataset, EncodedLoader, StreamConfig
+from gpupipe.sources.resolve import Source, resolve
 from gpupipe.tools.indexer import index_in_place
 
 pyarrow = pytest.importorskip("pyarrow")
@@ -214,7 +214,7 @@ def test_a_config_passes_its_class_list_and_columns_to_every_split(tmp_path):
     """YAML's source.classes numbers a val folder that lacks a class like train (it raised a
     mismatch: the split was resolved without the list), and source.image_column/label_column
     reach a Parquet split."""
-    from gpupipe.config import load_config
+    from gpupipe.config.schema import load_config
 
     write_class_folder(str(tmp_path / "train"), 6)
     write_class_folder(str(tmp_path / "val"), 6)

@@ -19,7 +19,7 @@ import datetime, json, sys
 import torch.distributed as dist
 sys.path[:0] = {paths!r}
 from inplace_data import image_ids
-from gpupipe.dataset import EncodedLoader
+from gpupipe.loader.encoded import EncodedLoader
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 out = {{}}
 for url in {urls!r}:

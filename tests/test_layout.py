@@ -1,5 +1,6 @@
-"""The shape of the package: commands share argument helpers through gpupipe.tools.cliargs and
-never import one another's private names; the CLI entry module is imported by nobody."""
+"""The shape of the package: rooms by stage whose imports follow one layer table (tools on top, core
+at the bottom, no circles); commands share argument helpers through gpupipe.tools.cliargs and never
+import one another's private names; the CLI entry module is imported by nobody."""
 from __future__ import annotations
 
 import ast
@@ -44,34 +45,99 @@ def test_every_public_name_resolves():
     assert set(gpupipe.__all__) <= set(namespace)
 
 
+# Rooms from the bottom up: a module imports its own room and the rooms of the layers below, nothing
+# else. The order is the data flow (docs/concepts.md, "Where the code is"); a total order, so no circle.
+LAYERS = (
+    ("core",),                          # errors, value types, the machine
+    ("storage",),                       # fsspec reads, retries, faults, the block cache
+    ("formats",),                       # bytes at rest: tar, Parquet, image folder, Delta, manifest, headers
+    ("plan", "sources"),                # the pure planner; a URL resolved into units + manifest
+    ("stream", "decode", "augment"),    # worker-side samples and batches; decoding; GPU augmentation
+    ("transforms",),                    # torchvision's names over augment
+    ("config",),                        # YAML, typed per-stage settings, presets, the keyword form
+    ("loader",),                        # GpuLoader, EncodedLoader, stages, the epoch ledger
+    ("lightning",),                     # the DataModule
+    ("tools",),                         # the CLI and what only it uses
+)
+LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _all_imports():
-    """(importing module's path, imported module name) for every import in the package,
-    at module level and inside functions alike."""
+    """(importing module's path, imported module name) for every import in the package, at module
+    level, inside functions and under ``TYPE_CHECKING`` alike; relative imports resolved."""
     for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent)
+        package = _module_of(rel) if path.name == "__init__.py" else _module_of(rel).rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                yield path.relative_to(PACKAGE.parent), node.module
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
+                yield from ((rel, name) for name in names)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    yield path.relative_to(PACKAGE.parent), alias.name
+                    yield rel, alias.name
 
 
-def upward_tool_imports(imports) -> list[str]:
-    """Library modules that import a tool: tools sit above the library, never the other way."""
-    return [f"{path}: imports {module}" for path, module in imports
-            if path.parts[1] != "tools" and (module == "gpupipe.tools" or module.startswith("gpupipe.tools."))]
+def _room(module: str) -> str | None:
+    """``gpupipe.loader.gpu`` → ``loader``; None outside gpupipe and for the package itself."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "gpupipe" and len(parts) > 1 else None
 
 
-def test_the_library_never_imports_a_tool():
-    bad = upward_tool_imports(_all_imports())
-    assert not bad, f"the library imports from gpupipe.tools (move the shared code down instead): {bad}"
+def layer_violations(imports) -> list[str]:
+    """Imports that point up the layer table or sideways into another room of the same layer, and
+    rooms missing from the table (a new room must be placed in it)."""
+    bad = []
+    for path, module in imports:
+        if not module.split(".")[0] == "gpupipe" or path.parts[1] == "__init__.py":
+            continue  # the package's own lazy name table points at every room by design
+        here, there = path.with_suffix("").parts[1], _room(module)
+        if there is None:
+            bad.append(f"{path}: imports the package root ({module}); import the room that defines the name")
+        elif here not in LAYER or there not in LAYER:
+            bad.append(f"{path}: imports {module}; room {here if here not in LAYER else there!r} is not in LAYERS")
+        elif there != here and LAYER[there] >= LAYER[here]:
+            way = "sideways" if LAYER[there] == LAYER[here] else "up"
+            bad.append(f"{path}: imports {module} ({here} -> {there} points {way})")
+    return bad
 
 
-def test_the_tool_check_sees_an_import_inside_a_function():
-    """The check above can fail: an import of a tool hidden in a function of the library counts."""
-    tree = ast.parse("def f():\n    from gpupipe.tools.validate import validate\n")
-    imports = [(Path("gpupipe/loader.py"), node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
-    assert upward_tool_imports(imports) == ["gpupipe/loader.py: imports gpupipe.tools.validate"]
+def test_every_import_follows_the_layer_table():
+    bad = layer_violations(_all_imports())
+    assert not bad, "imports against the layer table (move the shared code down instead):\n" + "\n".join(bad)
+
+
+def test_the_layer_check_fails_on_an_upward_import_even_inside_a_function():
+    """The check can fail: an import of the loader hidden in a function of the stream room counts, as
+    does one under TYPE_CHECKING, and a tool imported from the library."""
+    tree = ast.parse("def f():\n    from gpupipe.loader.gpu import GpuLoader\n"
+                     "if TYPE_CHECKING:\n    from gpupipe.config.split import SplitConfig\n")
+    imports = [(Path("gpupipe/stream/chunks.py"), node.module) for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom)] + [(Path("gpupipe/loader/gpu.py"), "gpupipe.tools.validate"),
+                                                       (Path("gpupipe/decode/dali.py"), "gpupipe.stream.batch")]
+    assert layer_violations(imports) == [
+        "gpupipe/stream/chunks.py: imports gpupipe.loader.gpu (stream -> loader points up)",
+        "gpupipe/stream/chunks.py: imports gpupipe.config.split (stream -> config points up)",
+        "gpupipe/loader/gpu.py: imports gpupipe.tools.validate (loader -> tools points up)",
+        "gpupipe/decode/dali.py: imports gpupipe.stream.batch (decode -> stream points sideways)"]
+
+
+def test_every_room_of_the_package_is_in_the_layer_table():
+    rooms = {p.with_suffix("").name for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
+    assert rooms == set(LAYER), rooms ^ set(LAYER)
+
+
+def test_the_root_holds_few_modules():
+    """The package root shows the rooms; modules live inside them (issue 24: at most ~12)."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 12, modules
 
 
 def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
@@ -80,7 +146,9 @@ def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
     import warnings
 
     for old, new in (("gpupipe.validate", "gpupipe.tools.validate"), ("gpupipe.bench.data", "gpupipe.tools.bench.data"),
-                     ("gpupipe.errors", "gpupipe.core.errors"), ("gpupipe.manifest", "gpupipe.formats.manifest")):
+                     ("gpupipe.errors", "gpupipe.core.errors"), ("gpupipe.manifest", "gpupipe.formats.manifest"),
+                     ("gpupipe.dataset", "gpupipe.loader.encoded"), ("gpupipe.storage_faults", "gpupipe.storage.faults"),
+                     ("gpupipe.configtypes", "gpupipe.config.values"), ("gpupipe.epoch", "gpupipe.loader.epoch")):
         for name in [n for n in sys.modules if n == old or old.startswith(n + ".")]:
             if name != "gpupipe":
                 del sys.modules[name]
@@ -88,12 +156,6 @@ def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
             warnings.simplefilter("always")
             module = importlib.import_module(old)
         assert module is importlib.import_module(new)
+        assert module.__spec__.name == new and module.__name__ == new  # the module keeps its own identity
         messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
         assert f"{old} moved to {new}; import that instead" in messages, messages
-
-
-def test_the_core_imports_nothing_else_of_gpupipe():
-    """The ground floor (errors, value types, the machine) stands on nothing of the package."""
-    bad = [f"{path}: imports {module}" for path, module in _all_imports()
-           if path.parts[1] == "core" and module.startswith("gpupipe") and not module.startswith("gpupipe.core")]
-    assert not bad, bad

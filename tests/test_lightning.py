@@ -155,9 +155,9 @@ def test_two_processes_ddp_gloo_equal_steps_exactly_once(tmp_path):
 def test_deferred_delivery_counts_only_committed_batches(data):
     """Lightning may fetch a batch before the step that uses it: the resume state must count
     only batches committed in on_after_batch_transfer, whatever was fetched ahead."""
-    from gpupipe.config import load_config
+    from gpupipe.config.schema import load_config
     from gpupipe.core.types import World
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
 
     loader = GpuLoader(load_config(pipeline(*data)).split("train"), world=World(), device="cpu")
     loader.ledger.defer()

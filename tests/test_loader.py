@@ -11,7 +11,7 @@ import torch
 from datagen import ids_of, write_dataset
 
 from gpupipe.core.errors import ConfigError, PlanError, StorageError
-from gpupipe.dataset import EncodedLoader, StreamConfig
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
 
 COUNTS = [23, 0, 41, 7, 30, 1]  # uneven, with an empty shard
 N = sum(COUNTS)
@@ -117,7 +117,7 @@ def test_spawned_workers_build_their_own_filesystem(tmp_path):
     write_dataset(url, [10, 10])
     code = (
         "import torch.multiprocessing as mp, sys\n"
-        "from gpupipe.dataset import EncodedLoader\n"
+        "from gpupipe.loader.encoded import EncodedLoader\n"
         "from torch.utils.data import DataLoader\n"
         f"L = EncodedLoader({url!r}, batch_size=5, num_workers=2, rank=0, world_size=1)\n"
         "dl = DataLoader(L._dataset(), batch_size=None, num_workers=2, multiprocessing_context='spawn')\n"
@@ -173,7 +173,7 @@ def test_forked_workers_never_finalize_the_parents_garbage(tmp_path, monkeypatch
     process left in reference cycles (a DALI pipeline's destructor deadlocks there)."""
     import gc
 
-    from gpupipe.dataset import EncodedDataset
+    from gpupipe.loader.encoded import EncodedDataset
 
     class Collecting(EncodedDataset):
         def __iter__(self):
@@ -202,7 +202,7 @@ def test_empty_image_member_is_named_and_its_slot_is_a_genuine_pair(tmp_path):
     import numpy as np
 
     from gpupipe.core.errors import ShardFormatError
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
     from gpupipe.tools.synth import synthetic_jpeg
 
     url = str(tmp_path / "ds")
@@ -228,7 +228,7 @@ def test_padding_repeat_of_a_bad_sample_is_counted_once(tmp_path, bad):
     skip; corrupt: the decoder's) ``stats.skipped`` counts it once, not twice."""
     import numpy as np
 
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
     from gpupipe.tools.synth import synthetic_jpeg
 
     url = str(tmp_path / "ds")

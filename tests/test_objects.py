@@ -9,8 +9,8 @@ from fsspec.asyn import AsyncFileSystem
 
 from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.objects import fetch_objects
-from gpupipe.storage import FetchConfig, Fetcher
+from gpupipe.storage.fetch import FetchConfig, Fetcher
+from gpupipe.storage.objects import fetch_objects
 
 
 class SlowObjects(AsyncFileSystem):
@@ -101,7 +101,7 @@ def test_a_range_without_a_size_is_refused():
 def test_a_fresh_read_counts_once(is_async):
     import fsspec
 
-    from gpupipe.objects import read_object_fresh
+    from gpupipe.storage.objects import read_object_fresh
 
     if is_async:
         fetcher, r = Fetcher(SlowObjects()), ByteRange("o2", 0, 3)

@@ -20,9 +20,9 @@ from fault_proxy import FATAL, RETRYABLE
 from s3util import storage_options_via
 
 from gpupipe.core.errors import ShardFormatError, StorageError
-from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.formats.manifest import Manifest
-from gpupipe.storage import FetchConfig
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.storage.fetch import FetchConfig
 from gpupipe.tools.indexer import index
 
 COUNTS = [40, 0, 33, 57, 12]

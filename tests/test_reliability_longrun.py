@@ -21,8 +21,8 @@ from datagen import ids_of, write_dataset
 from fault_proxy import RETRYABLE
 from s3util import storage_options_via
 
-from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.storage import FetchConfig
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.storage.fetch import FetchConfig
 from gpupipe.tools.indexer import index
 
 COUNTS = [30, 0, 20, 25, 15]

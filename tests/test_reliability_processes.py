@@ -19,7 +19,7 @@ import pytest
 from datagen import write_dataset
 
 from gpupipe.core.errors import WorkerError
-from gpupipe.dataset import EncodedLoader, StreamConfig
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
 
 
 def children(pid: int | None = None) -> set[int]:
@@ -82,7 +82,7 @@ import datetime, json, os, sys
 import torch.distributed as dist
 sys.path[:0] = {paths!r}
 from datagen import ids_of
-from gpupipe.dataset import EncodedLoader
+from gpupipe.loader.encoded import EncodedLoader
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 ld = EncodedLoader({url!r}, batch_size=4, num_workers={workers}, drop_last={drop_last}, seed=5)
 epochs = []

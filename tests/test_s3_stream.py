@@ -14,8 +14,8 @@ from datagen import ids_of, write_dataset
 from s3util import storage_options_via
 
 from gpupipe.core.errors import StorageError
-from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.storage import FetchConfig
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.storage.fetch import FetchConfig
 
 COUNTS = [40, 0, 33, 57, 12]
 N = sum(COUNTS)

@@ -27,10 +27,10 @@ from s3util import storage_options_via
 
 from gpupipe import GpuLoader
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
-from gpupipe.dataset import EncodedLoader, StreamConfig
 from gpupipe.formats.writer import ShardSink
-from gpupipe.sources import Source, resolve
-from gpupipe.storage import FetchConfig
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.sources.resolve import Source, resolve
+from gpupipe.storage.fetch import FetchConfig
 from gpupipe.tools.indexer import index
 from gpupipe.tools.ingest import ingest
 from gpupipe.tools.sourceinfo import inspect

@@ -12,14 +12,14 @@ from datagen import write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupipe.config import load_config
+from gpupipe.config.schema import load_config
+from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
-from gpupipe.dataset import EncodedLoader
 from gpupipe.decode import DecodeConfig
-from gpupipe.loader import GpuLoader
-from gpupipe.split import SplitConfig
-from gpupipe.stream import StreamConfig
+from gpupipe.loader.encoded import EncodedLoader
+from gpupipe.loader.gpu import GpuLoader
+from gpupipe.stream.chunks import StreamConfig
 from gpupipe.tools.synth import synthetic_jpeg
 
 N = 24

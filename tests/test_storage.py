@@ -13,12 +13,12 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from datagen import ids_of, write_dataset
 
-from gpupipe.cache import BlockCache
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange, World
-from gpupipe.dataset import EncodedLoader, StreamConfig
-from gpupipe.sources import Source, expand_pattern, resolve
-from gpupipe.storage import FetchConfig, Fetcher, is_transient, open_filesystem
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.sources.resolve import Source, expand_pattern, resolve
+from gpupipe.storage.cache import BlockCache
+from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
 
 
 # -- patterns ---------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_world_from_torch_distributed_two_gloo_ranks(tmp_path):
         "import os, sys, torch, torch.distributed as dist\n"
         f"sys.path[:0] = [{os.getcwd()!r}, {os.path.dirname(__file__)!r}]\n"
         "from datagen import ids_of\n"
-        "from gpupipe.dataset import EncodedLoader\n"
+        "from gpupipe.loader.encoded import EncodedLoader\n"
         "dist.init_process_group('gloo', timeout=__import__('datetime').timedelta(seconds=60))\n"
         "os.environ.pop('RANK'); os.environ.pop('WORLD_SIZE')  # only torch.distributed may tell\n"
         f"ld = EncodedLoader({str(tmp_path / 'ds')!r}, batch_size=4, num_workers=1)\n"
@@ -229,7 +229,7 @@ def test_a_missing_fsspec_backend_names_the_extra_to_install(monkeypatch):
     import builtins
 
     from gpupipe.core.errors import MissingDependencyError
-    from gpupipe.storage import open_filesystem
+    from gpupipe.storage.fetch import open_filesystem
 
     real_import = builtins.__import__
 

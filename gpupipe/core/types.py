@@ -2,7 +2,7 @@
 
 Everything here is plain data: cheap to copy, safe to pickle into a DataLoader
 worker, and free of torch/CUDA state (``EncodedBatch`` lives in
-:mod:`gpupipe.batch` because it holds tensors).
+:mod:`gpupipe.stream.batch` because it holds tensors).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.tar import TarShardWriter
-from gpupipe.storage import Fetcher, open_filesystem
+from gpupipe.storage.fetch import Fetcher, open_filesystem
 
 __all__ = ["ShardSink"]
 

@@ -208,7 +208,7 @@ def _demo_run(args: argparse.Namespace) -> int:
         raise GpupipeError("--epochs must be >= 2 (the first epoch is a warm-up)")
     config = None
     if args.config is not None:
-        from gpupipe.config import load_config
+        from gpupipe.config.schema import load_config
 
         config = load_config(args.config)
     r = run_demo(args.root, images=args.images, size=args.size, batch_size=args.batch_size,
@@ -337,7 +337,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
 def _storage_message(exc: Exception) -> str:
     """One line for an error of storage (worded with what to set) or of the OS; a bug re-raises."""
-    from gpupipe.storage_faults import from_backend, storage_error
+    from gpupipe.storage.faults import from_backend, storage_error
 
     if from_backend(exc):
         return str(storage_error(exc, ""))

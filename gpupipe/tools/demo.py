@@ -1,7 +1,7 @@
 """The ``make demo`` pipeline: sample images → shards → stream → decode, measured.
 
 Builds (once) a folder of synthetic JPEGs in ImageNet layout, ingests it into
-tar shards with a manifest, then runs epochs of :class:`~gpupipe.loader.GpuLoader`
+tar shards with a manifest, then runs epochs of :class:`~gpupipe.loader.gpu.GpuLoader`
 (stream, decode one batch ahead in the training process, augment with the docs'
 simple or complex transform set) and reports images/s with the time spent in each stage.
 """
@@ -52,12 +52,12 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
              batch_size: int = 128, image_size: int = 128, epochs: int = 3, num_workers: int | None = None,
              decode: str = "auto", augment: str | None = "simple", config=None) -> DemoResult:
     """Run ``epochs`` epochs; the first warms up (worker start, DALI pipeline build) and is not timed.
-    With ``config`` (a :class:`~gpupipe.config.PipelineConfig`) its training loader is used and
+    With ``config`` (a :class:`~gpupipe.config.schema.PipelineConfig`) its training loader is used and
     the batch/decode/augment arguments are ignored."""
     shards = prepare(root, images=images, size=size, shard_size=shard_size)
     if config is not None:
         from gpupipe.core.types import World
-        from gpupipe.loader import GpuLoader
+        from gpupipe.loader.gpu import GpuLoader
 
         split = config.split("train")
         loader = GpuLoader(split if num_workers is None else replace(split, num_workers=num_workers), world=World())
@@ -73,7 +73,7 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
 
 def _loader(shards: str, *, batch_size: int, image_size: int, num_workers: int | None, decode: str,
             augment: str | None):
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
 
     pipeline = None
     if augment is not None:

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gpupipe.config import parse_config, read_yaml
+from gpupipe.config.schema import parse_config, read_yaml
 from gpupipe.core.errors import ConfigError
 
 __all__ = ["add_arguments", "run", "check_class_paths", "ALLOWED_CLASS_PREFIXES"]

@@ -27,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from gpupipe.classes import CLASSES_NAME, check_class_names, class_list, describe, refuse_unlisted
 from gpupipe.core.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.writer import ShardSink
 from gpupipe.plan import shuffle_buffer
-from gpupipe.storage import open_filesystem, storage_errors
+from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list, describe, refuse_unlisted
+from gpupipe.storage.fetch import open_filesystem, storage_errors
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
 
@@ -102,7 +102,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``<class>/<stem>_<NNNNNNNN>`` and fields ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}``.
 
     ``classes`` (or ``classes_from``: an ``index.json``, its folder or a ``classes.txt``, see
-    :func:`~gpupipe.classes.class_list`) fixes the class list and so the numbering, e.g. val's from train's
+    :func:`~gpupipe.sources.classes.class_list`) fixes the class list and so the numbering, e.g. val's from train's
     index; a class of the source that is not in it is refused.
 
     ``val_fraction`` > 0 carves a validation split: ``dst/train/`` and ``dst/val/`` each get

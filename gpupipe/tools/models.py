@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpupipe.classes import describe
 from gpupipe.core.errors import ConfigError
+from gpupipe.sources.classes import describe
 
 __all__ = ["ImageClassifier", "ARCHITECTURES", "small_cnn"]
 

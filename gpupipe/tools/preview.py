@@ -62,7 +62,7 @@ def _preview_config(config, n: int, seed_offset: int):
 def _first_batch(config, split: str, epoch: int, device):
     """The first decoded (not augmented) batch of ``split`` at ``epoch``."""
     from gpupipe.core.types import World
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
 
     settings = replace(config.split(split), augment=(), mix=None, num_workers=0)
     loader = GpuLoader(settings, world=World(), device=device)
@@ -182,7 +182,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpupipe.config import load_config
+    from gpupipe.config.schema import load_config
 
     config = load_config(args.config)
     image = preview(config, split=args.split, n=args.n, epoch=args.epoch, seed_offset=args.seed_offset,

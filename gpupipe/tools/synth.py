@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpupipe.core.errors import MissingDependencyError
-from gpupipe.storage import open_filesystem
+from gpupipe.storage.fetch import open_filesystem
 
 __all__ = ["synthetic_jpeg", "write_image_folder", "LeavesConfig", "dead_leaves", "dead_leaves_jpeg",
            "write_leaves_folder"]

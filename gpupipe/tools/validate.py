@@ -53,7 +53,7 @@ from gpupipe.tools.validate_child import Crash
 from gpupipe.tools.validate_read import Good, Problem
 
 if TYPE_CHECKING:
-    from gpupipe.sources import Source
+    from gpupipe.sources.resolve import Source
 
 __all__ = ["Problem", "Report", "validate", "write_quarantine", "read_quarantine", "add_arguments", "run"]
 
@@ -155,13 +155,13 @@ def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | No
              device=None, max_pixels: int | None = MAX_PIXELS, batch_size: int = 32,
              progress: bool = False) -> Report:
     """Check every sample under ``url`` (a URL, a list of them, or a
-    :class:`~gpupipe.sources.Source` naming Parquet columns, a labels file or classes);
+    :class:`~gpupipe.sources.resolve.Source` naming Parquet columns, a labels file or classes);
     returns a :class:`Report` (nothing is raised for bad samples; a missing source or bad
     arguments raise ``GpupipeError``/``OSError``)."""
     from tqdm import tqdm
 
-    from gpupipe.sources import Source, resolve
-    from gpupipe.storage import Fetcher
+    from gpupipe.sources.resolve import Source, resolve
+    from gpupipe.storage.fetch import Fetcher
     from gpupipe.tools.validate_read import read_samples, skipped_files
 
     if batch_size < 1:
@@ -281,7 +281,7 @@ def _target(args: argparse.Namespace) -> tuple[object, dict, str, int | None]:
         return args.url, dict(args.storage_options), args.decode or "auto", max_pixels
     from dataclasses import replace
 
-    from gpupipe.config import load_config
+    from gpupipe.config.schema import load_config
 
     config = load_config(args.config)
     source = config.split(args.split).source  # with the config's classes and Parquet columns

@@ -102,8 +102,8 @@ def pillow_opinion(data: bytes) -> str:
 
 
 def _pack(images: Sequence[tuple[str, bytes]]):
-    from gpupipe.batch import pack
     from gpupipe.core.types import Sample
+    from gpupipe.stream.batch import pack
 
     samples = [Sample(key=key, fields={"jpg": data}, shard="", offset=0, sample_id=i)
                for i, (key, data) in enumerate(images)]

@@ -4,7 +4,7 @@ Each reader turns a resolved source into :class:`Good` items (a sample whose byt
 read and which has an image and an integer label) and :class:`Problem` items, in unit
 order; :mod:`gpupipe.tools.validate` then runs the same header checks and decodes on the
 images of every kind. Sources read in place are read by the loader's own readers
-(:mod:`gpupipe.readers`), so a sample validate passes is one the loader delivers:
+(:mod:`gpupipe.stream.readers`), so a sample validate passes is one the loader delivers:
 
 * tar shards: whole-shard reads; tar damage ends its shard as one Problem (``key=""``);
 * an image folder: ``shard`` is the object's URL, ``key`` its path in the folder,
@@ -60,7 +60,7 @@ class Good:
 
 
 def read_samples(fetcher, resolved) -> Iterator[Good | Problem]:
-    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.ResolvedSource`), in order."""
+    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.resolve.ResolvedSource`), in order."""
     reader = {"tar": _read_shards, "folder": _read_objects, "parquet": _read_rowgroups}[resolved.kind]
     return reader(fetcher, resolved)
 
@@ -90,8 +90,8 @@ def _read_shards(fetcher, resolved) -> Iterator[Good | Problem]:
 
 
 def _sample_verdict(sample, url: str, entry, index: int) -> Good | Problem:
-    from gpupipe.batch import image_field, label_of
     from gpupipe.formats.tar import sample_crc32
+    from gpupipe.stream.batch import image_field, label_of
 
     def problem(kind: str, reason: str) -> Problem:
         return Problem(url, sample.key, sample.offset, kind, reason)
@@ -115,7 +115,7 @@ def _sample_verdict(sample, url: str, entry, index: int) -> Good | Problem:
 def _read_objects(fetcher, resolved) -> Iterator[Good | Problem]:
     """An image folder through the loader's object reader: one span per object."""
     from gpupipe.plan import Span
-    from gpupipe.readers import object_spans
+    from gpupipe.stream.readers import object_spans
 
     names = resolved.manifest.objects.names
     spans = (Span(i, 0, 1) for i in range(len(names)))
@@ -126,7 +126,7 @@ def _read_objects(fetcher, resolved) -> Iterator[Good | Problem]:
 def _read_rowgroups(fetcher, resolved) -> Iterator[Good | Problem]:
     """Parquet through the loader's row-group reader: one span per row group."""
     from gpupipe.plan import Span
-    from gpupipe.readers import rowgroup_spans
+    from gpupipe.stream.readers import rowgroup_spans
 
     table = resolved.manifest.parquet
     spans = (Span(g, 0, int(table.rows[g])) for g in range(len(table)))

@@ -90,7 +90,7 @@ def _per_core(workers: int | None) -> int:
 
 
 def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
-    from gpupipe.loader import StageStats
+    from gpupipe.loader.gpu import StageStats
 
     loader = target.make_gpupipe(workers, spec.device)
     epochs = iter(range(1, 1 << 30))

@@ -22,7 +22,7 @@ def write_trace(timeline: list[tuple[str, float, float]], path: str) -> None:
 
 
 def run_single(args: argparse.Namespace) -> int:
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
     from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline
     from gpupipe.tools.bench.targets import set_names
 

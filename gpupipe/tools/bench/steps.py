@@ -5,7 +5,7 @@ the config does), the baselines build per-sample equivalents
 (:mod:`gpupipe.tools.bench.persample`, :mod:`gpupipe.tools.bench.dali`). The names and
 arguments are those of ``gpupipe.transforms`` (torchvision's). ``SETS`` holds the
 docs' simple and complex sets after a decode to the output size; they equal
-``gpupipe.config.preset(...)`` (a test checks) and ``gpupipe.transforms.simple_set()``
+``gpupipe.config.schema.preset(...)`` (a test checks) and ``gpupipe.transforms.simple_set()``
 / ``complex_set()``.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What to bench: :class:`~gpupipe.tools.bench.runner.Target` objects from configs or a source.
 
-From a config (``gpupipe.config.load_config``): its train source, ``decode.image_size``,
+From a config (``gpupipe.config.schema.load_config``): its train source, ``decode.image_size``,
 ``augment`` specs, ``loader.batch_size`` and seed; gpupipe's loader is
 ``GpuLoader(cfg.split("train"))`` with ``num_workers=w``. From a shard folder or pattern: one target
 per ``--augment`` set, gpupipe's loader a ``GpuLoader`` with that set. The baselines
@@ -30,7 +30,7 @@ def set_names(text: str) -> list[str]:
 
 
 def _local_shards(source, storage_options) -> tuple[tuple[str, ...], int | None]:
-    from gpupipe.sources import Source, resolve
+    from gpupipe.sources.resolve import Source, resolve
 
     resolved = resolve(Source(source, dict(storage_options or {})))
     paths = []
@@ -73,7 +73,7 @@ def _dataset_summary(shard: str) -> dict | None:
 
 
 def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
-    from gpupipe.loader import GpuLoader
+    from gpupipe.loader.gpu import GpuLoader
 
     shards, n = _local_shards(source, args.storage_options and dict(args.storage_options))
     size = args.image_size or 224
@@ -91,7 +91,7 @@ def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
 
 
 def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
-    from gpupipe.config import load_config
+    from gpupipe.config.schema import load_config
 
     targets = []
     for path in paths:
@@ -107,7 +107,7 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
 
         def make(workers, device, cfg=cfg):
             from gpupipe.core.types import World
-            from gpupipe.loader import GpuLoader
+            from gpupipe.loader.gpu import GpuLoader
 
             split = cfg.split("train")  # workers None: the config's own count (or gpupipe's automatic one)
             split = split if workers is None else dataclasses.replace(split, num_workers=workers)

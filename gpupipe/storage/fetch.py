@@ -10,7 +10,7 @@ failures (5xx including S3 SlowDown, 429, connection reset, timeouts, a body
 shorter than asked) are retried with capped exponential backoff and full
 jitter; a block is only ever returned whole, so bytes are never joined wrongly.
 What cannot get better by waiting fails at once, with the URL and what to set
-(:mod:`gpupipe.storage_faults`): no credentials, a 403, a 404, a missing bucket, and
+(:mod:`gpupipe.storage.faults`): no credentials, a 403, a 404, a missing bucket, and
 — until the endpoint has answered once — an unknown host or a refused connection.
 For ``s3://`` the client makes one attempt per call (the ``Fetcher`` is the one
 retry layer) and gives up connecting after ``CONNECT_TIMEOUT_S``; both are defaults
@@ -33,10 +33,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupipe.cache import BlockCache
 from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.storage_faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
+from gpupipe.storage.cache import BlockCache
+from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
 
 __all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient", "refuse_commands",
            "storage_errors"]
@@ -130,7 +130,7 @@ def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a failed request is worth retrying (see :func:`gpupipe.storage_faults.classify`)."""
+    """Whether a failed request is worth retrying (see :func:`gpupipe.storage.faults.classify`)."""
     return classify(exc).transient
 
 

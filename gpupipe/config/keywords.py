@@ -1,84 +1,27 @@
-"""One split's loader settings as one frozen value, every per-split decision already made.
+"""The keyword form: ``GpuLoader(url, batch_size=256, image_size=224, ...)`` → a :class:`SplitConfig`.
 
-A loader is built from a :class:`SplitConfig` and nothing else: ``GpuLoader(split)``,
-``EncodedLoader(split, world)``. Settings travel down inside it; nothing repacks them
-on the way. There are two ways to make one, and they share one validator:
-
-* from YAML or a mapping: ``load_config(...).split("val")`` — evaluation splits keep order,
-  pad their tail, resize the shorter side instead of cropping at random, and run the
-  deterministic steps of ``augment``;
-* from keywords, the README's form: ``GpuLoader("s3://...", batch_size=256, image_size=224)``
-  → :func:`split_from_options`, which writes the keywords into the same mapping a YAML
-  file gives and parses it, so a bad value gets the same ``ConfigError`` either way. A
-  setting given twice with two values (``image_size=32`` and a ``DecodeConfig`` with
-  another size) raises naming both; a setting given once is the one used.
+:func:`split_from_options` writes the keywords into the same mapping a YAML file gives and
+parses it, so a bad value gets the same ``ConfigError`` either way. A setting given twice with
+two values (``image_size=32`` and a ``DecodeConfig`` with another size) raises naming both; a
+setting given once is the one used.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
+from gpupipe.config.augment import TransformSpec
+from gpupipe.config.schema import parse_config
+from gpupipe.config.split import SplitConfig
+from gpupipe.config.values import plain
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
-from gpupipe.sources import Source
-from gpupipe.stream import StreamConfig
+from gpupipe.sources.resolve import Source
+from gpupipe.stream.chunks import StreamConfig
 
-__all__ = ["SplitConfig", "split_from_options"]
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    """Everything one split's loader needs (picklable when its transforms are).
-
-    ``augment``: transform specs from a config, or a transform / callable given in Python
-    (see :class:`~gpupipe.augment.stage.AugmentStage`). ``mix``: a spec or a built
-    ``MixUp``/``CutMix`` (training only). ``on_error`` and ``seed`` are set once:
-    ``stream.on_error`` is ``decode.on_error`` and ``decode.seed`` is ``seed``.
-    """
-
-    source: Source
-    batch_size: int = 64
-    name: str = "train"
-    stream: StreamConfig = field(default_factory=StreamConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    augment: Any = ()
-    mix: Any = None
-    classes: tuple[str, ...] | None = None
-    num_workers: int | None = None
-    prefetch: int = 1
-    device: str | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.stream.on_error is not self.decode.on_error:
-            raise ConfigError(f"on_error: stream.on_error={self.stream.on_error.value!r} and decode.on_error="
-                              f"{self.decode.on_error.value!r} disagree; one policy covers both (decode.on_error)")
-        if self.decode.seed != self.seed:
-            raise ConfigError(f"seed: decode.seed={self.decode.seed} and seed={self.seed} disagree; "
-                              "one seed keys the plan, the decode crops and the augmentation")
-        for name in ("batch_size", "prefetch"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"loader.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ConfigError(f"loader.num_workers: must be >= 0, got {self.num_workers}")
-
-    def augment_stage(self):
-        """The :class:`~gpupipe.augment.stage.AugmentStage` of this split, or None."""
-        from gpupipe.augment.stage import AugmentStage
-        from gpupipe.config import TransformSpec
-
-        transforms, mix = self.augment, self.mix
-        if isinstance(transforms, tuple) and all(isinstance(s, TransformSpec) for s in transforms):
-            from gpupipe.augment.compose import Compose
-
-            transforms = Compose([s.build() for s in transforms]) if transforms else None
-        if isinstance(mix, TransformSpec):
-            mix = mix.build()
-        if transforms is None and mix is None:
-            return None
-        return AugmentStage(transforms, mix, self.seed)
+__all__ = ["split_from_options"]
 
 
 def split_from_options(source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
@@ -90,13 +33,11 @@ def split_from_options(source, *, batch_size: int, image_size: int | tuple[int, 
                        world_size: int | None = None) -> tuple[SplitConfig, World]:
     """The keyword form → (the training split it describes, the ``World`` it runs in).
 
-    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.Source`. ``decode`` is
+    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.resolve.Source`. ``decode`` is
     a backend name or a :class:`DecodeConfig`; ``stream`` a
     :class:`StreamConfig`; the plain keywords fill in what those leave at their defaults
     and must agree with what they set.
     """
-    from gpupipe.config import TransformSpec, parse_config, plain
-
     decode_given = {"backend": decode} if isinstance(decode, str) else _non_default(decode)
     stream_given = _non_default(stream)
     decode_section = _merge(decode_given, "decode", image_size=image_size, resize=resize)

@@ -1,13 +1,13 @@
 """Worker-side readers of the sources read in place: plan spans → parsed samples.
 
-:mod:`gpupipe.stream` cuts a chunk into spans (unit, sample range) and asks the reader
+:mod:`gpupipe.stream.chunks` cuts a chunk into spans (unit, sample range) and asks the reader
 of the source's kind for each span's samples, in order, as a :class:`ReadSpan`: one
 entry per planned sample, ``None`` where it could not be read, and the reason by index.
 The stream then checks, replaces (``on_error: skip``) and shuffles them exactly as for
 tar shards.
 
 * :func:`object_spans` — an image folder: a unit is one object. Objects are fetched many
-  at a time (:func:`~gpupipe.objects.fetch_objects`); with CRC-32s in the index each is
+  at a time (:func:`~gpupipe.storage.objects.fetch_objects`); with CRC-32s in the index each is
   checked and, when damaged, read again up to ``fetch.refetch`` times.
 * :func:`rowgroup_spans` — Parquet: a unit is a row group. Each row group is one or two
   ranged requests (its image and label column chunks, pipelined through
@@ -30,9 +30,9 @@ from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.imagefolder import extension
 from gpupipe.formats.rowgroups import Pieces, decode_row_group, read_footer
-from gpupipe.objects import fetch_objects, read_object_fresh
 from gpupipe.plan import Span
-from gpupipe.storage import Fetcher
+from gpupipe.storage.fetch import Fetcher
+from gpupipe.storage.objects import fetch_objects, read_object_fresh
 
 __all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
 

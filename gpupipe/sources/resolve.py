@@ -42,8 +42,8 @@ from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_i
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.parquet import require_pyarrow
-from gpupipe.inplace import describe_folder, describe_parquet_files, parquet_paths
-from gpupipe.storage import FetchConfig, Fetcher, open_filesystem
+from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
+from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 

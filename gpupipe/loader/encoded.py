@@ -2,11 +2,11 @@
 
 :class:`EncodedDataset` is the worker side: a torch ``IterableDataset`` of plain
 data (source, plan, settings) that builds its filesystem inside the worker and
-yields :class:`~gpupipe.batch.EncodedBatch` objects. :class:`EncodedLoader` is the
+yields :class:`~gpupipe.stream.batch.EncodedBatch` objects. :class:`EncodedLoader` is the
 main-process side: it reads batches from the workers, knows the exact number of
 batches, and keeps the epoch and resume position in an
-:class:`~gpupipe.epoch.EpochLedger`. ``GpuLoader`` puts decode and augmentation
-behind it. Worker supervision lives in :mod:`gpupipe.workers`, machine-derived
+:class:`~gpupipe.loader.epoch.EpochLedger`. ``GpuLoader`` puts decode and augmentation
+behind it. Worker supervision lives in :mod:`gpupipe.stream.workers`, machine-derived
 defaults in :mod:`gpupipe.core.machine`.
 """
 from __future__ import annotations
@@ -19,18 +19,19 @@ from dataclasses import dataclass, replace
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpupipe.batch import EncodedBatch, pack
-from gpupipe.classes import agreed_classes
+from gpupipe.config.keywords import split_from_options
+from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
 from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold
 from gpupipe.core.types import World
-from gpupipe.epoch import EpochLedger
+from gpupipe.loader.epoch import EpochLedger
 from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
-from gpupipe.sources import ResolvedSource, expand_pattern, resolve
-from gpupipe.split import SplitConfig, split_from_options
-from gpupipe.storage import Fetcher, refuse_commands
-from gpupipe.stream import SkipLog, StreamConfig, iter_chunks, iter_whole_shards
-from gpupipe.workers import dead_workers, describe_dead, start_workers, stop_workers
+from gpupipe.sources.classes import agreed_classes
+from gpupipe.sources.resolve import ResolvedSource, expand_pattern, resolve
+from gpupipe.storage.fetch import Fetcher, refuse_commands
+from gpupipe.stream.batch import EncodedBatch, pack
+from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_chunks, iter_whole_shards
+from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, stop_workers
 
 __all__ = ["LoaderStats", "EncodedDataset", "EncodedLoader"]
 
@@ -112,9 +113,9 @@ class EncodedLoader:
     """
 
     def __init__(self, split: SplitConfig | str | list[str], world: World | None = None, **options):
-        """``split``: a :class:`~gpupipe.split.SplitConfig`; or a URL with the keyword form
+        """``split``: a :class:`~gpupipe.config.split.SplitConfig`; or a URL with the keyword form
         (``EncodedLoader(url, batch_size=64, shuffle=False, ...)``, see
-        :func:`~gpupipe.split.split_from_options`). ``world``: detected when not given."""
+        :func:`~gpupipe.config.keywords.split_from_options`). ``world``: detected when not given."""
         if not isinstance(split, SplitConfig):
             split, detected = split_from_options(split, **options)
             world = world or detected
@@ -170,7 +171,7 @@ class EncodedLoader:
 
     def batches(self) -> Iterator[EncodedBatch]:
         """The batches of the current epoch not yet delivered, read from the workers; the
-        consumer reports what it delivers to :attr:`ledger` (see :mod:`gpupipe.epoch`)."""
+        consumer reports what it delivers to :attr:`ledger` (see :mod:`gpupipe.loader.epoch`)."""
         progress = self.ledger.progress
         workers = self.num_workers
         if self.source.manifest is not None:

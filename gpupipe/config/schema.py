@@ -13,25 +13,21 @@ pipeline is its ``data:`` section and ``model:``/``trainer:``/... belong to Ligh
 """
 from __future__ import annotations
 
-import dataclasses
 import enum
-import inspect
 import os
 import re
-import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpupipe.augment.registry import MIXES, TRANSFORMS, build_transform, transform_class
-from gpupipe.classes import check_class_names
-from gpupipe.configtypes import build, check_keys, coerce, join_path, suggest
+from gpupipe.augment.registry import MIXES
+from gpupipe.config.augment import TransformSpec, parse_augment, parse_spec, preset
+from gpupipe.config.split import SplitConfig
+from gpupipe.config.values import build, check_keys, coerce, join_path, plain, suggest
 from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig, ResizeMode
-from gpupipe.stream import StreamConfig
-
-if TYPE_CHECKING:  # split.py imports this module: at run time SplitConfig is imported where it is built
-    from gpupipe.split import SplitConfig
+from gpupipe.sources.classes import check_class_names
+from gpupipe.stream.chunks import StreamConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
            "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "plain", "preset",
@@ -135,27 +131,6 @@ class LoaderConfig:
 
 
 @dataclass(frozen=True)
-class TransformSpec:
-    """One augmentation step as written in the config: a ``gpupipe.transforms`` name and its
-    arguments (torchvision's names). ``build()`` makes the transform."""
-
-    name: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "args", types.MappingProxyType(dict(self.args)))
-
-    def __reduce__(self):  # mappingproxy does not pickle; the spec is plain data
-        return (TransformSpec, (self.name, dict(self.args)))
-
-    def build(self):
-        return build_transform(self.name, dict(self.args))
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, **dict(self.args)}
-
-
-@dataclass(frozen=True)
 class PipelineConfig:
     """Everything one pipeline needs; :meth:`split` gives one split's loader settings
     (``GpuLoader(config.split("train"))``)."""
@@ -176,8 +151,8 @@ class PipelineConfig:
         keep order, pad the tail (``valid=False``), resize the shorter side and take the
         centre instead of a random crop, use ``eval_batch_size``, and run ``eval_augment``
         (by default the deterministic steps of ``augment``: resize, crop, cast, normalize)."""
-        from gpupipe.sources import Source
-        from gpupipe.split import SplitConfig
+        from gpupipe.config.split import SplitConfig
+        from gpupipe.sources.resolve import Source
 
         urls = getattr(self.source, self.checked_split(name))
         train = name == "train"
@@ -219,60 +194,13 @@ class PipelineConfig:
 
 
 def split_classes(loader) -> tuple[str, ...]:
-    """The class list in a :class:`~gpupipe.loader.GpuLoader`'s index (``()``: none listed)."""
-    manifest = loader.encoded.source.manifest
-    return manifest.classes if manifest is not None else ()
+    """The class list in a :class:`~gpupipe.loader.gpu.GpuLoader`'s index (``()``: none listed)."""
+    return loader.classes
 
 
 def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise ConfigError(f"split: unknown {split!r}; choose from {', '.join(SPLITS)}")
-
-
-def plain(value: Any) -> Any:
-    """Dataclasses, enums, tuples and mappings as plain YAML-able data."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if isinstance(value, TransformSpec):
-            return value.to_dict()
-        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (tuple, list)):
-        return [plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    return value
-
-
-# ------------------------------------------------------------------------------------ presets
-
-def preset(name: str) -> tuple[TransformSpec, ...]:
-    """The docs' transform sets as specs: ``simple``, ``complex``, ``none``, or a flip and an
-    auto-augment policy as in torchvision's ImageNet recipes (``trivialaugment``,
-    ``randaugment``, ``autoaugment``); after a decode to the output size; ImageNet
-    normalisation, float32."""
-    from gpupipe.transforms import IMAGENET_MEAN, IMAGENET_STD
-
-    tail = [TransformSpec("ToDtype", {"dtype": "float32"}),
-            TransformSpec("RepeatChannels", {"num_channels": 3}),
-            TransformSpec("Normalize", {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)})]
-    sets = {
-        "none": [],
-        "simple": [TransformSpec("RandomAffine", {"degrees": 20}), TransformSpec("RandomHorizontalFlip", {"p": 0.5}),
-                   *tail],
-        "complex": [TransformSpec("RandomAffine", {"degrees": 20}), TransformSpec("RandomHorizontalFlip", {"p": 0.5}),
-                    TransformSpec("RandomVerticalFlip", {"p": 0.5}),
-                    TransformSpec("RandomPerspective", {"distortion_scale": 0.5, "p": 0.5}),
-                    tail[0], TransformSpec("ColorJitter", {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2,
-                                                           "hue": 0.2}), *tail[1:]],
-        **{preset: [TransformSpec("RandomHorizontalFlip", {"p": 0.5}),  # torchvision's recipe policies
-                    TransformSpec(name, {"interpolation": "bilinear"}), *tail]
-           for preset, name in (("trivialaugment", "TrivialAugmentWide"), ("randaugment", "RandAugment"),
-                                ("autoaugment", "AutoAugment"))},
-    }
-    if name not in sets:
-        raise ConfigError(f"augment: unknown preset {name!r}{suggest(name, sets)} (choose from {', '.join(sets)})")
-    return tuple(sets[name])
 
 
 # ------------------------------------------------------------------------------------ loading
@@ -339,10 +267,10 @@ def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     if isinstance(size, int) and not isinstance(size, bool):  # a square, as GpuLoader(image_size=224) takes it
         decode_data = {**decode_data, "image_size": [size, size]}
     decode = replace(build(DecodeConfig, decode_data, "decode"), seed=seed)
-    augment = _augment(data.get("augment"), "augment", decode.image_size)
-    eval_augment = None if data.get("eval_augment") is None else _augment(data["eval_augment"], "eval_augment",
+    augment = parse_augment(data.get("augment"), "augment", decode.image_size)
+    eval_augment = None if data.get("eval_augment") is None else parse_augment(data["eval_augment"], "eval_augment",
                                                                             decode.image_size)
-    mix = None if data.get("mix") is None else _spec(data["mix"], "mix", MIXES)
+    mix = None if data.get("mix") is None else parse_spec(data["mix"], "mix", MIXES)
     if mix is not None and not any(s.name in ("ToDtype", "ToTensor") for s in augment):
         raise ConfigError(f"mix ({mix.name}): needs float images; end augment with a ToDtype")
     loader = build(LoaderConfig, data.get("loader") or {}, "loader")
@@ -362,77 +290,6 @@ def _source(data: Any) -> SourceConfig:
     rest = {k: v for k, v in data.items() if k != "storage_options"}
     config = build(SourceConfig, rest, "source")
     return replace(config, storage_options=Secrets(options))
-
-
-def _augment(value: Any, path: str, hw: tuple[int, int] | None) -> tuple[TransformSpec, ...]:
-    """The steps of ``value`` (a preset name or a list), checked along the images' way from a
-    decoder giving ``hw`` (None: sizes vary)."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        specs = preset(value)
-    elif isinstance(value, Sequence):
-        specs = tuple(_spec(item, f"{path}[{i}]") for i, item in enumerate(value))
-    else:
-        raise ConfigError(f"{path}: expected a list of transforms or a preset name (simple, complex, none, "
-                          "trivialaugment, randaugment, autoaugment)")
-    _check_pipeline(specs, path, hw)
-    return specs
-
-
-def _spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -> TransformSpec:
-    if isinstance(item, str):
-        item = {"name": item}
-    if not isinstance(item, Mapping) or "name" not in item:
-        raise ConfigError(f"{path}: expected a mapping with 'name' and the transform's arguments")
-    name = item["name"]
-    if name not in registry:
-        raise ConfigError(f"{path}.name: unknown {name!r}{suggest(str(name), registry)} "
-                          f"(supported: {', '.join(sorted(registry))})")
-    args = {k: v for k, v in item.items() if k != "name"}
-    params = inspect.signature(transform_class(name).__init__).parameters
-    accepted = {p for p in params if p != "self"} | ({"dtype"} if name == "ToTensor" else set())
-    check_keys(args, accepted, path)
-    spec = TransformSpec(name, args)
-    try:
-        spec.build()
-    except (ValueError, TypeError, ConfigError) as exc:
-        raise ConfigError(f"{path} ({name}): {exc}") from None
-    return spec
-
-
-def _check_pipeline(specs: Sequence[TransformSpec], path: str, hw: tuple[int, int] | None) -> None:
-    """A config pipeline starts from the decoder's uint8 RGB of size ``hw``: follow through the
-    steps the dtype (torchvision v2's rules, :meth:`Transform.output_dtype`), the channel count
-    (3; ``Grayscale`` and ``RepeatChannels`` set it; unknown after a container that holds one)
-    and the size (:meth:`Transform.output_size`; unknown without ``hw``), and refuse the first
-    step that cannot take what reaches it (Normalize before a ToDtype or with 2 means for 3
-    channels, a RandomCrop larger than its input) before any image is decoded."""
-    import torch
-
-    from gpupipe.augment.color import Grayscale, Normalize, RepeatChannels
-
-    dtype, channels = torch.uint8, 3
-    for i, spec in enumerate(specs):
-        module, where = spec.build(), f"{path}[{i}] ({spec.name})"
-        try:
-            dtype = module.output_dtype(dtype)
-            if isinstance(module, Normalize) and channels is not None:
-                module.check_channels(channels)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        if hw is not None:
-            try:
-                hw = tuple(module.output_size(hw))
-            except ValueError as exc:
-                raise ConfigError(f"{where}: {exc}; the images reaching it are {hw[0]}x{hw[1]} "
-                                  "(decode.image_size, through the steps before it)") from None
-        if isinstance(module, Grayscale):
-            channels = module.num_output_channels
-        elif isinstance(module, RepeatChannels):
-            channels = module.num_channels
-        elif any(isinstance(m, (Grayscale, RepeatChannels)) for m in module.modules()):
-            channels = None
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

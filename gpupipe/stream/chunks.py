@@ -6,7 +6,7 @@ Runs inside DataLoader workers (CPU I/O only). Two paths:
   checks that every span holds exactly the samples the manifest promises, and
   returns the chunk's samples in the planned (shuffled) order. Sources read in
   place (an image folder, Parquet files) take this path too: their spans are read
-  by :mod:`gpupipe.readers`, and everything after (checks, ``on_error``, order) is shared;
+  by :mod:`gpupipe.stream.readers`, and everything after (checks, ``on_error``, order) is shared;
 * without one, :func:`iter_whole_shards` streams whole shards (split by shard
   across ranks and workers) through a seeded shuffle buffer.
 
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpupipe.batch import IMAGE_EXTENSIONS, image_field, label_of
 from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
-from gpupipe.readers import ReadSpan, object_spans, rowgroup_spans
-from gpupipe.sources import ResolvedSource
-from gpupipe.storage import FetchConfig, Fetcher
+from gpupipe.sources.resolve import ResolvedSource
+from gpupipe.storage.fetch import FetchConfig, Fetcher
+from gpupipe.stream.batch import IMAGE_EXTENSIONS, image_field, label_of
+from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
 
 __all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards"]
 

@@ -4,7 +4,7 @@
 local files) — its type, HTTP status, error code and the chain of exceptions under it —
 and names the :class:`Fault`. :func:`storage_error` turns it into the ``StorageError``
 subclass a user sees: the URL, what went wrong and the variable or storage option that
-fixes it. Nothing here retries or sleeps; :class:`gpupipe.storage.Fetcher` decides that.
+fixes it. Nothing here retries or sleeps; :class:`gpupipe.storage.fetch.Fetcher` decides that.
 Exception texts from the backends carry no secrets; storage options are never read here.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpupipe.core.errors import StorageAuthError, StorageEndpointError, StorageE
 
 __all__ = ["Fault", "classify", "storage_error", "from_backend", "CONNECT_TIMEOUT_S"]
 
-CONNECT_TIMEOUT_S = 3.0  # default for s3:// (botocore's own is 60 s); see gpupipe.storage.open_filesystem
+CONNECT_TIMEOUT_S = 3.0  # default for s3:// (botocore's own is 60 s); see gpupipe.storage.fetch.open_filesystem
 
 _BACKENDS = ("aiohttp", "botocore", "aiobotocore", "asyncio", "fsspec", "requests", "urllib3", "s3fs", "gcsfs",
              "adlfs", "google")

@@ -4,10 +4,10 @@ At 20 ms a request one object at a time gives 50 images/s, so
 :func:`fetch_objects` keeps up to ``in_flight`` requests running on fsspec's own
 event loop (the ``_cat_file`` coroutines of an async filesystem such as s3fs,
 gcsfs or http), each retried on its own with the fetcher's rules — the same
-fault classes and messages (:meth:`~gpupipe.storage.Fetcher.give_up`), capped
+fault classes and messages (:meth:`~gpupipe.storage.fetch.Fetcher.give_up`), capped
 exponential backoff with full jitter, ``request_timeout_s`` per attempt, and the
-same :class:`~gpupipe.storage.FetchStats` counters as
-:class:`~gpupipe.storage.Fetcher`. Results come back in request order; at most
+same :class:`~gpupipe.storage.fetch.FetchStats` counters as
+:class:`~gpupipe.storage.fetch.Fetcher`. Results come back in request order; at most
 ``in_flight`` requests and about ``readahead_bytes`` are outstanding, so memory
 does not grow with the dataset.
 
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 
 from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.storage import Fetcher
+from gpupipe.storage.fetch import Fetcher
 
 __all__ = ["fetch_objects", "read_object_fresh"]
 

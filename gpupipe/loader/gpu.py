@@ -1,11 +1,11 @@
 """``GpuLoader``: encoded batches from the workers → decode → augment, stages that overlap.
 
 The DataLoader workers stream encoded bytes (CPU I/O only). In the training process
-two threads (:mod:`gpupipe.stages`) decode batch i+2 while batch i+1 is augmented and
+two threads (:mod:`gpupipe.loader.stages`) decode batch i+2 while batch i+1 is augmented and
 the training step runs on batch i; on a GPU they work on a side CUDA stream and the
 consumer's stream waits for it (``wait_stream`` + ``record_stream``), so the copy,
 decode and augment overlap the step. Progress for ``state_dict`` counts batches
-handed to the training loop, not the ones decoded ahead (:mod:`gpupipe.epoch`).
+handed to the training loop, not the ones decoded ahead (:mod:`gpupipe.loader.epoch`).
 """
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from gpupipe.batch import EncodedBatch
+from gpupipe.config.keywords import split_from_options
+from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.machine import default_num_workers
 from gpupipe.core.types import World
-from gpupipe.dataset import EncodedLoader
 from gpupipe.decode import DecodedBatch, make_decoder
-from gpupipe.split import SplitConfig, split_from_options
-from gpupipe.stages import END, Stage, Stages
+from gpupipe.loader.encoded import EncodedLoader
+from gpupipe.loader.stages import END, Stage, Stages
+from gpupipe.stream.batch import EncodedBatch
 
 __all__ = ["GpuLoader", "StageStats"]
 
@@ -52,9 +53,9 @@ class StageStats:
 class GpuLoader:
     """``for images, labels in loader``: decoded (and augmented) batches on ``device``.
 
-    ``GpuLoader(config.split("train"))`` takes one :class:`~gpupipe.split.SplitConfig`;
+    ``GpuLoader(config.split("train"))`` takes one :class:`~gpupipe.config.split.SplitConfig`;
     ``GpuLoader(url, batch_size=256, image_size=224, augment=..., on_error="skip")`` is the
-    keyword form of the same (:func:`~gpupipe.split.split_from_options`, which also takes
+    keyword form of the same (:func:`~gpupipe.config.keywords.split_from_options`, which also takes
     ``rank``/``world_size``). ``world`` is detected when not given; ``device`` defaults to
     the split's, else CUDA (this rank's local GPU) when present, else the CPU.
 
@@ -111,9 +112,15 @@ class GpuLoader:
 
     @property
     def ledger(self):
-        """The epoch and resume position (:class:`~gpupipe.epoch.EpochLedger`); Lightning's
+        """The epoch and resume position (:class:`~gpupipe.loader.epoch.EpochLedger`); Lightning's
         DataModule calls ``ledger.defer()`` and ``ledger.commit()``."""
         return self.encoded.ledger
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names of the source's index, label order (``()``: the index lists none)."""
+        manifest = self.encoded.source.manifest
+        return manifest.classes if manifest is not None else ()
 
     @property
     def decoder(self):

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpupipe.core.errors import ConfigError
 
-__all__ = ["build", "coerce", "check_keys", "suggest", "join_path"]
+__all__ = ["build", "coerce", "check_keys", "suggest", "join_path", "plain"]
 
 
 def build(cls: type, data: Any, path: str) -> Any:
@@ -106,3 +106,17 @@ def suggest(word: str, choices) -> str:
 def join_path(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
+
+def plain(value: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings as plain YAML-able data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "plain_form"):  # a dataclass with a shorter written form (TransformSpec)
+            return value.plain_form()
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    return value

@@ -111,7 +111,7 @@ def class_list(url: str, *, storage_options: Mapping[str, Any] | None = None) ->
     """The class list at ``url``: an ``index.json`` (its ``classes``), a folder holding one,
     or a text file with one class name a line (``classes.txt``)."""
     from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
-    from gpupipe.storage import open_filesystem
+    from gpupipe.storage.fetch import open_filesystem
 
     fs, path = open_filesystem(url, storage_options)
     path = path.rstrip("/")

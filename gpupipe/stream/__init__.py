@@ -1,0 +1,13 @@
+"""Stream room: the worker side — planned chunks → bytes → checked samples → encoded batches.
+
+* :mod:`~gpupipe.stream.chunks` — :func:`iter_chunks` (with a manifest) and :func:`iter_whole_shards`;
+* :mod:`~gpupipe.stream.readers` — the spans of sources read in place (objects, row groups);
+* :mod:`~gpupipe.stream.batch` — :func:`pack` samples into an :class:`EncodedBatch`;
+* :mod:`~gpupipe.stream.workers` — starting, watching and stopping the DataLoader workers.
+
+Imports plan, sources, formats, storage and core.
+"""
+from gpupipe.stream.batch import EncodedBatch, pack
+from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_chunks, iter_whole_shards
+
+__all__ = ["StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards", "EncodedBatch", "pack"]
