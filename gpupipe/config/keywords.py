@@ -1,74 +1,188 @@
 """The keyword form: ``GpuLoader(url, batch_size=256, image_size=224, ...)`` → a :class:`SplitConfig`.
 
-:func:`split_from_options` writes the keywords into the same mapping a YAML file gives and
-parses it, so a bad value gets the same ``ConfigError`` either way. A setting given twice with
-two values (``image_size=32`` and a ``DecodeConfig`` with another size) raises naming both; a
-setting given once is the one used.
+The keywords are not a second list of settings: they are derived from the dataclasses that
+declare each setting once (:class:`LoaderConfig`, :class:`DecodeConfig`, :class:`StreamConfig`,
+:class:`FetchConfig`, :class:`SourceConfig`) — every field that applies to one loader is a
+keyword of the same name, type and default (:data:`KEYWORDS`), plus a few of the keyword form's
+own (``decode=``/``stream=`` objects, ``augment``, ``mix``, ``on_error``, ``seed``, ``rank``,
+``world_size``). :func:`split_from_options` writes the keywords into the same mapping a YAML file
+gives and parses it, so a bad value gets the same ``ConfigError`` either way; an unknown keyword
+is named with a did-you-mean in terms of the class the user called (``GpuLoader``). A setting
+given twice with two values (``image_size=32`` and a ``DecodeConfig`` with another size) raises
+naming both; a setting given once is the one used.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 from gpupipe.config.augment import TransformSpec
-from gpupipe.config.schema import parse_config
+from gpupipe.config.schema import LoaderConfig, SourceConfig, parse_config
 from gpupipe.config.split import SplitConfig
-from gpupipe.config.values import plain
-from gpupipe.core.errors import ConfigError
+from gpupipe.config.values import plain, suggest
+from gpupipe.core.errors import ConfigError, UnknownKeywordError
 from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
 from gpupipe.sources.resolve import Source
+from gpupipe.storage.fetch import FetchConfig
 from gpupipe.stream.chunks import StreamConfig
 
-__all__ = ["split_from_options"]
+__all__ = ["Keyword", "KEYWORDS", "split_from_options", "keyword_form", "keyword_signature", "keyword_help",
+           "check_keywords"]
 
 
-def split_from_options(source, *, batch_size: int, image_size: int | tuple[int, int] | None = None,
-                       decode: str | DecodeConfig | None = None, augment: Any = None, mix: Any = None,
-                       shuffle: bool | None = None, drop_last: bool | None = None, seed: int | None = None,
-                       on_error: str | None = None, resize: str | None = None, num_workers: int | None = None,
-                       prefetch: int | None = None, storage_options: Mapping[str, Any] | None = None,
-                       stream: StreamConfig | None = None, device: Any = None, rank: int | None = None,
-                       world_size: int | None = None) -> tuple[SplitConfig, World]:
+@dataclass(frozen=True)
+class Keyword:
+    """One keyword of the keyword form: where it goes in the YAML mapping (``path``), its
+    declared type and default (read from the declaring dataclass), and what it says."""
+
+    name: str
+    path: str
+    annotation: Any
+    default: Any
+    doc: str = ""
+
+    @property
+    def section(self) -> str:
+        return self.path.rpartition(".")[0]
+
+
+# Sections whose fields are keywords; fields that are not: the splits' URLs (the positional
+# ``source``), Lightning-only settings, settings derived from another (decode.seed, stream.on_error),
+# and the ones the keyword form spells its own way (decode.backend → decode=, decode.on_error → on_error=).
+_SECTIONS = (("loader", LoaderConfig), ("decode", DecodeConfig), ("stream", StreamConfig),
+             ("stream.fetch", FetchConfig), ("source", SourceConfig))
+_NOT_KEYWORDS = frozenset({"loader.eval_batch_size", "loader.batch_format", "loader.augment_in", "decode.backend",
+                           "decode.seed", "decode.on_error", "stream.on_error", "stream.fetch", "source.train",
+                           "source.val", "source.test", "source.predict"})
+_OWN = (  # the keyword form's own keywords: (name, annotation, default, doc)
+    ("decode", "str | DecodeConfig | None", None, "the decode backend (auto, dali, nvjpeg, pil) or a DecodeConfig"),
+    ("stream", "StreamConfig | None", None, "a StreamConfig (the plain keywords fill in what it leaves at defaults)"),
+    ("augment", "Any", None, "a preset name, transform specs, a transform or a list of transforms (composed)"),
+    ("mix", "Any", None, "MixUp/CutMix: a spec or a built transform"),
+    ("on_error", "str | None", None, "raise or skip (decode.on_error; one policy for stream and decode)"),
+    ("seed", "int", 0, "keys the plan, the decode crops and every augmentation draw"),
+    ("rank", "int | None", None, "this process's rank (default: from the environment)"),
+    ("world_size", "int | None", None, "the number of ranks (default: from the environment)"),
+)
+
+
+def _declared() -> tuple[Keyword, ...]:
+    own = [Keyword(name, name, annotation, default, doc) for name, annotation, default, doc in _OWN]
+    out = []
+    for section, cls in _SECTIONS:
+        for f in fields(cls):
+            path = f"{section}.{f.name}"
+            if path not in _NOT_KEYWORDS:
+                default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+                out.append(Keyword(f.name, path, f.type, default, f"{path} in YAML"))
+        if section == "loader":  # batch_size first, then the keyword form's own, then the stages'
+            out += own
+    names = [k.name for k in out]
+    assert len(names) == len(set(names)), f"two settings would share a keyword: {names}"
+    return tuple(out)
+
+
+KEYWORDS: Mapping[str, Keyword] = {k.name: k for k in _declared()}
+
+
+def keyword_signature(*leading: inspect.Parameter) -> inspect.Signature:
+    """``leading`` parameters, then every keyword with its declared type and default: what
+    ``help(GpuLoader)`` and ``inspect.signature`` show for the keyword form."""
+    kw = [inspect.Parameter(k.name, inspect.Parameter.KEYWORD_ONLY, default=k.default, annotation=k.annotation)
+          for k in KEYWORDS.values() if k.name not in {p.name for p in leading}]
+    return inspect.Signature([*leading, *kw])
+
+
+def keyword_help() -> str:
+    """The keywords as a docstring section: name, default and where the setting is in YAML."""
+    lines = ["Keywords (each a setting of the YAML config; docs/configuration.md says what it does):"]
+    lines += [f"    {k.name}={k.default!r}: {k.doc}" for k in KEYWORDS.values()]
+    return "\n".join(lines)
+
+
+def keyword_form(cls: type) -> type:
+    """Class decorator of a loader whose ``__init__(split, ..., **options)`` takes the keyword form:
+    its signature and docstring list the keywords (``help(GpuLoader)``, IDEs, ``inspect``)."""
+    init = cls.__init__  # type: ignore[misc]
+    leading = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    init.__signature__ = keyword_signature(*leading)
+    cls.__doc__ = f"{cls.__doc__ or ''}\n\n{keyword_help()}\n"
+    return cls
+
+
+def check_keywords(options: Mapping[str, Any], caller: str) -> None:
+    """Refuse a keyword that is not one, naming it in terms of the class the user called."""
+    for name in options:
+        if name not in KEYWORDS:
+            hint = suggest(name, KEYWORDS) or f" (keywords: {', '.join(sorted(KEYWORDS))})"
+            raise UnknownKeywordError(f"{caller}(): unknown keyword {name!r}{hint}; help({caller}) lists them all")
+
+
+def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> tuple[SplitConfig, World]:
     """The keyword form → (the training split it describes, the ``World`` it runs in).
 
     ``source``: a URL, a list of them or a :class:`~gpupipe.sources.resolve.Source`. ``decode`` is
-    a backend name or a :class:`DecodeConfig`; ``stream`` a
-    :class:`StreamConfig`; the plain keywords fill in what those leave at their defaults
-    and must agree with what they set.
+    a backend name or a :class:`DecodeConfig`; ``stream`` a :class:`StreamConfig`; the plain
+    keywords (:data:`KEYWORDS`) fill in what those leave at their defaults and must agree with
+    what they set. ``caller`` names the class in errors.
     """
-    decode_given = {"backend": decode} if isinstance(decode, str) else _non_default(decode)
-    stream_given = _non_default(stream)
-    decode_section = _merge(decode_given, "decode", image_size=image_size, resize=resize)
-    stream_section = _merge(stream_given, "stream", shuffle=shuffle, drop_last=drop_last)
-    policy = _one_value("on_error", [("on_error", on_error), ("decode.on_error", decode_section.pop("on_error", None)),
-                                     ("stream.on_error", stream_section.pop("on_error", None))])
-    seed = _one_value("seed", [("seed", seed), ("decode.seed", decode_section.pop("seed", None))])
+    check_keywords(options, caller)
+    decode, stream = options.pop("decode", None), options.pop("stream", None)
+    sections: dict[str, dict[str, Any]] = {
+        "decode": {"backend": decode} if isinstance(decode, str) else _non_default(decode),
+        "stream": _non_default(stream), "stream.fetch": _non_default(stream.fetch if stream else None),
+        "loader": {}, "source": {}}
+    sections["stream"].pop("fetch", None)
+    for name, value in options.items():
+        keyword = KEYWORDS[name]
+        if keyword.section in sections and value is not None:
+            _merge_one(sections[keyword.section], keyword.section, name, value)
+    policy = _one_value("on_error", [("on_error", options.get("on_error")),
+                                     ("decode.on_error", sections["decode"].pop("on_error", None)),
+                                     ("stream.on_error", sections["stream"].pop("on_error", None))])
+    seed = _one_value("seed", [("seed", options.get("seed")), ("decode.seed", sections["decode"].pop("seed", None))])
     if policy is not None:
-        decode_section["on_error"] = policy
-    loader = {k: v for k, v in (("batch_size", batch_size), ("num_workers", num_workers), ("prefetch", prefetch),
-                                ("device", None if device is None else str(device))) if v is not None}
-    given_source = source if isinstance(source, Source) else None  # kept whole: it may name columns, labels
-    if given_source is not None:
-        if storage_options and dict(storage_options) != dict(given_source.storage_options):
-            raise ConfigError("storage_options: given twice, as storage_options= and in the Source; give it once")
-        source, storage_options = given_source.url, given_source.storage_options
-    mapping: dict[str, Any] = {"source": {"train": list(source) if isinstance(source, (list, tuple)) else source,
-                                          "storage_options": dict(storage_options or {})},
-                               "stream": plain(stream_section), "decode": plain(decode_section), "loader": loader,
+        sections["decode"]["on_error"] = policy
+    if sections["loader"].get("device") is not None:
+        sections["loader"]["device"] = str(sections["loader"]["device"])
+    given_source, source_section = _source_section(source, sections["source"])
+    stream_section = {**sections["stream"], **({"fetch": sections["stream.fetch"]} if sections["stream.fetch"] else {})}
+    mapping: dict[str, Any] = {"source": source_section, "stream": plain(stream_section),
+                               "decode": plain(sections["decode"]), "loader": sections["loader"],
                                "seed": 0 if seed is None else seed}
     objects = {}  # transforms given as Python objects skip the parser and are set as they are
-    for name, value in (("augment", augment), ("mix", mix)):
+    for name in ("augment", "mix"):
+        value = options.get(name)
         if _yaml_able(value, TransformSpec):
             if value is not None:
                 mapping[name] = plain(value)
         else:
             objects[name] = _composed(value) if name == "augment" else value
-    split = parse_config(mapping, origin="GpuLoader").split("train")
+    split = parse_config(mapping, origin=caller).split("train")
     if given_source is not None:
         objects["source"] = given_source
-    return replace(split, **objects), World.detect(rank, world_size)
+    return replace(split, **objects), World.detect(options.get("rank"), options.get("world_size"))
+
+
+def _source_section(source: Any, given: dict[str, Any]) -> tuple[Source | None, dict[str, Any]]:
+    """The ``source`` section from the positional source and the source keywords; a
+    :class:`Source` object is kept whole (it may name a labels file) and must agree with them."""
+    if not isinstance(source, Source):
+        url = list(source) if isinstance(source, (list, tuple)) else source
+        return None, {"train": url, **given, "storage_options": dict(given.get("storage_options") or {})}
+    for name, value in given.items():
+        held = getattr(source, name)
+        if not held:  # the Source left it unset: the keyword sets it
+            source = replace(source, **{name: value})
+        elif _normal(name, _plain_map(value)) != _normal(name, _plain_map(held)):
+            raise ConfigError(f"{name}: given twice, as {name}= and in the Source; give it once")
+    section = {"train": source.url, "storage_options": dict(source.storage_options)}
+    section.update({k: getattr(source, k) for k in ("classes", "image_column", "label_column")
+                    if getattr(source, k) is not None})
+    return source, section
 
 
 def _non_default(config) -> dict[str, Any]:
@@ -80,18 +194,17 @@ def _non_default(config) -> dict[str, Any]:
             if getattr(config, f.name) != getattr(default, f.name)}
 
 
-def _merge(given: dict[str, Any], section: str, **keywords: Any) -> dict[str, Any]:
-    """``given`` with the keywords that were passed; a keyword that disagrees with a value
-    the section object set raises naming both."""
-    out = dict(given)
-    for name, value in keywords.items():
-        if value is None:
-            continue
-        if name in out and _normal(name, out[name]) != _normal(name, value):
-            raise ConfigError(f"{name}: given twice, {name}={value!r} and {section}.{name}={out[name]!r}; "
-                              "give it once")
-        out[name] = _normal(name, value)
-    return out
+def _plain_map(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else value
+
+
+def _merge_one(section: dict[str, Any], where: str, name: str, value: Any) -> None:
+    """Set ``name`` in ``section`` unless the section object already set another value: then
+    raise naming both."""
+    if name in section and _normal(name, section[name]) != _normal(name, value):
+        raise ConfigError(f"{name}: given twice, {name}={value!r} and {where}.{name}={section[name]!r}; "
+                          "give it once")
+    section[name] = _normal(name, value)
 
 
 def _one_value(name: str, given: list[tuple[str, Any]]) -> Any:

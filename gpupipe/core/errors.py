@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "GpupipeError",
     "ConfigError",
+    "UnknownKeywordError",
     "ShardFormatError",
     "DecodeError",
     "StorageError",
@@ -27,6 +28,11 @@ class GpupipeError(Exception):
 
 class ConfigError(GpupipeError, ValueError):
     """A configuration value is missing, of the wrong type, or out of range."""
+
+
+class UnknownKeywordError(ConfigError, TypeError):
+    """A keyword the called class does not take (``GpuLoader(url, batch_szie=8)``); a TypeError
+    too, as Python's own for an unexpected keyword argument."""
 
 
 class ShardFormatError(GpupipeError):

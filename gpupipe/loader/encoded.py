@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpupipe.config.keywords import split_from_options
+from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
 from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold
@@ -103,6 +103,7 @@ class EncodedDataset(IterableDataset):
             yield pack(batch, [True] * len(batch), epoch=self.epoch)
 
 
+@keyword_form
 class EncodedLoader:
     """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
 
@@ -117,7 +118,7 @@ class EncodedLoader:
         (``EncodedLoader(url, batch_size=64, shuffle=False, ...)``, see
         :func:`~gpupipe.config.keywords.split_from_options`). ``world``: detected when not given."""
         if not isinstance(split, SplitConfig):
-            split, detected = split_from_options(split, **options)
+            split, detected = split_from_options(split, caller="EncodedLoader", **options)
             world = world or detected
         elif options:
             raise ConfigError(f"EncodedLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")

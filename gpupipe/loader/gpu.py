@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from gpupipe.config.keywords import split_from_options
+from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.machine import default_num_workers
@@ -50,6 +50,7 @@ class StageStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@keyword_form
 class GpuLoader:
     """``for images, labels in loader``: decoded (and augmented) batches on ``device``.
 
@@ -77,7 +78,7 @@ class GpuLoader:
     def __init__(self, split: SplitConfig | str | list[str], *, world: World | None = None,
                  device: str | torch.device | None = None, **options):
         if not isinstance(split, SplitConfig):
-            split, detected = split_from_options(split, **options)
+            split, detected = split_from_options(split, caller="GpuLoader", **options)
             world = world or detected
         elif options:
             raise ConfigError(f"GpuLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")

@@ -42,7 +42,7 @@ def synthetic_jpeg(rng: np.random.Generator, size: tuple[int, int] = (250, 250),
         fx, fy, phase = rng.uniform(0.5, 6, 2) / max(w, h), rng.uniform(0, 6.3), 0
         img[..., c] = 127 + 90 * np.sin(2 * np.pi * (fx[0] * xx + fx[1] * yy) + fy + phase)
     for _ in range(rng.integers(2, 6)):  # a few filled discs
-        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(5, max(w, h) / 4)
+        cx, cy, r = rng.uniform(0, w), rng.uniform(0, h), rng.uniform(min(5, max(w, h) / 4), max(w, h) / 4)
         img[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] = rng.uniform(0, 255, 3)
     img += rng.normal(0, 6, img.shape)  # sensor-like noise keeps the JPEG size realistic
     buf = io.BytesIO()
