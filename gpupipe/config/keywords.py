@@ -18,7 +18,7 @@ from gpupipe.config.values import plain
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
-from gpupipe.sources.resolve import Source
+from gpupipe.sources.source import Source
 from gpupipe.stream.chunks import StreamConfig
 
 __all__ = ["split_from_options"]
@@ -33,7 +33,7 @@ def split_from_options(source, *, batch_size: int, image_size: int | tuple[int, 
                        world_size: int | None = None) -> tuple[SplitConfig, World]:
     """The keyword form → (the training split it describes, the ``World`` it runs in).
 
-    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.resolve.Source`. ``decode`` is
+    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.source.Source`. ``decode`` is
     a backend name or a :class:`DecodeConfig`; ``stream`` a
     :class:`StreamConfig`; the plain keywords fill in what those leave at their defaults
     and must agree with what they set.
