@@ -25,7 +25,7 @@ _LAZY = {
     "StreamConfig": "gpupipe.stream.chunks:StreamConfig",
     "EncodedBatch": "gpupipe.stream.batch:EncodedBatch",
     "FetchConfig": "gpupipe.storage.fetch:FetchConfig",
-    "Source": "gpupipe.sources.resolve:Source",
+    "Source": "gpupipe.sources.source:Source",
     "World": "gpupipe.core.types:World",
     "Manifest": "gpupipe.formats.manifest:Manifest",
     "ingest": "gpupipe.tools.ingest:ingest",

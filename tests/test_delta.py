@@ -17,7 +17,7 @@ from gpupipe.core.errors import ConfigError, MissingDependencyError
 from gpupipe.formats import delta
 from gpupipe.formats.manifest import MANIFEST_NAME
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
-from gpupipe.sources.resolve import Source, resolve
+from gpupipe.sources.source import Source, resolve
 from gpupipe.tools.indexer import index_in_place
 
 pytest.importorskip("pyarrow")
@@ -73,14 +73,14 @@ def test_index_names_its_version_and_a_later_version_ignores_it(tmp_path, monkey
         raise AssertionError("the index describes this version: no log replay")
 
     with monkeypatch.context() as m:
-        m.setattr("gpupipe.sources.resolve.read_snapshot", no_log_replay)
+        m.setattr("gpupipe.sources.source.read_snapshot", no_log_replay)
         assert epoch_ids(url) == list(range(10))
     write(url, range(10, 13))
-    with caplog.at_level(logging.WARNING, logger="gpupipe.sources.resolve"):
+    with caplog.at_level(logging.WARNING, logger="gpupipe.sources.source"):
         assert epoch_ids(url) == list(range(13))
     assert "describes version 0 of the table, not version 1" in caplog.text
     assert f"no {delta.DELTA_INDEX} for" in caplog.text  # described afresh, and told where its index goes
-    monkeypatch.setattr("gpupipe.sources.resolve.read_snapshot", no_log_replay)
+    monkeypatch.setattr("gpupipe.sources.source.read_snapshot", no_log_replay)
     assert epoch_ids(url + "@v0") == list(range(10))  # the pinned version is the indexed one
 
 

@@ -22,7 +22,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpupipe.core.errors import StorageAuthError, StorageEndpointError, StorageError, StorageNotFoundError
-from gpupipe.sources.resolve import Source, resolve
+from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
 from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
 
@@ -83,7 +83,7 @@ def test_no_credentials_fail_at_once_saying_what_to_set(s3_bucket, tmp_path):
     url = s3_bucket.url("ds/")
     script = (
         "import json, time\n"
-        "from gpupipe.sources.resolve import Source, resolve\n"
+        "from gpupipe.sources.source import Source, resolve\n"
         "t0 = time.perf_counter()\n"
         "try:\n"
         f"    resolve(Source({url!r}, storage_options={{'endpoint_url': {s3_bucket.endpoint!r}}}))\n"

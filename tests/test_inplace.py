@@ -17,7 +17,7 @@ from inplace_data import image_ids, label_of, write_class_folder, write_flat_fol
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.manifest import Manifest
 from gpupipe.loader.encoded import EncodedDataset, EncodedLoader, StreamConfig
-from gpupipe.sources.resolve import Source, resolve
+from gpupipe.sources.source import Source, resolve
 from gpupipe.tools.indexer import index_in_place
 
 pyarrow = pytest.importorskip("pyarrow")

@@ -159,3 +159,18 @@ def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
         assert module.__spec__.name == new and module.__name__ == new  # the module keeps its own identity
         messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
         assert f"{old} moved to {new}; import that instead" in messages, messages
+
+
+def test_no_room_exports_a_name_that_hides_one_of_its_modules():
+    """``gpupipe.sources.resolve`` was both a module and the function the room exports: the attribute
+    gave the function, so ``monkeypatch.setattr("gpupipe.sources.resolve.x", ...)`` failed."""
+    import importlib
+    import inspect
+
+    clashes = []
+    for init in PACKAGE.rglob("__init__.py"):
+        room = importlib.import_module(_module_of(init.relative_to(PACKAGE.parent)))
+        modules = {p.stem for p in init.parent.glob("*.py")} | {p.name for p in init.parent.iterdir() if p.is_dir()}
+        clashes += [f"{room.__name__}.{name}" for name in getattr(room, "__all__", ())
+                    if name in modules and not inspect.ismodule(getattr(room, name))]  # gpupipe.transforms is one
+    assert not clashes, clashes

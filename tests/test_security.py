@@ -29,7 +29,7 @@ from gpupipe import GpuLoader
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.writer import ShardSink
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
-from gpupipe.sources.resolve import Source, resolve
+from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import FetchConfig
 from gpupipe.tools.indexer import index
 from gpupipe.tools.ingest import ingest

@@ -16,7 +16,7 @@ from datagen import ids_of, write_dataset
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange, World
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
-from gpupipe.sources.resolve import Source, expand_pattern, resolve
+from gpupipe.sources.source import Source, expand_pattern, resolve
 from gpupipe.storage.cache import BlockCache
 from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
 

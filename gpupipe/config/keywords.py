@@ -25,7 +25,7 @@ from gpupipe.config.values import plain, suggest
 from gpupipe.core.errors import ConfigError, UnknownKeywordError
 from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
-from gpupipe.sources.resolve import Source
+from gpupipe.sources.source import Source
 from gpupipe.storage.fetch import FetchConfig
 from gpupipe.stream.chunks import StreamConfig
 
@@ -124,7 +124,7 @@ def check_keywords(options: Mapping[str, Any], caller: str) -> None:
 def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> tuple[SplitConfig, World]:
     """The keyword form → (the training split it describes, the ``World`` it runs in).
 
-    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.resolve.Source`. ``decode`` is
+    ``source``: a URL, a list of them or a :class:`~gpupipe.sources.source.Source`. ``decode`` is
     a backend name or a :class:`DecodeConfig`; ``stream`` a :class:`StreamConfig`; the plain
     keywords (:data:`KEYWORDS`) fill in what those leave at their defaults and must agree with
     what they set. ``caller`` names the class in errors.

@@ -152,7 +152,7 @@ class PipelineConfig:
         centre instead of a random crop, use ``eval_batch_size``, and run ``eval_augment``
         (by default the deterministic steps of ``augment``: resize, crop, cast, normalize)."""
         from gpupipe.config.split import SplitConfig
-        from gpupipe.sources.resolve import Source
+        from gpupipe.sources.source import Source
 
         urls = getattr(self.source, self.checked_split(name))
         train = name == "train"

@@ -21,7 +21,7 @@ from typing import Any
 from gpupipe.config.augment import TransformSpec
 from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig
-from gpupipe.sources.resolve import Source
+from gpupipe.sources.source import Source
 from gpupipe.stream.chunks import StreamConfig
 
 __all__ = ["SplitConfig"]

@@ -27,7 +27,7 @@ from gpupipe.core.types import World
 from gpupipe.loader.epoch import EpochLedger
 from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
 from gpupipe.sources.classes import agreed_classes
-from gpupipe.sources.resolve import ResolvedSource, expand_pattern, resolve
+from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack
 from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_chunks, iter_whole_shards

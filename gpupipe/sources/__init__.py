@@ -1,12 +1,12 @@
 """Sources room: where the data is — a URL pattern resolved into units and a manifest.
 
-* :mod:`~gpupipe.sources.resolve` — :class:`Source` → :class:`ResolvedSource` (tar shards with an
+* :mod:`~gpupipe.sources.source` — :class:`Source` → :class:`ResolvedSource` (tar shards with an
   ``index.json``, or a folder / Parquet files / a Delta table read in place);
 * :mod:`~gpupipe.sources.inplace` — the manifest of a source read in place, from one listing;
 * :mod:`~gpupipe.sources.classes` — one class list for every split.
 
 Imports storage, formats and core only.
 """
-from gpupipe.sources.resolve import ResolvedSource, Source, UnitURLs, expand_pattern, resolve
+from gpupipe.sources.source import ResolvedSource, Source, UnitURLs, expand_pattern, resolve
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]

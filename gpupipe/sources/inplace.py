@@ -1,6 +1,6 @@
 """Describe a source read in place — an image folder or Parquet files — as a manifest.
 
-Used at start (:func:`gpupipe.sources.resolve.resolve`, when there is no ``index.json``) and by
+Used at start (:func:`gpupipe.sources.source.resolve`, when there is no ``index.json``) and by
 ``gpupipe index`` (:func:`index_in_place`, which writes it). Nothing here reads image
 bytes unless asked for checksums: a folder is one recursive listing (plus its labels
 file), a Parquet source one ranged read of each file's tail (its footer), plus the label

@@ -29,7 +29,7 @@ from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, Sto
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
-from gpupipe.sources.resolve import ResolvedSource
+from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import FetchConfig, Fetcher
 from gpupipe.stream.batch import IMAGE_EXTENSIONS, image_field, label_of
 from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans

@@ -22,7 +22,7 @@ from gpupipe.formats.delta import DELTA_INDEX, index_json
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.sources.classes import CLASSES_NAME, class_lines
 from gpupipe.sources.inplace import with_checksums
-from gpupipe.sources.resolve import Source, expand_pattern, resolve
+from gpupipe.sources.source import Source, expand_pattern, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
 
 __all__ = ["index", "index_in_place"]
@@ -38,7 +38,7 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
     manifest, or ``None`` when ``url`` names tar shards (nothing is written then).
 
     ``workers``: requests in flight. ``image_column``, ``label_column``, ``labels`` and
-    ``classes`` are as in :class:`~gpupipe.sources.resolve.Source`; the index remembers them.
+    ``classes`` are as in :class:`~gpupipe.sources.source.Source`; the index remembers them.
     """
     if workers < 1:
         raise ConfigError(f"index: workers must be >= 1, got {workers}")

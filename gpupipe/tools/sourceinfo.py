@@ -16,7 +16,7 @@ from typing import Any
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.manifest import Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
-from gpupipe.sources.resolve import Source, resolve
+from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import Fetcher, open_filesystem
 
 __all__ = ["KIND_NAMES", "inspect", "in_place_summary"]

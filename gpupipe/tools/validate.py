@@ -53,7 +53,7 @@ from gpupipe.tools.validate_child import Crash
 from gpupipe.tools.validate_read import Good, Problem
 
 if TYPE_CHECKING:
-    from gpupipe.sources.resolve import Source
+    from gpupipe.sources.source import Source
 
 __all__ = ["Problem", "Report", "validate", "write_quarantine", "read_quarantine", "add_arguments", "run"]
 
@@ -155,12 +155,12 @@ def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | No
              device=None, max_pixels: int | None = MAX_PIXELS, batch_size: int = 32,
              progress: bool = False) -> Report:
     """Check every sample under ``url`` (a URL, a list of them, or a
-    :class:`~gpupipe.sources.resolve.Source` naming Parquet columns, a labels file or classes);
+    :class:`~gpupipe.sources.source.Source` naming Parquet columns, a labels file or classes);
     returns a :class:`Report` (nothing is raised for bad samples; a missing source or bad
     arguments raise ``GpupipeError``/``OSError``)."""
     from tqdm import tqdm
 
-    from gpupipe.sources.resolve import Source, resolve
+    from gpupipe.sources.source import Source, resolve
     from gpupipe.storage.fetch import Fetcher
     from gpupipe.tools.validate_read import read_samples, skipped_files
 

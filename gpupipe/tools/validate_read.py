@@ -60,7 +60,7 @@ class Good:
 
 
 def read_samples(fetcher, resolved) -> Iterator[Good | Problem]:
-    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.resolve.ResolvedSource`), in order."""
+    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.source.ResolvedSource`), in order."""
     reader = {"tar": _read_shards, "folder": _read_objects, "parquet": _read_rowgroups}[resolved.kind]
     return reader(fetcher, resolved)
 

@@ -30,7 +30,7 @@ def set_names(text: str) -> list[str]:
 
 
 def _local_shards(source, storage_options) -> tuple[tuple[str, ...], int | None]:
-    from gpupipe.sources.resolve import Source, resolve
+    from gpupipe.sources.source import Source, resolve
 
     resolved = resolve(Source(source, dict(storage_options or {})))
     paths = []
