@@ -19,7 +19,7 @@ from gpupipe.decode import DecodeConfig
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.loader.encoded import EncodedLoader
 from gpupipe.loader.gpu import GpuLoader
-from gpupipe.sources.resolve import Source
+from gpupipe.sources.source import Source
 from gpupipe.tools.synth import synthetic_jpeg
 
 N = 16
