@@ -117,3 +117,19 @@ def test_source_keywords_fill_a_source_object_and_refuse_a_second_value(shards):
         EncodedLoader(Source(shards, classes=("a", "b")), batch_size=4, classes=["b", "a"])
     with pytest.raises(ConfigError, match="source.classes|classes"):  # the index numbers a, b: b, a disagrees
         EncodedLoader(shards, batch_size=4, classes=["b", "a"])
+
+
+def test_command_line_flags_of_settings_take_type_path_and_default_from_the_declaration(capsys):
+    import argparse
+
+    from gpupipe.tools.cliargs import setting_argument
+
+    p = argparse.ArgumentParser(prog="x")
+    setting_argument(p, "hw_decoder_load")
+    setting_argument(p, "batch_size", default=128)
+    assert vars(p.parse_args(["--hw-decoder-load", "0.5"])) == {"hw_decoder_load": 0.5, "batch_size": 128}
+    text = p.format_help()
+    assert "(decode.hw_decoder_load; default 0.9)" in text and "(loader.batch_size; default 128)" in text
+    with pytest.raises(SystemExit):
+        p.parse_args(["--batch-size", "many"])
+    assert "invalid int value: 'many'" in capsys.readouterr().err

@@ -39,7 +39,7 @@ from types import MappingProxyType
 
 from gpupipe.core.errors import GpupipeError
 from gpupipe.formats.imageheader import MAX_PIXELS
-from gpupipe.tools.cliargs import storage_arguments
+from gpupipe.tools.cliargs import decode_argument, setting_argument, storage_arguments
 
 __all__ = ["COMMANDS", "main"]
 
@@ -189,11 +189,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="demo-data", help="folder for the sample images and shards (kept between runs)")
     p.add_argument("--images", type=int, default=2000, help="number of sample JPEGs to generate")
     p.add_argument("--size", type=int, default=250, help="side of the square sample images, in pixels")
-    p.add_argument("--batch-size", type=int, default=128)
+    setting_argument(p, "batch_size", default=128, what="samples per batch")
     p.add_argument("--epochs", type=int, default=3, help="epochs to stream (the first one is a warm-up)")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: chosen from the machine)")
-    p.add_argument("--image-size", type=int, default=128, help="side of the decoded square images")
-    p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="decode backend")
+    setting_argument(p, "num_workers", "--workers", what="DataLoader workers", default_text="chosen from the machine")
+    setting_argument(p, "image_size", default=128, what="side of the decoded square images")
+    decode_argument(p)
     p.add_argument("--augment", default="simple", choices=["simple", "complex", "none"],
                    help="transform set applied after decode (the docs' simple or complex set)")
     p.add_argument("--config", default=None, metavar="FILE",
@@ -212,7 +212,7 @@ def _demo_run(args: argparse.Namespace) -> int:
 
         config = load_config(args.config)
     r = run_demo(args.root, images=args.images, size=args.size, batch_size=args.batch_size,
-                 image_size=args.image_size, epochs=args.epochs, num_workers=args.workers, decode=args.decode,
+                 image_size=args.image_size, epochs=args.epochs, num_workers=args.num_workers, decode=args.decode,
                  augment=None if args.augment == "none" else args.augment, config=config)
     print(f"gpupipe demo: {r.images} JPEGs ({args.size}x{args.size}) in {r.shards} shards under {args.root}/shards")
     if config is not None:

@@ -1,12 +1,20 @@
 """Argument types and groups every ``gpupipe`` command shares: ``--device``,
-``--storage-option KEY=VALUE``. Commands import them from here, never from one another."""
+``--storage-option KEY=VALUE``, and the flags of loader settings (``--batch-size``,
+``--image-size``, ``--workers``, ``--decode``), whose type, YAML key and declared default come from
+the settings' one declaration (:data:`gpupipe.config.keywords.KEYWORDS`). Commands import them from
+here, never from one another."""
 from __future__ import annotations
 
 import argparse
 import json
 from typing import Any
 
-__all__ = ["key_value", "device_option", "storage_arguments"]
+from gpupipe.config.keywords import KEYWORDS
+from gpupipe.decode import BACKENDS
+
+__all__ = ["key_value", "device_option", "storage_arguments", "setting_argument", "decode_argument"]
+
+_TYPES = {"int": int, "float": float, "str": str, "tuple[int, int]": int}  # an output size on the command line: a side
 
 
 def key_value(text: str) -> tuple[str, Any]:
@@ -44,3 +52,21 @@ def storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option"
                        what: str = "the source") -> None:
     p.add_argument(flag, dest=dest, action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help=f"fsspec storage option for {what} (repeatable; values are JSON or strings)")
+
+
+def setting_argument(p: argparse.ArgumentParser, name: str, *flags: str, default: Any = None, what: str = "",
+                     default_text: str | None = None) -> None:
+    """The flag of the loader setting ``name`` (a ``GpuLoader`` keyword, e.g. ``batch_size``): its type
+    and YAML key come from the declaration; ``default`` is the command's own (None: the declared one
+    applies; ``default_text`` says it in words). ``args.<name>`` holds the value."""
+    keyword = KEYWORDS[name]
+    kind = _TYPES[str(keyword.annotation).split("|")[0].strip()]
+    shown = default_text or (default if default is not None else keyword.default)
+    p.add_argument(*(flags or (f"--{name.replace('_', '-')}",)), dest=name, type=kind, default=default,
+                   metavar="N" if kind is int else "X", help=f"{what or name} ({keyword.path}; default {shown})")
+
+
+def decode_argument(p: argparse.ArgumentParser, default: str | None = "auto", what: str = "decode backend") -> None:
+    """``--decode``: ``auto`` or one of the decode backends (``decode.backend``)."""
+    shown = default or "the config's"
+    p.add_argument("--decode", default=default, choices=["auto", *BACKENDS], help=f"{what} (decode.backend; default {shown})")

@@ -33,7 +33,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.tools.cliargs import device_option
+    from gpupipe.tools.cliargs import decode_argument, device_option, setting_argument
 
     p.add_argument("targets", nargs="*", metavar="CONFIG|SOURCE",
                    help="pipeline config(s) (.yaml) or a shard folder, pattern or list (any fsspec URL)")
@@ -50,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="PNG", help="images/s against workers, per loader and set")
     p.add_argument("--augment", default="none", metavar="SET[,SET]",
                    help="with a SOURCE: transform set(s) simple, complex or none (default none)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch size (default 256, or the config's)")
-    p.add_argument("--image-size", type=int, default=None, help="decoded side in px (default 224, or the config's)")
-    p.add_argument("--decode", default="auto", choices=["auto", "dali", "nvjpeg", "pil"], help="gpupipe's decoder")
+    setting_argument(p, "batch_size", what="samples per batch", default_text="256, or the config's")
+    setting_argument(p, "image_size", what="decoded side in px", default_text="224, or the config's")
+    decode_argument(p, what="gpupipe's decoder")
     p.add_argument("--device", default=None, type=device_option, help="cuda, cuda:N or cpu (default: cuda when present)")
     p.add_argument("--epochs", type=int, default=None,
                    help="single-run mode: timed epochs after one warm-up epoch (default 2)")
