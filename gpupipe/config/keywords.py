@@ -117,8 +117,8 @@ def check_keywords(options: Mapping[str, Any], caller: str) -> None:
     """Refuse a keyword that is not one, naming it in terms of the class the user called."""
     for name in options:
         if name not in KEYWORDS:
-            hint = suggest(name, KEYWORDS) or f" (keywords: {', '.join(sorted(KEYWORDS))})"
-            raise UnknownKeywordError(f"{caller}(): unknown keyword {name!r}{hint}; help({caller}) lists them all")
+            hint = suggest(name, KEYWORDS) or f"; keywords: {', '.join(sorted(KEYWORDS))}"
+            raise UnknownKeywordError(f"{caller}(): unknown keyword {name!r}{hint} (help({caller}) shows them all)")
 
 
 def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> tuple[SplitConfig, World]:
