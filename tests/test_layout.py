@@ -77,11 +77,18 @@ def _all_imports():
             if isinstance(node, ast.ImportFrom):
                 base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
                 module = ".".join([*base, *([node.module] if node.module else [])])
-                names = [module] if node.module else [f"{module}.{a.name}" for a in node.names]
-                yield from ((rel, name) for name in names)
+                yield from ((rel, name) for name in _imported(module, node))
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     yield rel, alias.name
+
+
+def _imported(module: str, node: ast.ImportFrom) -> list[str]:
+    """``from a.b import c``: ``a.b.c`` where ``c`` is a module of ``a.b``, else ``a.b``."""
+    folder = PACKAGE.parent.joinpath(*module.split("."))
+    subs = [f"{module}.{a.name}" for a in node.names
+            if (folder / f"{a.name}.py").exists() or (folder / a.name / "__init__.py").exists()]
+    return subs if subs and len(subs) == len(node.names) else [module, *subs]
 
 
 def _room(module: str) -> str | None:
@@ -102,6 +109,8 @@ def layer_violations(imports) -> list[str]:
             bad.append(f"{path}: imports the package root ({module}); import the room that defines the name")
         elif here not in LAYER or there not in LAYER:
             bad.append(f"{path}: imports {module}; room {here if here not in LAYER else there!r} is not in LAYERS")
+        elif there == here and module == f"gpupipe.{here}" and path.name != "__init__.py":
+            bad.append(f"{path}: imports its own room's front door ({module}); import the module that defines it")
         elif there != here and LAYER[there] >= LAYER[here]:
             way = "sideways" if LAYER[there] == LAYER[here] else "up"
             bad.append(f"{path}: imports {module} ({here} -> {there} points {way})")
@@ -120,12 +129,14 @@ def test_the_layer_check_fails_on_an_upward_import_even_inside_a_function():
                      "if TYPE_CHECKING:\n    from gpupipe.config.split import SplitConfig\n")
     imports = [(Path("gpupipe/stream/chunks.py"), node.module) for node in ast.walk(tree)
                if isinstance(node, ast.ImportFrom)] + [(Path("gpupipe/loader/gpu.py"), "gpupipe.tools.validate"),
-                                                       (Path("gpupipe/decode/dali.py"), "gpupipe.stream.batch")]
+                                                       (Path("gpupipe/decode/dali.py"), "gpupipe.stream.batch"),
+                                                       (Path("gpupipe/decode/pil.py"), "gpupipe.decode")]
     assert layer_violations(imports) == [
         "gpupipe/stream/chunks.py: imports gpupipe.loader.gpu (stream -> loader points up)",
         "gpupipe/stream/chunks.py: imports gpupipe.config.split (stream -> config points up)",
         "gpupipe/loader/gpu.py: imports gpupipe.tools.validate (loader -> tools points up)",
-        "gpupipe/decode/dali.py: imports gpupipe.stream.batch (decode -> stream points sideways)"]
+        "gpupipe/decode/dali.py: imports gpupipe.stream.batch (decode -> stream points sideways)",
+        "gpupipe/decode/pil.py: imports its own room's front door (gpupipe.decode); import the module that defines it"]
 
 
 def test_every_room_of_the_package_is_in_the_layer_table():

@@ -18,6 +18,7 @@ import torch
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import ErrorPolicy
+from gpupipe.decode.base import DecodedBatch, ResizeMode
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
@@ -150,8 +151,6 @@ def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, co
     a generator keyed by (seed, epoch, sample id) — the same sample gets the same
     crop whatever the batch, worker count or resume point.
     """
-    from gpupipe.decode import ResizeMode
-
     boxes = np.zeros((len(headers), 4), dtype=np.int64)
     out_h, out_w = config.image_size or (1, 1)
     for i, header in enumerate(headers):
@@ -212,8 +211,6 @@ def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn):
     genuine pair; ``valid`` is False there, and ``sample_ids``/``keys`` still name the
     sample that was lost.
     """
-    from gpupipe.decode import DecodedBatch
-
     labels, valid = batch.labels.clone(), batch.valid.clone()
     good = checked.good()
     if good:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from gpupipe.core.errors import DecodeError
-from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
+from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, decode_threads, finish, prepare, upright_size
 from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route
 from gpupipe.decode.pil import decode_many, pool

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
+from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import StandIn, account, assemble, prepare
 from gpupipe.decode.gate import route
 from gpupipe.decode.pil import decode_many, pool

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
+from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
 from gpupipe.decode.common import Checked, StandIn, account, assemble, decode_threads, prepare, record_bad
 from gpupipe.decode.roi import draft_scale, drafted_box
 

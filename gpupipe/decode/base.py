@@ -1,0 +1,118 @@
+"""The decode stage's values: how to decode (:class:`DecodeConfig`), what comes out
+(:class:`DecodedBatch`), what it counted (:class:`DecodeStats`) and what a backend is
+(:class:`Decoder`). Every backend imports these from here; :mod:`gpupipe.decode` picks one."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Protocol
+
+import torch
+
+from gpupipe.core.errors import ConfigError
+from gpupipe.core.types import ErrorPolicy
+from gpupipe.formats.imageheader import MAX_PIXELS
+
+__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS"]
+
+_BACKENDS = {  # name -> the class, imported on first use
+    "dali": "gpupipe.decode.dali:DaliDecoder",
+    "nvjpeg": "gpupipe.decode.nvjpeg:NvjpegDecoder",
+    "pil": "gpupipe.decode.pil:PilDecoder",
+}
+BACKENDS = MappingProxyType(_BACKENDS)
+
+
+class ResizeMode(str, Enum):
+    NONE = "none"  # keep decoded sizes (the batch must then be all one size)
+    FIXED = "fixed"  # resize to image_size exactly (aspect ratio not kept), like Resize((h, w))
+    SHORTER = "shorter"  # shorter side to image_size's, then centre crop, like Resize(s) + CenterCrop
+    RANDOM_CROP = "random_resized_crop"  # torchvision RandomResizedCrop(image_size, scale, ratio)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How images are decoded. ``image_size`` is (height, width)."""
+
+    backend: str = "auto"
+    image_size: tuple[int, int] | None = None
+    resize: ResizeMode = ResizeMode.FIXED
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    on_error: ErrorPolicy = ErrorPolicy.RAISE
+    max_pixels: int | None = MAX_PIXELS
+    num_threads: int | None = None
+    hw_decoder_load: float = 0.9
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, kind in (("resize", ResizeMode), ("on_error", ErrorPolicy)):
+            try:
+                object.__setattr__(self, name, kind(getattr(self, name)))
+            except ValueError:
+                choices = ", ".join(repr(k.value) for k in kind)
+                raise ConfigError(f"decode.{name}: {getattr(self, name)!r} is not one of {choices}") from None
+        if self.backend not in ("auto", *BACKENDS):
+            raise ConfigError(f"decode.backend: unknown {self.backend!r}; choose from auto, {', '.join(BACKENDS)}")
+        if self.image_size is not None:
+            size = tuple(int(s) for s in self.image_size)
+            if len(size) != 2 or min(size) < 1:
+                raise ConfigError(f"decode.image_size: expected (height, width) > 0, got {self.image_size!r}")
+            object.__setattr__(self, "image_size", size)
+        elif self.resize in (ResizeMode.SHORTER, ResizeMode.RANDOM_CROP):
+            raise ConfigError(f"decode.resize: {self.resize.value!r} needs decode.image_size (the output size)")
+        else:  # the default resize without a size: keep decoded sizes
+            object.__setattr__(self, "resize", ResizeMode.NONE)
+        lo, hi = self.scale
+        if not 0 < lo <= hi <= 1:
+            raise ConfigError(f"decode.scale: expected 0 < min <= max <= 1, got {self.scale}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ConfigError(f"decode.ratio: expected 0 < min <= max, got {self.ratio}")
+        if not 0.0 <= self.hw_decoder_load <= 1.0:
+            raise ConfigError(f"decode.hw_decoder_load: expected within [0, 1], got {self.hw_decoder_load}")
+
+
+@dataclass
+class DecodedBatch:
+    """Decoded images and what travels with them.
+
+    Shape: ``images`` (B, 3, H, W) uint8, channels_last, on the decoder's device;
+    ``labels``, ``sample_ids`` (B,) int64; ``valid`` (B,) bool — False for padding
+    and for images replaced because they could not be decoded.
+    ``images, labels = batch`` unpacks the two a training loop needs.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    valid: torch.Tensor
+    sample_ids: torch.Tensor
+    keys: tuple[str, ...]
+    epoch: int = 0
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        yield self.images
+        yield self.labels
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class DecodeStats:
+    batches: int = 0
+    images: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    skipped_keys: list[str] = field(default_factory=list)
+
+
+class Decoder(Protocol):
+    name: str
+    device: torch.device
+    stats: DecodeStats
+
+    def decode(self, batch) -> DecodedBatch: ...
+
+    def close(self) -> None: ...
