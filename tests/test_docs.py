@@ -225,3 +225,14 @@ def test_every_python_block_of_the_readme_runs():
     """What a reader pastes first must work: no README snippet is left unmarked."""
     text = (ROOT / "README.md").read_text()
     assert text.count("```python") == text.count(f"{RUN_MARKER}\n```python") >= 3
+
+
+def test_the_data_flow_picture_names_the_rooms_that_data_passes_through():
+    """docs/dataflow.svg labels each box with the folders that do its work: the picture and the
+    package show the same flow (core, config and tools are not stages of it)."""
+    from test_layout import LAYER
+
+    svg = (ROOT / "docs" / "dataflow.svg").read_text()
+    rooms = [room for room in LAYER if room not in ("core", "config", "tools")]
+    missing = [room for room in rooms if not re.search(rf"\b{room}(/|\.py)", svg)]
+    assert not missing, f"rooms missing from docs/dataflow.svg: {missing}"
