@@ -39,7 +39,8 @@ from gpupipe.augment.geometry import (
     Resize,
 )
 from gpupipe.augment.mix import CutMix, MixUp
-from gpupipe.augment.registry import transform_class
+from gpupipe.augment.presets import IMAGENET_MEAN, IMAGENET_STD, PRESETS
+from gpupipe.augment.registry import build_transform, transform_class
 
 __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",
            "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective",
@@ -49,28 +50,26 @@ __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop
            "from_torchvision", "TORCHVISION", "SUPPORTED", "simple_set", "complex_set", "IMAGENET_MEAN",
            "IMAGENET_STD"]
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
 def simple_set(dtype=None) -> Compose:
     """The docs' simple set after a decode to the output size (uint8): RandomAffine(20),
     RandomHorizontalFlip(0.5), to float in [0, 1], repeat to 3 channels, Normalize(ImageNet)."""
-    import torch
-
-    return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), ToDtype(dtype or torch.float32),
-                    RepeatChannels(3), Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))], input_dtype=torch.uint8)
+    return _preset("simple", dtype)
 
 
 def complex_set(dtype=None) -> Compose:
     """The docs' complex set after a decode to the output size (uint8): RandomAffine(20),
     both flips, RandomPerspective(0.5, p=0.5), to float in [0, 1], ColorJitter(0.2, 0.2,
     0.2, 0.2), repeat to 3 channels, Normalize(ImageNet). Geometry fuses into one warp."""
+    return _preset("complex", dtype)
+
+
+def _preset(name: str, dtype) -> Compose:
+    """A set of :data:`~gpupipe.augment.presets.PRESETS` built, its cast to ``dtype`` (default float32)."""
     import torch
 
-    return Compose([RandomAffine(20), RandomHorizontalFlip(0.5), RandomVerticalFlip(0.5),
-                    RandomPerspective(0.5, p=0.5), ToDtype(dtype or torch.float32),
-                    ColorJitter(0.2, 0.2, 0.2, 0.2), RepeatChannels(3),
-                    Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))], input_dtype=torch.uint8)
+    steps = [build_transform(step, {**args, "dtype": dtype} if step == "ToDtype" and dtype is not None else args)
+             for step, args in PRESETS[name]]
+    return Compose(steps, input_dtype=torch.uint8)
 
 
 # ----------------------------------------------------------------------------- from_torchvision

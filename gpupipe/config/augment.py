@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupipe.augment.presets import PRESETS
 from gpupipe.augment.registry import TRANSFORMS, build_transform, transform_class
 from gpupipe.config.values import check_keys, suggest
 from gpupipe.core.errors import ConfigError
@@ -44,32 +45,13 @@ class TransformSpec:
 
 
 def preset(name: str) -> tuple[TransformSpec, ...]:
-    """The docs' transform sets as specs: ``simple``, ``complex``, ``none``, or a flip and an
-    auto-augment policy as in torchvision's ImageNet recipes (``trivialaugment``,
-    ``randaugment``, ``autoaugment``); after a decode to the output size; ImageNet
-    normalisation, float32."""
-    from gpupipe.transforms import IMAGENET_MEAN, IMAGENET_STD
-
-    tail = [TransformSpec("ToDtype", {"dtype": "float32"}),
-            TransformSpec("RepeatChannels", {"num_channels": 3}),
-            TransformSpec("Normalize", {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)})]
-    sets = {
-        "none": [],
-        "simple": [TransformSpec("RandomAffine", {"degrees": 20}), TransformSpec("RandomHorizontalFlip", {"p": 0.5}),
-                   *tail],
-        "complex": [TransformSpec("RandomAffine", {"degrees": 20}), TransformSpec("RandomHorizontalFlip", {"p": 0.5}),
-                    TransformSpec("RandomVerticalFlip", {"p": 0.5}),
-                    TransformSpec("RandomPerspective", {"distortion_scale": 0.5, "p": 0.5}),
-                    tail[0], TransformSpec("ColorJitter", {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2,
-                                                           "hue": 0.2}), *tail[1:]],
-        **{preset: [TransformSpec("RandomHorizontalFlip", {"p": 0.5}),  # torchvision's recipe policies
-                    TransformSpec(name, {"interpolation": "bilinear"}), *tail]
-           for preset, name in (("trivialaugment", "TrivialAugmentWide"), ("randaugment", "RandAugment"),
-                                ("autoaugment", "AutoAugment"))},
-    }
-    if name not in sets:
-        raise ConfigError(f"augment: unknown preset {name!r}{suggest(name, sets)} (choose from {', '.join(sets)})")
-    return tuple(sets[name])
+    """The docs' transform sets as specs (:data:`gpupipe.augment.presets.PRESETS`): ``simple``,
+    ``complex``, ``none``, or a flip and an auto-augment policy as in torchvision's ImageNet recipes
+    (``trivialaugment``, ``randaugment``, ``autoaugment``); after a decode to the output size;
+    ImageNet normalisation, float32."""
+    if name not in PRESETS:
+        raise ConfigError(f"augment: unknown preset {name!r}{suggest(name, PRESETS)} (choose from {', '.join(PRESETS)})")
+    return tuple(TransformSpec(step, args) for step, args in PRESETS[name])
 
 
 def parse_augment(value: Any, path: str, hw: tuple[int, int] | None) -> tuple[TransformSpec, ...]:

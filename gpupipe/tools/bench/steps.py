@@ -4,9 +4,8 @@ The same steps drive every loader: gpupipe builds its batch pipeline from them (
 the config does), the baselines build per-sample equivalents
 (:mod:`gpupipe.tools.bench.persample`, :mod:`gpupipe.tools.bench.dali`). The names and
 arguments are those of ``gpupipe.transforms`` (torchvision's). ``SETS`` holds the
-docs' simple and complex sets after a decode to the output size; they equal
-``gpupipe.config.schema.preset(...)`` (a test checks) and ``gpupipe.transforms.simple_set()``
-/ ``complex_set()``.
+docs' simple and complex sets, read from :data:`gpupipe.augment.presets.PRESETS` as the
+config's presets and ``gpupipe.transforms.simple_set()`` / ``complex_set()`` are.
 """
 from __future__ import annotations
 
@@ -14,23 +13,12 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from gpupipe.augment.presets import PRESETS, Step
 from gpupipe.core.errors import ConfigError
 
 __all__ = ["Step", "SETS", "SUPPORTED", "steps_of", "check_supported", "gpupipe_pipeline"]
 
-Step = tuple[str, Mapping[str, Any]]
-
-_MEAN, _STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-_TAIL: tuple[Step, ...] = (("ToDtype", {"dtype": "float32"}),
-                           ("RepeatChannels", {"num_channels": 3}), ("Normalize", {"mean": _MEAN, "std": _STD}))
-SETS: Mapping[str, tuple[Step, ...]] = MappingProxyType({
-    "none": (),
-    "simple": (("RandomAffine", {"degrees": 20}), ("RandomHorizontalFlip", {"p": 0.5}), *_TAIL),
-    "complex": (("RandomAffine", {"degrees": 20}), ("RandomHorizontalFlip", {"p": 0.5}),
-                ("RandomVerticalFlip", {"p": 0.5}), ("RandomPerspective", {"distortion_scale": 0.5, "p": 0.5}),
-                _TAIL[0], ("ColorJitter", {"brightness": 0.2, "contrast": 0.2, "saturation": 0.2, "hue": 0.2}),
-                *_TAIL[1:]),
-})
+SETS: Mapping[str, tuple[Step, ...]] = MappingProxyType({name: PRESETS[name] for name in ("none", "simple", "complex")})
 # What the per-sample baselines implement (the DALI one: see gpupipe.tools.bench.dali).
 SUPPORTED = ("Resize", "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip",
              "RandomPerspective", "ColorJitter", "ToDtype", "ToTensor", "RepeatChannels", "Normalize")
