@@ -22,6 +22,9 @@ from gpupipe.tools.indexer import index_in_place
 
 pytest.importorskip("pyarrow")
 deltalake = pytest.importorskip("deltalake")
+# The module, not the attribute: gpupipe.sources re-exports the function resolve(), which hides its
+# submodule of that name from a dotted path ("gpupipe.sources.resolve.read_snapshot" finds the function).
+RESOLVE = sys.modules["gpupipe.sources.resolve"]
 
 
 def write(url, ids, mode="append", storage_options=None, **kw):
@@ -73,14 +76,14 @@ def test_index_names_its_version_and_a_later_version_ignores_it(tmp_path, monkey
         raise AssertionError("the index describes this version: no log replay")
 
     with monkeypatch.context() as m:
-        m.setattr("gpupipe.sources.resolve.read_snapshot", no_log_replay)
+        m.setattr(RESOLVE, "read_snapshot", no_log_replay)
         assert epoch_ids(url) == list(range(10))
     write(url, range(10, 13))
     with caplog.at_level(logging.WARNING, logger="gpupipe.sources.resolve"):
         assert epoch_ids(url) == list(range(13))
     assert "describes version 0 of the table, not version 1" in caplog.text
     assert f"no {delta.DELTA_INDEX} for" in caplog.text  # described afresh, and told where its index goes
-    monkeypatch.setattr("gpupipe.sources.resolve.read_snapshot", no_log_replay)
+    monkeypatch.setattr(RESOLVE, "read_snapshot", no_log_replay)
     assert epoch_ids(url + "@v0") == list(range(10))  # the pinned version is the indexed one
 
 
