@@ -26,6 +26,7 @@ exact and lets the worker count change on resume.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -87,6 +88,11 @@ class PlanSpec:
             if self.counts else np.zeros(0, np.int64)
         ids.flags.writeable = False
         return ids
+
+    @cached_property
+    def counts_crc32(self) -> int:
+        """CRC-32 of the unit sizes (int64, little-endian): which data the plan cuts, in 4 bytes."""
+        return zlib.crc32(np.asarray(self.counts, dtype="<i8").tobytes())
 
 
 @dataclass(frozen=True)
@@ -290,6 +296,8 @@ def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
     if not mid_epoch:
         return
     current = plan_identity(spec)
+    if "counts_crc32" not in saved:  # a state saved before the unit sizes were recorded
+        del current["counts_crc32"]
     diffs = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in current.items() if saved.get(k) != v]
     if diffs:
         raise PlanError(
@@ -300,7 +308,8 @@ def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
 
 
 def plan_identity(spec: PlanSpec) -> dict:
-    """The settings a mid-epoch resume must share with the saved run."""
+    """The settings a mid-epoch resume must share with the saved run — the unit sizes too: units
+    re-cut to the same totals put other samples at every position of the epoch."""
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
-            "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches}
+            "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32}

@@ -1,5 +1,5 @@
 """Decoders that die by a signal, for the crash-containment tests of ``gpupipe validate``
-(tests/test_validate_crash.py). Imported by name in the decoding child process.
+(tests/tools/test_validate_crash.py). Imported by name in the decoding child process.
 
 ``make``: Pillow's decoder, except that an image holding :data:`KILL` (a JPEG comment) makes
 the process kill itself with SIGSEGV -- what a native decoder's crash looks like from outside.

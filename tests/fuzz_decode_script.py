@@ -1,6 +1,6 @@
 """One epoch of a shard folder through ``GpuLoader`` with DALI at batch 64, ``on_error: skip``.
 
-Run in a subprocess by tests/test_decoder_fuzz.py, so that a native decoder's crash fails
+Run in a subprocess by tests/decode/test_decoder_fuzz.py, so that a native decoder's crash fails
 that test with its signal instead of killing the suite (stderr says how many batches got
 through). Usage: ``python fuzz_decode_script.py ROOT OUT_JSON [RESIZE [DEVICE]]`` (``fixed``: whole images;
 ``random_resized_crop``: DALI decodes only the window around each crop box; DEVICE ``cpu``

@@ -1,6 +1,6 @@
 """DALI's GPU region decode on JPEG photos, bare (no gpupipe in the path), in its own process.
 
-Run by tests/test_gpu_region_decode.py, which turns a signal death into a failure naming it.
+Run by tests/decode/test_gpu_region_decode.py, which turns a signal death into a failure naming it.
 nvImageCodec 0.9.0's region decode is reported to kill the process with SIGSEGV on H100 and
 B200 and to fail with INTERNAL_ERROR on A100 (NVIDIA/nvImageCodec#55). Usage:
 ``python gpu_region_script.py FOLDER`` -- every ``*.jpg`` in FOLDER, batches of 64 (repeated to

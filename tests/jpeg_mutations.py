@@ -1,4 +1,4 @@
-"""Mutated JPEGs for the native-decoder fuzz test (tests/test_decoder_fuzz.py).
+"""Mutated JPEGs for the native-decoder fuzz test (tests/decode/test_decoder_fuzz.py).
 
 ``base_jpegs()`` encodes small photo-like images the ways real encoders do (baseline 4:2:0,
 4:4:4 and 4:2:2, progressive, optimised tables, grayscale, CMYK, restart markers, an Exif

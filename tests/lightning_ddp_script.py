@@ -1,4 +1,4 @@
-"""Run by tests/test_lightning.py: ``Trainer(devices=2, strategy="ddp")`` on the CPU (gloo).
+"""Run by tests/lightning/test_lightning.py: ``Trainer(devices=2, strategy="ddp")`` on the CPU (gloo).
 
 Lightning's launcher starts rank 1 by running this script again. Writes each rank's
 ledger of (epoch, sample ids) per step and what the test should expect.

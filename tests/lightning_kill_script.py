@@ -1,4 +1,4 @@
-"""Run by tests/test_lightning.py: train with a checkpoint after every step, appending each
+"""Run by tests/lightning/test_lightning.py: train with a checkpoint after every step, appending each
 step's (epoch, sample ids) to a ledger file as it happens, so the test can SIGKILL this
 process at any point and resume from the last checkpoint in a fresh one.
 

@@ -1,7 +1,7 @@
 """Decode the odd-file corpus (decode_corpus.odd_files) at batch 64 with one backend under
 ``on_error: skip`` and check that every delivered (pixels, label) pair is genuine.
 
-Run in a subprocess by tests/test_odd_images.py, so that a crash inside a decoder
+Run in a subprocess by tests/decode/test_odd_images.py, so that a crash inside a decoder
 library (a segfault in DALI) fails that test instead of killing the suite.
 Usage: python odd_batch_script.py BACKEND; prints ``OK <skipped> <batches>`` on success.
 """

@@ -8,7 +8,7 @@ arguments); the probability that a sample is changed; what a pixel outside the
 input shows (``fill``, in the image's units); and which bad arguments raise which
 exception (at construction or at the first call).
 
-tests/test_tv_contract.py checks gpupipe against this table everywhere, and the table
+tests/augment/test_tv_contract.py checks gpupipe against this table everywhere, and the table
 against torchvision itself wherever ``torchvision.transforms.v2`` imports (the GPU
 machine; not the CPU torch of CI), so the table is torchvision's behaviour, not only
 our reading of its documentation.

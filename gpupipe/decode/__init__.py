@@ -11,7 +11,7 @@
 * ``auto`` — DALI on a GPU, else nvjpeg on a GPU, else DALI on the CPU, else Pillow;
   the choice is logged.
 
-Every backend passes one contract suite (tests/test_decode_contract.py): the same
+Every backend passes one contract suite (tests/decode/test_decode_contract.py): the same
 shapes, pixels close to Pillow's, EXIF orientation applied (the image comes out
 upright, as a viewer shows it), grayscale/CMYK/palette/RGBA/16-bit become 8-bit
 RGB, and bad images handled by ``on_error`` identically.

@@ -33,7 +33,7 @@ __all__ = ["native_decodable", "why_not_native", "route", "gpu_region_decode_saf
 # in-bounds ROIs on ImageNet JPEGs kill the process with SIGSEGV on H100 and B200 and fail
 # with INTERNAL_ERROR on A100 (NVIDIA/nvImageCodec#55, open; 0.8.0 was the last good one).
 # DALI 2.4 requires nvimgcodec >=0.9,<0.10, so the extras cannot pin 0.8. Until a GPU check
-# (tests/test_gpu_region_decode.py) passes with a version, the CUDA path decodes whole images
+# (tests/decode/test_gpu_region_decode.py) passes with a version, the CUDA path decodes whole images
 # and crops in DALI's GPU resize, as the CPU path's torch resize does; region decode on the
 # CPU (libjpeg-turbo's cropped decode) is not affected and stays.
 _REGION_DECODE_GOOD_BELOW = (0, 9)

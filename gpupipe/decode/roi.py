@@ -81,7 +81,7 @@ def draft_scale(box: Sequence[int], size: tuple[int, int]) -> int:
     drift from a full decode's. Measured on q90 photo-like and dead-leaves JPEGs against the
     full decode + resize: DCT scale s with 2s or more left to the resize, mean |diff| 0.3-0.9,
     p99 1-4; with less than 2x left (s=2 at 2.0-2.5x, s=4 at 4.1x, s=8 at 8.4x), mean 1.2-2.9,
-    p99 6-12, past the decode contract's tolerance (tests/test_decode_contract.py, TOL)."""
+    p99 6-12, past the decode contract's tolerance (tests/decode/test_decode_contract.py, TOL)."""
     ratio = min(box[2] / size[0], box[3] / size[1])
     return next(s for s in (8, 4, 2, 1) if ratio >= 2 * s or s == 1)
 

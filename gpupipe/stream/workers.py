@@ -91,7 +91,15 @@ def describe_dead(it) -> list[tuple[int, str]]:
     """``(worker id, "DataLoader worker 1 (pid 123, killed by SIGKILL)")`` for each dead worker."""
     out = []
     for wid, proc in dead_workers(it):
-        how = f"killed by {signal.Signals(-proc.exitcode).name}" if proc.exitcode and proc.exitcode < 0 \
+        how = f"killed by {_signal_name(-proc.exitcode)}" if proc.exitcode and proc.exitcode < 0 \
             else f"exit code {proc.exitcode}"
         out.append((wid, f"DataLoader worker {wid} (pid {proc.pid}, {how})"))
     return out
+
+
+def _signal_name(number: int) -> str:
+    """``SIGKILL``; ``signal 36`` for a signal Python has no name for (SIGRTMIN+2 on Linux)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

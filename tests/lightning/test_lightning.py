@@ -20,6 +20,7 @@ from gpupipe.core.errors import ConfigError  # noqa: E402
 from gpupipe.lightning import GpuDataModule  # noqa: E402
 
 N_TRAIN, N_VAL = 40, 12  # batch 4: 10 training steps per epoch
+TESTS = Path(__file__).resolve().parents[1]  # tests/: the scripts and helpers they import
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +138,9 @@ def _free_port() -> int:
 def test_two_processes_ddp_gloo_equal_steps_exactly_once(tmp_path):
     """2 ranks (Lightning's ddp launcher re-runs the script for rank 1), uneven shards with one
     empty: equal step counts, and each epoch's samples split exactly once between ranks."""
-    script = Path(__file__).with_name("lightning_ddp_script.py")
+    script = TESTS / "lightning_ddp_script.py"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
                          timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -190,8 +191,8 @@ def test_sigkill_then_resume_from_the_last_checkpoint_matches_an_uninterrupted_r
     import time
 
     kill_after = 13
-    script = str(Path(__file__).with_name("lightning_kill_script.py"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    script = str(TESTS / "lightning_kill_script.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     train = data[0]
     reference = tmp_path / "reference.jsonl"
     subprocess.run([sys.executable, script, train, str(tmp_path / "ref"), str(reference)], env=env, check=True,

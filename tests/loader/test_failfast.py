@@ -27,7 +27,7 @@ from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_e
 from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
 
 FAST_S = 2.0
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/loader/ -> repo
 
 
 def closed_port() -> int:

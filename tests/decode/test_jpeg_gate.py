@@ -26,7 +26,7 @@ from jpeg_mutations import join, segments  # noqa: E402  (tests/ is on sys.path;
 
 jpeg_module = importlib.import_module("gpupipe.formats.jpeg")  # its verdict caches, for the cache tests
 
-FIXTURES = Path(__file__).parent / "fixtures" / "pillow-jpeg"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pillow-jpeg"  # tests/fixtures
 SOF0, SOF1, SOF2, DHT, DQT, DRI, SOS = 0xC0, 0xC1, 0xC2, 0xC4, 0xDB, 0xDD, 0xDA
 EXAMPLES = settings(max_examples=80, deadline=None)
 

@@ -14,6 +14,8 @@ from inplace_data import write_class_folder, write_parquet
 
 from gpupipe.tools.indexer import index_in_place
 
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
+
 _RANK_SCRIPT = """
 import datetime, json, sys
 import torch.distributed as dist
@@ -53,7 +55,7 @@ def test_two_gloo_ranks_take_equal_steps_over_folder_and_parquet(tmp_path):
     index_in_place(str(tmp_path / "indexed"), checksums=True, progress=False)
     urls = [folder, table, str(tmp_path / "indexed")]
     script = tmp_path / "ranks.py"
-    script.write_text(_RANK_SCRIPT.format(paths=[os.getcwd(), os.path.dirname(__file__)], urls=urls))
+    script.write_text(_RANK_SCRIPT.format(paths=[os.getcwd(), TESTS], urls=urls))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]

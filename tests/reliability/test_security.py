@@ -2,7 +2,7 @@
 
 Through the whole pipeline (EncodedLoader with and without workers, GpuLoader with the
 Pillow decoder, ``gpupipe index`` and ``inspect``), not only the tar parser
-(tests/test_tar.py has the parser-level checks): pickles are never loaded, member names
+(tests/formats/test_tar.py has the parser-level checks): pickles are never loaded, member names
 never become paths, compressed shards (gzip bombs) are refused before anything is
 inflated, images declaring 65500x65500 never reach a decoder, ``pipe:`` URLs never run,
 and a secret in ``storage_options`` shows up in no log line, error or repr.

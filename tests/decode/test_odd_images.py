@@ -14,7 +14,7 @@ import torch
 
 from gpupipe.decode import available_backends
 
-SCRIPT = Path(__file__).with_name("odd_batch_script.py")
+SCRIPT = Path(__file__).resolve().parents[1] / "odd_batch_script.py"  # tests/
 
 
 @pytest.mark.parametrize("backend", ["pil", "dali"])

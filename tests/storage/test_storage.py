@@ -20,6 +20,8 @@ from gpupipe.sources.source import Source, expand_pattern, resolve
 from gpupipe.storage.cache import BlockCache
 from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
 
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
+
 
 # -- patterns ---------------------------------------------------------------------------------
 def test_brace_ranges_lists_and_nesting():
@@ -142,7 +144,7 @@ def test_world_from_torch_distributed_two_gloo_ranks(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(
         "import os, sys, torch, torch.distributed as dist\n"
-        f"sys.path[:0] = [{os.getcwd()!r}, {os.path.dirname(__file__)!r}]\n"
+        f"sys.path[:0] = [{os.getcwd()!r}, {TESTS!r}]\n"
         "from datagen import ids_of\n"
         "from gpupipe.loader.encoded import EncodedLoader\n"
         "dist.init_process_group('gloo', timeout=__import__('datetime').timedelta(seconds=60))\n"

@@ -22,7 +22,7 @@ from gpupipe.tools import cli, validate_child
 from gpupipe.tools.synth import synthetic_jpeg
 from gpupipe.tools.validate import validate
 
-PILLOW_FILES = sorted(Path(__file__).parent.joinpath("fixtures", "pillow-jpeg").glob("*.jpg"))
+PILLOW_FILES = sorted(Path(__file__).resolve().parents[1].joinpath("fixtures", "pillow-jpeg").glob("*.jpg"))
 
 
 def jpeg(i: int, comment: bytes = b"") -> bytes:

@@ -1,7 +1,7 @@
 """Processes and ranks (issue 7): a DataLoader worker killed mid-epoch, and 2-rank gloo runs
 over uneven shards (one empty) for 2 epochs with 0 and 2 workers.
 
-(tests/test_storage.py already runs one gloo epoch with 1 worker, and tests/test_plan.py
+(tests/storage/test_storage.py already runs one gloo epoch with 1 worker, and tests/plan/test_plan.py
 checks the pure planner for world sizes 1-8; these add the real processes.)
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ from datagen import write_dataset
 
 from gpupipe.core.errors import WorkerError
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
 
 
 def children(pid: int | None = None) -> set[int]:
@@ -109,7 +111,7 @@ def _free_port() -> int:
 
 def _run_two_ranks(tmp_path, url: str, workers: int, drop_last: bool) -> list:
     script = tmp_path / f"rank_{workers}_{drop_last}.py"
-    paths = [os.getcwd(), os.path.dirname(__file__)]
+    paths = [os.getcwd(), TESTS]
     script.write_text(_RANK_SCRIPT.format(paths=paths, url=url, workers=workers, drop_last=drop_last))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,

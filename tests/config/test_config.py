@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpupipe.config.schema import LIGHTNING_SECTIONS, PipelineConfig, Secrets, load_config, parse_config, preset
 from gpupipe.core.errors import ConfigError
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 GOOD = {"source": {"train": "data/train-{0000..0003}.tar", "val": "data/val.tar"},
         "stream": {"shuffle_buffer": 512, "fetch": {"concurrency": 4}},
         "decode": {"backend": "dali", "image_size": [128, 96], "resize": "random_resized_crop", "on_error": "skip"},

@@ -34,8 +34,9 @@ from gpupipe.decode.gate import native_decodable
 from gpupipe.decode.pil import decode_one
 from gpupipe.formats.imageheader import check_complete, probe
 
-SCRIPT = Path(__file__).with_name("fuzz_decode_script.py")
-PILLOW_FILES = sorted(Path(__file__).parent.joinpath("fixtures", "pillow-jpeg").glob("*.jpg"))
+TESTS = Path(__file__).resolve().parents[1]  # the helpers and fixtures live in tests/
+SCRIPT = TESTS / "fuzz_decode_script.py"
+PILLOW_FILES = sorted(TESTS.joinpath("fixtures", "pillow-jpeg").glob("*.jpg"))
 FILES_PER_RUN = 768  # 12 batches of 64; a quarter of them clean, the rest one mutation each
 RUNS = 6  # seeds: 3,456 mutated files in all; odd seeds decode crop windows, even ones whole images
 

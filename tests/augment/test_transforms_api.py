@@ -6,7 +6,7 @@ pipeline that cannot work raising when it is built).
 Limitation: torchvision cannot be imported with the CPU torch here, so ``from_torchvision``
 is fed stand-ins: objects whose class name and documented attributes mirror torchvision's
 (``tv(...)`` below; ``module=`` gives the v2 module path where v1 and v2 store an attribute
-differently). tests/test_tv_contract.py checks the transforms themselves against real
+differently). tests/augment/test_tv_contract.py checks the transforms themselves against real
 torchvision wherever it imports.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Sources read in place (issue 15): image folders and Parquet tables, no conversion step.
 
-Real components on local files; the same sources on loopback S3 are in test_s3_stream.py
-and across two gloo ranks in test_inplace_ranks.py.
+Real components on local files; the same sources on loopback S3 are in tests/stream/test_s3_stream.py
+and across two gloo ranks in tests/stream/test_inplace_ranks.py.
 """
 from __future__ import annotations
 

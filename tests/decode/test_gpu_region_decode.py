@@ -19,7 +19,7 @@ import torch
 
 from gpupipe.decode import DecodeConfig, ResizeMode, available_backends, gate
 
-SCRIPT = Path(__file__).with_name("gpu_region_script.py")
+SCRIPT = Path(__file__).resolve().parents[1] / "gpu_region_script.py"  # tests/
 needs_dali = pytest.mark.skipif("dali" not in available_backends(torch.device("cpu")), reason="needs nvidia-dali")
 RRC = DecodeConfig(backend="dali", image_size=(32, 32), resize=ResizeMode.RANDOM_CROP)
 
