@@ -14,7 +14,7 @@ from inplace_data import label_of, write_class_folder, write_flat_folder, write_
 from gpupipe.core.errors import ShardFormatError, StorageError
 from gpupipe.plan import Span
 from gpupipe.sources.inplace import with_checksums
-from gpupipe.sources.resolve import ResolvedSource, Source, resolve
+from gpupipe.sources.source import ResolvedSource, Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher
 from gpupipe.stream.readers import object_spans, rowgroup_spans
 
