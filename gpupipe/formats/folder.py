@@ -268,9 +268,11 @@ def object_key(name: str) -> str:
 def object_sample(name: str, data: bytes, label: int, url: str) -> Sample:
     """The sample of image ``name`` read as ``data`` from ``url``: key :func:`object_key`,
     the image under the name of its format (its extension when the bytes say none), and
-    ``cls`` when ``label >= 0``."""
-    return Sample(key=object_key(name), fields=sample_fields(data, label, field_name(data, extension(name))),
-                  shard=url, offset=0)
+    ``cls`` when ``label >= 0``. An empty file raises ``ShardFormatError``."""
+    key = object_key(name)
+    if not data:
+        raise ShardFormatError(f"sample {key!r}: the image is empty (0 bytes)", shard=url)
+    return Sample(key=key, fields=sample_fields(data, label, field_name(data, extension(name))), shard=url, offset=0)
 
 
 def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None, *, explicit: bool = False,

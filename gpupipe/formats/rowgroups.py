@@ -18,8 +18,8 @@ kept, string labels become their index among the sorted names (``classes``), and
 Face ``ClassLabel`` metadata gives names to integer labels. A table without a label
 column is unlabelled: every label is -1 (with a warning).
 
-Rows (:func:`row_group_samples`): a row's key is ``<file>/<row in the file>``; a null image
-cell, a null label cell, a string label outside the class list and an integer that numbers
+Rows (:func:`row_group_samples`): a row's key is ``<file>/<row in the file>``; a null or
+empty image cell, a null label cell, a string label outside the class list and an integer that numbers
 no class (:func:`~gpupipe.formats.folder.label_problem`; -1 means "no label") make that row
 a :class:`~gpupipe.core.errors.ShardFormatError`, which the loader raises or skips
 (``on_error``) and ingest skips and lists.
@@ -434,8 +434,8 @@ def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta
     for i, (data, raw) in enumerate(zip(images, labels)):
         key = row_key(name, first + i)
         label, why = _row_label(raw, index, classes)
-        if data is None:
-            why = "the image cell is null"
+        if not data:
+            why = "the image cell is null" if data is None else "the image is empty (0 bytes)"
         if why:
             problems[i] = ShardFormatError(f"sample {key!r}: {why}", shard=url)
             samples.append(None)

@@ -77,7 +77,10 @@ def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError
         if isinstance(got, StorageError):
             return ReadSpan([None], {0: got})
         if expected is None or zlib.crc32(got) == expected:
-            return ReadSpan([object_sample(name, got, int(table.labels[i]), url)], {})
+            try:
+                return ReadSpan([object_sample(name, got, int(table.labels[i]), url)], {})
+            except ShardFormatError as exc:  # an empty file
+                return ReadSpan([None], {0: exc})
         if attempt < fetcher.config.refetch:
             got = read_object_fresh(fetcher, ByteRange(url, 0, int(table.sizes[i])), _version(table, i))
     return ReadSpan([None], {0: ShardFormatError(

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, StorageError
+from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.folder import object_sample
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
@@ -256,7 +256,10 @@ def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: b
             data = fetcher.read(ByteRange(url, 0, int(table.sizes[i])))
         except StorageError as exc:
             return _Item(_where(fetcher, url), name, None, f"read failed: {exc}")
-        return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url))
+        try:
+            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url))
+        except ShardFormatError as exc:  # the reader's verdict (an empty file), as reading in place gives it
+            return _Item(_where(fetcher, url), name, None, exc.reason)
 
     return _ordered_map(read, order, workers, workers * _READS_AHEAD_PER_WORKER)
 
