@@ -272,6 +272,8 @@ def _parquet_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: 
     table, urls, classes = resolved.manifest.parquet, resolved.shard_urls, resolved.manifest.classes
     groups = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
     footers: dict[int, Any] = {}  # file -> parsed footer (a race only parses one twice)
+    # a row's path under the source, for the val split, is "<file>#row<n>" as it always was:
+    # a re-run after the keys became "<file>/<n>" splits the rows as before
 
     def read(g: int) -> list[_Item]:
         f, url = int(table.file[g]), urls[g]
