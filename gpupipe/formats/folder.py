@@ -1,16 +1,26 @@
-"""An image folder read in place: one object per sample, listed once.
+"""The image-folder format: one object per sample, listed once -- the one reader of image
+folders, for ``gpupipe ingest`` and for reading in place alike.
 
 Two layouts, told apart by where the images sit under the root:
 
 * **class sub-folders** (ImageNet, torchvision ``ImageFolder``): ``root/<class>/<image>``;
-  classes sorted by name give the label index;
+  classes sorted by name give the label index (or a given class list does);
 * **flat**: ``root/<image>``, labels from a mapping file — ``labels.csv`` or
   ``labels.json`` in the root, or one named explicitly. CSV: a header row with a file
   column (``file``, ``filename``, ``path``, ``image``, ``name`` or ``id``) and a label
   column (``label``, ``class``, ``cls`` or ``target``). JSON: ``{"<file>": label}`` or a
   list of ``{"file": ..., "label": ...}``. A file is matched by its name relative to the
-  root, or by that name without its extension. Integer labels are kept; string labels
-  become their index among the sorted names. Without a mapping file labels are -1.
+  root, or by that name without its extension. Integer labels are kept (-1: no label);
+  string labels become their index among the sorted names. Every image needs a label
+  in the mapping file; a flat folder without one is unlabelled (every label -1, with a
+  warning).
+
+Images at both levels are refused. An image is a file whose extension (any case) is one of
+:data:`IMAGE_EXTENSIONS`, not hidden (no path component starting with ``.``) and at most
+``MAX_MEMBER_BYTES``; every other file is left out and reported, with the reason
+(``index.json``, ``classes.txt`` and the labels file excepted). Files are taken in sorted
+order. A sample's key is the image's path under the root without its extension
+(:func:`object_key`); two images with one key are refused.
 
 An :class:`ObjectTable` holds the listing compactly — names as one UTF-8 blob plus
 offsets, sizes and labels as int64 arrays — so a million objects cost tens of
@@ -22,6 +32,7 @@ import csv
 import io
 import json
 import logging
+import posixpath
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,18 +40,27 @@ from typing import Any
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
-from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, scan_image_folder
-from gpupipe.formats.tar import MAX_MEMBER_BYTES
+from gpupipe.core.types import Sample
+from gpupipe.formats.imageheader import field_name
+from gpupipe.formats.tar import MAX_MEMBER_BYTES, safe_key, sample_fields
 
-__all__ = ["LABEL_FILES", "NameList", "ObjectTable", "FolderListing", "classify_listing", "parse_label_file",
-           "class_numbering", "folder_table"]
+__all__ = ["IMAGE_EXTENSIONS", "LABEL_FILES", "NameList", "ObjectTable", "FolderListing", "extension",
+           "classify_listing", "parse_label_file", "class_numbering", "label_problem", "folder_table", "object_key",
+           "object_sample"]
 
 log = logging.getLogger(__name__)
 
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif"})
 LABEL_FILES = ("labels.csv", "labels.json")
 _FILE_COLUMNS = ("file", "filename", "path", "image", "name", "id")
 _LABEL_COLUMNS = ("label", "class", "cls", "target")
 _EXPECTED = frozenset({"index.json", "classes.txt", *LABEL_FILES})  # never reported as skipped
+
+
+def extension(path: str) -> str:
+    """The lower-case extension of the last path component ('' without one)."""
+    base = posixpath.basename(path)
+    return base.rpartition(".")[2].lower() if "." in base else ""
 
 
 class NameList(Sequence[str]):
@@ -161,7 +181,8 @@ def classify_listing(root: str, listing: Mapping[str, Mapping[str, Any]]) -> Fol
 
 
 def _hidden(rel: str) -> bool:
-    """Hidden (``.x``) or a Spark/Delta side file or folder (``_SUCCESS``, ``_delta_log``)."""
+    """Hidden (``.x``) or a Spark/Delta side file or folder (``_SUCCESS``, ``_delta_log``):
+    the files of a Parquet folder that are not data."""
     return any(part.startswith((".", "_")) for part in rel.split("/"))
 
 
@@ -220,9 +241,38 @@ def class_numbering(found: Iterable[str], given: Sequence[str] | None, where: st
         return tuple(sorted(found))
     unknown = sorted(found - set(given))
     if unknown:
-        raise ConfigError(f"source.classes: {where} has class(es) {unknown[:5]} that the class list "
-                          f"({len(given)} classes) does not name; add them to it, or leave them out of the data")
+        shown = ", ".join(given[:8]) + (", ..." if len(given) > 8 else "")
+        raise ConfigError(f"classes: {where} has class(es) {unknown[:5]} that the class list ({len(given)} classes "
+                          f"[{shown}]) does not name; add them to it (source.classes, ingest --classes), or leave "
+                          "them out of the data")
     return tuple(given)
+
+
+def label_problem(label: int, classes: Sequence[str]) -> str:
+    """Why integer ``label`` numbers no class ('' when it is usable): -1 means "no label"
+    (Hugging Face's convention too); any other negative number does not, nor one past the
+    class list when there is one."""
+    if label == -1 or (label >= 0 and (not classes or label < len(classes))):
+        return ""
+    upper = f"0 to {len(classes) - 1}" if classes else "0 or more"
+    return f"label {label} is not a class number ({upper}, or -1 for none)"
+
+
+def object_key(name: str) -> str:
+    """The sample key of image ``name`` (its path under the root): the path without its
+    extension, tar-safe (:func:`~gpupipe.formats.tar.safe_key`: ``c0/img.1.jpg`` → ``c0/img_1``)."""
+    head, slash, base = name.rpartition("/")
+    return safe_key(head + slash + (base.rpartition(".")[0] or base))
+
+
+def object_sample(name: str, data: bytes, label: int, url: str) -> Sample:
+    """The sample of image ``name`` read as ``data`` from ``url``: key :func:`object_key`,
+    the image under the name of its format (its extension when the bytes say none), and
+    ``cls`` when ``label >= 0``. An empty file raises ``ShardFormatError``."""
+    key = object_key(name)
+    if not data:
+        raise ShardFormatError(f"sample {key!r}: the image is empty (0 bytes)", shard=url)
+    return Sample(key=key, fields=sample_fields(data, label, field_name(data, extension(name))), shard=url, offset=0)
 
 
 def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None, *, explicit: bool = False,
@@ -231,53 +281,102 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
     sub-folders when every image sits below the top level, flat when every one sits at
     it (labels from ``mapping``, else -1); a mix raises ``ConfigError``. A mapping given
     ``explicit``-ly for a folder with class sub-folders is refused (it would be ignored).
-    ``classes`` numbers class names (see :func:`class_numbering`)."""
+    ``classes`` numbers class names (see :func:`class_numbering`). ``skipped``: the files
+    that are not read as images, with the reason (the expected side files left out)."""
     root = listing.root
     rel = {p: p[len(root):].lstrip("/") for p in listing.files}
-    top = sorted(r for r in rel.values() if "/" not in r and extension(r) in IMAGE_EXTENSIONS and not _hidden(r))
-    deep = sorted(r for r in rel.values() if "/" in r and extension(r) in IMAGE_EXTENSIONS and not _hidden(r))
+    images = [r for r in rel.values() if extension(r) in IMAGE_EXTENSIONS and not _dotted(r)]
+    top, deep = sorted(r for r in images if "/" not in r), sorted(r for r in images if "/" in r)
     if top and deep:
         raise ConfigError(f"source: {root} has images at the top level ({', '.join(top[:2])}, ...) and in sub-folders "
                           f"({', '.join(deep[:2])}, ...); put every image in a class sub-folder, or all of them at the "
                           "top with a labels.csv")
+    if deep and mapping is not None and explicit:
+        raise ConfigError(f"source.labels: {root} has class sub-folders, which give the labels; a labels file "
+                          "is for a flat folder of images. Leave source.labels out.")
     if deep:
-        if mapping is not None and explicit:
-            raise ConfigError(f"source.labels: {root} has class sub-folders, which give the labels; a labels file "
-                              "is for a flat folder of images. Leave source.labels out.")
-        return _class_layout(listing, classes)
-    return _flat_layout(listing, rel, mapping, classes)
-
-
-def _class_layout(listing: FolderListing, given: Sequence[str] | None
-                  ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
-    images, found, rejected = scan_image_folder(listing.root, {p: {"size": s} for p, s in listing.files.items()})
-    classes = class_numbering(found, given, listing.root)
-    label = {c: i for i, c in enumerate(classes)}
-    names = [im.path[len(listing.root):].lstrip("/") for im in images]
-    table = ObjectTable(NameList(names), [listing.files[im.path] for im in images],
-                        [label[im.class_name] for im in images])
-    return table, classes, _reported(listing.root, rejected)
-
-
-def _flat_layout(listing: FolderListing, rel: Mapping[str, str], mapping: Mapping[str, int | str] | None,
-                 given: Sequence[str] | None) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+        _refuse_a_parent_of_datasets(root, listing.files)
     keep, rejected = [], []
     for path in sorted(listing.files):
-        r, size = rel[path], listing.files[path]
-        if "/" in r or _hidden(r) or extension(r) not in IMAGE_EXTENSIONS:
-            rejected.append((path, "not an image at the top level of a flat folder"))
-        elif size > MAX_MEMBER_BYTES:
-            rejected.append((path, f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte limit"))
+        reason = _reject(rel[path], listing.files[path], flat=not deep)
+        if reason:
+            rejected.append((path, reason))
         else:
-            keep.append(r)
-    labels, classes = _mapped_labels(keep, mapping, given, listing.root)
-    table = ObjectTable(NameList(keep), [listing.files[f"{listing.root}/{r}"] for r in keep], labels)
-    return table, classes, _reported(listing.root, rejected)
+            keep.append(rel[path])
+    _refuse_shared_keys(root, keep)
+    if deep:
+        found = class_numbering({r.partition("/")[0] for r in keep}, classes, root)
+        number = {c: i for i, c in enumerate(found)}
+        labels, found = [number[r.partition("/")[0]] for r in keep], found
+    else:
+        labels, found = _mapped_labels(keep, mapping, classes, root)
+    table = ObjectTable(NameList(keep), [listing.files[f"{root}/{r}"] for r in keep], labels)
+    return table, found, _reported(root, rejected)
+
+
+_OUTSIDE = "not in a class sub-folder (expected <root>/<class>/<image>)"
+
+
+def _dotted(rel: str) -> bool:
+    """A hidden file or one in a hidden folder (a path component starting with ``.``)."""
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
+def _reject(rel: str, size: int, *, flat: bool) -> str:
+    """Why a listed file is not an input image ('' when it is one)."""
+    if flat and "/" in rel:
+        return "in a sub-folder of a flat folder (its images sit at the top level)"
+    if not flat and "/" not in rel:
+        return _OUTSIDE
+    if _dotted(rel):
+        return "hidden file or folder"
+    if extension(rel) not in IMAGE_EXTENSIONS:
+        return f"not an image file name (extension not one of {sorted(IMAGE_EXTENSIONS)})"
+    if size > MAX_MEMBER_BYTES:
+        return f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte member limit"
+    return ""
+
+
+def _refuse_shared_keys(root: str, names: list[str]) -> None:
+    """Two images whose names give one key (``x.jpg`` and ``x.png``) would be one sample to a
+    tar reader, and the same key twice to everyone else: refused, naming both."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(object_key(name), name)
+        if other != name:
+            raise ConfigError(f"source: {root}/{other} and {root}/{name} give one sample key {object_key(name)!r} "
+                              "(a key is the path without its extension); rename one")
+
+
+def _refuse_a_parent_of_datasets(root: str, listing: Iterable[str]) -> None:
+    """A would-be class sub-folder holding tar shards (and no images) or an ``index.json`` is
+    a dataset of its own: ``root`` is the folder above datasets (``data/`` with ``shards/``
+    and ``images/``), and reading it as classes would mix them — train and val images as two
+    classes. A class folder with a stray .tar beside its images stays a class."""
+    index, tars, images = set(), set(), set()
+    for path in listing:
+        top, _, rest = path[len(root):].lstrip("/").partition("/")
+        if rest == "index.json":
+            index.add(top)
+        elif rest.endswith(".tar") and "/" not in rest:
+            tars.add(top)
+        elif rest and extension(rest) in IMAGE_EXTENSIONS:
+            images.add(top)
+    datasets = sorted(index | (tars - images))
+    if datasets:
+        folders = sorted(images - index - tars) or datasets
+        raise ConfigError(f"{root}/ holds dataset folders ({', '.join(d + '/' for d in datasets[:3])} with tar shards "
+                          f"or an index.json), so read as an image folder its sub-folders "
+                          f"({', '.join(sorted(index | tars | images)[:5])}) would be the classes; give one "
+                          f"dataset's folder, e.g. {root}/{folders[0]}/")
 
 
 def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None, given: Sequence[str] | None,
                    where: str) -> tuple[list[int], tuple[str, ...]]:
     if mapping is None:
+        if names:
+            log.warning("%s: a flat folder without a labels file (%s): its %d images are unlabelled (label -1)",
+                        where, " or ".join(LABEL_FILES), len(names))
         return [-1] * len(names), tuple(given or ())
     known, stems = set(names), {n.rpartition(".")[0] or n: n for n in names}
     by_name = {(k if k in known else stems.get(k, k)): v for k, v in mapping.items()}
@@ -287,6 +386,10 @@ def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None, gi
                           f"({', '.join(missing[:3])}, ...); add them to the labels file or move them out of the folder")
     values = [by_name[n] for n in names]
     if all(isinstance(v, int) for v in values):
+        bad = [(n, label_problem(v, given or ())) for n, v in zip(names, values) if label_problem(v, given or ())]
+        if bad:
+            raise ConfigError(f"source.labels: {len(bad)} image(s) have a label that numbers no class ({bad[0][0]}: "
+                              f"{bad[0][1]}); correct the labels file")
         return [int(v) for v in values], tuple(given or ())
     if any(isinstance(v, int) for v in values):
         raise ConfigError("source.labels: the labels mix integers and names; use one kind")

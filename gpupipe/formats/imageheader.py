@@ -28,7 +28,7 @@ from gpupipe.core.errors import DecodeError
 from gpupipe.formats import jpeg
 from gpupipe.formats.exif import exif_orientation
 
-__all__ = ["ImageHeader", "probe", "check_complete", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS"]
+__all__ = ["ImageHeader", "probe", "check_complete", "sniff", "field_name", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS"]
 
 MAX_SIDE = 1 << 20  # a side longer than this is a corrupt header, not an image
 MAX_PIXELS = 178_956_970  # the default max_pixels: Pillow's decompression-bomb limit
@@ -178,22 +178,41 @@ def _as_bytes_view(data: object) -> memoryview:
         raise DecodeError(f"expected bytes or a contiguous buffer, got {type(data).__name__}: {e}") from None
 
 
+def sniff(data: bytes | memoryview) -> str | None:
+    """The format that the first bytes of ``data`` declare -- ``jpeg``, ``png``, ``gif``,
+    ``bmp`` or ``webp`` -- or ``None``; nothing more is checked (that is :func:`probe`)."""
+    head = bytes(data[:12])
+    if head.startswith(b"\xff\xd8"):
+        return "jpeg"
+    if head.startswith(_PNG_SIGNATURE):
+        return "png"
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if head.startswith(b"BM"):
+        return "bmp"
+    if head.startswith(b"RIFF") and b"WEBP".startswith(head[8:12]):
+        return "webp"
+    return None
+
+
+_FIELD_OF_FORMAT = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "webp": "webp"}
+
+
+def field_name(data: bytes | memoryview, default: str) -> str:
+    """The sample field an image goes under: its format by its bytes (``jpg``, ``png``, ``gif``,
+    ``bmp``, ``webp``), else ``default`` (a file's extension): decoders look at the bytes, and
+    a PNG saved as ``.jpg`` is stored as what it is."""
+    return _FIELD_OF_FORMAT.get(sniff(data) or "", default)
+
+
 def _parse(view: memoryview) -> ImageHeader:
     """Dispatch on the magic bytes."""
     if not len(view):
         raise DecodeError("empty data (0 bytes)")
-    head = bytes(view[:64])
-    if head.startswith(b"\xff\xd8"):
-        return _jpeg(view)
-    if head.startswith(_PNG_SIGNATURE):
-        return _png(view)
-    if head.startswith((b"GIF87a", b"GIF89a")):
-        return _gif(view)
-    if head.startswith(b"BM"):
-        return _bmp(view)
-    if head.startswith(b"RIFF") and b"WEBP".startswith(head[8:12]):
-        return _webp(view)
-    raise DecodeError(_not_an_image(head))
+    parser = {"jpeg": _jpeg, "png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp}.get(sniff(view) or "")
+    if parser is None:
+        raise DecodeError(_not_an_image(bytes(view[:64])))
+    return parser(view)
 
 
 def _not_an_image(head: bytes) -> str:

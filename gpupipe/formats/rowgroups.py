@@ -1,37 +1,49 @@
-"""Parquet files read in place: row groups as units, two column chunks per request.
+"""The Parquet format: row groups as units, two column chunks per request -- the one reader
+of Parquet sources, for ``gpupipe ingest`` and for reading in place alike.
 
 :func:`describe_parquet` reads each file's footer (one ranged request for the file's
 tail, a second only when the footer is longer) and turns it into a
 :class:`RowGroupTable`: per row group its file, row count and the byte ranges of the
-image and label column chunks. :func:`decode_row_group` decodes one row group from
+image and label column chunks. :func:`row_group_samples` decodes one row group from
 those ranges only, with pyarrow, through :class:`Pieces` — a read-only file that holds
 the fetched byte ranges and nothing else — so no file is ever downloaded whole and only
 the two needed columns are read. pandas is never involved.
 
-Columns: the image column is named, or the first of ``image``, ``img``, ``jpg``,
-``jpeg``, ``png``, ``bytes`` that holds binary values or a Hugging Face ``{bytes, path}``
-struct (only ``bytes`` is read), or else the only such column. The label column is named,
-or the first of ``label``, ``labels``, ``cls``, ``class``, ``target``; integer labels are
-kept, string labels become their index among the sorted names (``classes``), and
-Hugging Face ``ClassLabel`` metadata gives names to integer labels. A table without a
-label column gives label -1 (with a warning).
+Columns (:func:`parquet_columns`): the image column is the one named, else the first of
+``image``, ``img``, ``jpg``, ``jpeg``, ``png``, ``bytes`` that holds binary values or a
+Hugging Face ``{bytes, path}`` struct (only ``bytes`` is read), else the only such column;
+several and none named is an error naming them. The label column is the one named, else
+the first of ``label``, ``labels``, ``cls``, ``class``, ``target``; integer labels are
+kept, string labels become their index among the sorted names (``classes``), and Hugging
+Face ``ClassLabel`` metadata gives names to integer labels. A table without a label
+column is unlabelled: every label is -1 (with a warning).
+
+Rows (:func:`row_group_samples`): a row's key is ``<file>/<row in the file>``; a null or
+empty image cell, a null label cell, a string label outside the class list and an integer that numbers
+no class (:func:`~gpupipe.formats.folder.label_problem`; -1 means "no label") make that row
+a :class:`~gpupipe.core.errors.ShardFormatError`, which the loader raises or skips
+(``on_error``) and ingest skips and lists.
 """
 from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpupipe.core.errors import ConfigError, ShardFormatError
-from gpupipe.formats.folder import NameList
-from gpupipe.formats.parquet import classlabel_names, is_image_type, require_pyarrow
+from gpupipe.core.errors import ConfigError, MissingDependencyError, ShardFormatError, StorageError
+from gpupipe.core.types import Sample
+from gpupipe.formats.folder import NameList, class_numbering, label_problem
+from gpupipe.formats.imageheader import field_name
+from gpupipe.formats.tar import safe_key, sample_fields
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "TAIL_BYTES", "Columns", "RowGroupTable", "Pieces", "footer_range",
-           "read_footer", "describe_parquet", "read_columns", "decode_row_group"]
+           "read_footer", "describe_parquet", "parquet_columns", "parquet_classes", "read_columns", "decode_row_group",
+           "row_key", "row_group_samples", "require_pyarrow", "is_image_type", "classlabel_names"]
 
 log = logging.getLogger(__name__)
 
@@ -227,24 +239,50 @@ def read_footer(size: int, start: int, footer: bytes, name: str):
                                "the file is damaged or not Parquet", shard=name) from None
 
 
+def require_pyarrow():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingDependencyError("pyarrow", extra="parquet", feature="reading Parquet sources") from None
+    return pq
+
+
 def describe_parquet(names: Sequence[str], sizes: Sequence[int], footers: Sequence[tuple[int, bytes]], metas,
                      *, image_column: str | None = None, label_column: str | None = None, root: str = ""
                      ) -> tuple[RowGroupTable, tuple[str, ...]]:
     """The row-group table of files ``names`` from their footers (``(start, bytes)`` and
     the parsed ``metas``), and the class names that Hugging Face metadata gives (``()``
     otherwise: string labels need their values read, see ``Columns.string_labels``).
-    ``root + name`` is a file's URL, for messages."""
+    ``root + name`` is a file's URL, for messages. Files without rows add no row group;
+    a source with no rows at all raises ``StorageError``."""
     if not names:
         raise ConfigError(f"source: no .parquet files in {root or 'the source'}")
     urls = [root + n for n in names]
     schema = metas[0].schema.to_arrow_schema()
-    columns = _columns(schema, image_column, label_column, urls[0])
+    columns = parquet_columns(schema, image_column, label_column, urls[0])
     for url, meta in zip(urls[1:], metas[1:]):
         _check_same(meta.schema.to_arrow_schema(), schema, columns, url, urls[0])
     rows = _row_groups(metas, columns, urls)
+    if not rows["rows"]:
+        raise StorageError(f"no rows in {len(names)} Parquet file(s) ({', '.join(names[:3])}); nothing to read",
+                           url=root)
     table = RowGroupTable(columns, NameList(names), list(sizes), [len(f) for _, f in footers],
                           b"".join(f for _, f in footers), **rows)
     return table, classlabel_names(schema, columns.label)
+
+
+def parquet_classes(columns: Columns, named: Sequence[str], strings: Iterable[str] | None,
+                    given: Sequence[str] | None, where: str) -> tuple[str, ...]:
+    """The class list of a Parquet source: string labels (``strings``: every value found)
+    numbered by ``given`` or sorted (:func:`~gpupipe.formats.folder.class_numbering`);
+    integer labels named by Hugging Face metadata (``named``), which ``given`` must equal;
+    else ``given``, or ``()``."""
+    if columns.string_labels:
+        return class_numbering(strings or (), given, where)
+    if given is not None and named and tuple(given) != tuple(named):
+        raise ConfigError(f"classes: {where} names its integer labels {list(named[:5])}... (Hugging Face "
+                          f"ClassLabel), not {list(given[:5])}...; give the same list, or leave the class list out")
+    return tuple(given) if given is not None else tuple(named)
 
 
 def _row_groups(metas, columns: Columns, names: Sequence[str]) -> dict[str, list]:
@@ -276,23 +314,25 @@ def _chunk_range(col, name: str) -> tuple[int, int]:
     return start, start + col.total_compressed_size
 
 
-def _columns(schema, image: str | None, label: str | None, name: str) -> Columns:
+def parquet_columns(schema, image: str | None, label: str | None, name: str) -> Columns:
+    """The image and label columns of a file with ``schema`` (called ``name`` in messages),
+    by the rules in the module's docstring; ``ConfigError`` names the columns it has."""
     import pyarrow as pa
 
     image = _image_column(schema, image, name)
     t = schema.field(image).type
     image_field = "bytes" if pa.types.is_struct(t) else None
     if label is not None and label not in schema.names:
-        raise ConfigError(f"source.label_column: {name} has no column {label!r}; its columns are {schema.names}")
+        raise ConfigError(f"label_column: column {label!r} of {name} is missing; its columns are {schema.names}")
     label = label or next((c for c in LABEL_COLUMNS if c in schema.names), None)
     if label is None:
-        log.warning("%s has no label column (looked for %s); labels are -1. Name one with label_column.",
-                    name, list(LABEL_COLUMNS))
+        log.warning("%s has no label column (looked for %s): it is unlabelled, every label is -1. Name one with "
+                    "label_column.", name, list(LABEL_COLUMNS))
         return Columns(image, image_field)
     lt = schema.field(label).type
     lt = lt.value_type if pa.types.is_dictionary(lt) else lt
     if not (pa.types.is_integer(lt) or pa.types.is_string(lt) or pa.types.is_large_string(lt)):
-        raise ConfigError(f"source.label_column: column {label!r} of {name} is {lt}; labels must be integers or strings")
+        raise ConfigError(f"label_column: column {label!r} of {name} is {lt}; labels must be integers or strings")
     return Columns(image, image_field, label, not pa.types.is_integer(lt))
 
 
@@ -300,15 +340,38 @@ def _image_column(schema, wanted: str | None, name: str) -> str:
     if wanted is not None:
         if wanted not in schema.names or not is_image_type(schema.field(wanted).type):
             got = schema.field(wanted).type if wanted in schema.names else "missing"
-            raise ConfigError(f"source.image_column: column {wanted!r} of {name} is {got}; it must hold binary "
+            raise ConfigError(f"image_column: column {wanted!r} of {name} is {got}; it must hold binary "
                               f"values or a {{bytes, path}} struct (columns: {schema.names})")
         return wanted
     usable = [f.name for f in schema if is_image_type(f.type)]
     named = next((c for c in IMAGE_COLUMNS if c in usable), None)
     if named or len(usable) == 1:
         return named or usable[0]
-    raise ConfigError(f"source: cannot tell the image column of {name}: binary columns {usable or 'none'} among "
-                      f"{schema.names}; name it with image_column")
+    if not usable:
+        raise ConfigError(f"{name} has no image-bytes column (binary, or a {{bytes, path}} struct) among "
+                          f"{schema.names}; name one with image_column")
+    raise ConfigError(f"cannot tell the image column of {name}: binary columns {usable} among {schema.names}, "
+                      f"none called {' / '.join(IMAGE_COLUMNS)}; name it with image_column")
+
+
+def is_image_type(t) -> bool:
+    """Binary (or large binary), or a struct whose ``bytes`` field is: an image-bytes column."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(t):
+        idx = t.get_field_index("bytes")
+        return idx >= 0 and is_image_type(t.field(idx).type) and not pa.types.is_struct(t.field(idx).type)
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def classlabel_names(schema, label: str | None) -> tuple[str, ...]:
+    """Class names from Hugging Face ``datasets`` metadata (``ClassLabel(names=...)``), if any."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        feature = json.loads(raw)["info"]["features"][label]
+        return tuple(str(n) for n in feature["names"]) if feature.get("_type") == "ClassLabel" else ()
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return ()
 
 
 def _check_same(schema, first, columns: Columns, name: str, first_name: str) -> None:
@@ -345,3 +408,48 @@ def _struct_bytes(array, name: str):
     import pyarrow.compute as pc
 
     return pc.struct_field(array, name)
+
+
+def row_key(file: str, row: int) -> str:
+    """The sample key of row ``row`` (counted in its file) of ``file`` (its name under the
+    root): ``part-000.parquet/17``, tar-safe."""
+    return safe_key(f"{file}/{row}")
+
+
+def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta, file: Pieces
+                      ) -> tuple[list[Sample | None], dict[int, ShardFormatError]]:
+    """The samples of row group ``g`` decoded from ``file`` (its fetched column chunks; the
+    file's parsed footer ``meta``): one per row, ``None`` where the row is unusable, and the
+    ``ShardFormatError`` saying why by row. ``classes`` numbers string labels. Raises
+    ``ShardFormatError`` when the row group does not decode or has other rows than listed."""
+    images, labels = decode_row_group(meta, file, int(table.index[g]), table.columns)
+    rows, url = int(table.rows[g]), file.name
+    if len(images) != rows:
+        raise ShardFormatError(f"row group {int(table.index[g])} has {len(images)} rows, index.json says {rows} "
+                               "(the file changed: rerun `gpupipe index`)", shard=url)
+    index = {c: i for i, c in enumerate(classes)} if table.columns.string_labels else None
+    first, name = int(table.first_row[g]), table.files[int(table.file[g])]
+    samples: list[Sample | None] = []
+    problems: dict[int, ShardFormatError] = {}
+    for i, (data, raw) in enumerate(zip(images, labels)):
+        key = row_key(name, first + i)
+        label, why = _row_label(raw, index, classes)
+        if not data:
+            why = "the image cell is null" if data is None else "the image is empty (0 bytes)"
+        if why:
+            problems[i] = ShardFormatError(f"sample {key!r}: {why}", shard=url)
+            samples.append(None)
+            continue
+        samples.append(Sample(key=key, fields=sample_fields(data, label, field_name(data, "jpg")), shard=url,
+                              offset=first + i))
+    return samples, problems
+
+
+def _row_label(raw, index: dict[str, int] | None, classes: Sequence[str]) -> tuple[int, str]:
+    """A row's label and, when it has none that is usable, why."""
+    if raw is None:
+        return -1, "the label cell is null (a labelled source needs every label)"
+    if index is not None:
+        label = index.get(raw)
+        return (-1, f"label {raw!r} is not in the class list (rerun `gpupipe index`)") if label is None else (label, "")
+    return int(raw), label_problem(int(raw), classes)

@@ -31,6 +31,8 @@ __all__ = [
     "group_by_key",
     "split_name",
     "sample_crc32",
+    "safe_key",
+    "sample_fields",
     "TarShardWriter",
 ]
 
@@ -279,6 +281,21 @@ def sample_crc32(key: str, fields: Mapping[str, bytes]) -> int:
     for ext, data in fields.items():
         crc = zlib.crc32(data, zlib.crc32(f"{key}.{ext}\0".encode("utf-8", "surrogateescape"), crc))
     return crc
+
+
+def safe_key(path: str) -> str:
+    """``path`` (a name without its extension) as a sample key that a member name keeps:
+    the dots of its last component, backslashes and NULs become ``_`` (the key ends at the
+    first dot of the last component, and the reader refuses the others)."""
+    head, slash, base = path.replace("\\", "_").replace("\0", "_").rpartition("/")
+    return head + slash + base.replace(".", "_")
+
+
+def sample_fields(image: bytes, label: int, ext: str) -> dict[str, bytes]:
+    """The fields of a sample of one image: ``{ext: image}``, and ``cls`` (the label in ASCII)
+    when it has one -- a label of -1 means none, which is also what a sample without ``cls``
+    reads as."""
+    return {ext: image} if label < 0 else {ext: image, "cls": str(label).encode()}
 
 
 def _check_member_name(key: str, ext: str) -> None:

@@ -15,8 +15,7 @@ from typing import Any
 
 from gpupipe.core.errors import ConfigError, StorageError
 
-__all__ = ["CLASSES_NAME", "agreed_classes", "check_class_names", "class_list", "class_lines", "describe",
-           "refuse_unlisted"]
+__all__ = ["CLASSES_NAME", "agreed_classes", "check_class_names", "class_list", "class_lines", "describe"]
 
 CLASSES_NAME = "classes.txt"  # one class name per line, beside the shards
 
@@ -96,15 +95,6 @@ def _index_of(split: str, urls: Mapping[str, str]) -> str:
 def _way_out(split: str, urls: Mapping[str, str], option: str) -> str:
     return (f"Re-ingest the {split} split with that numbering: gpupipe ingest <{split} images> "
             f"{urls.get(split) or f'<{split} shards>'} {option}")
-
-
-def refuse_unlisted(found: Sequence[str], given: tuple[str, ...], what: str) -> None:
-    """Raise naming the first of ``found`` (classes of a source) that ``given`` lacks."""
-    missing = [c for c in found if c not in given]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ConfigError(f"ingest: {what} {missing[0]!r}{more} is not in the given class list ({describe(given)}); "
-                          "add it to the list (--classes), or leave those images out")
 
 
 def class_list(url: str, *, storage_options: Mapping[str, Any] | None = None) -> tuple[str, ...]:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.formats.folder import LABEL_FILES, FolderListing, class_numbering, folder_table, parse_label_file
+from gpupipe.formats.folder import LABEL_FILES, FolderListing, folder_table, parse_label_file
 from gpupipe.formats.manifest import Manifest
 from gpupipe.formats.rowgroups import (
     TAIL_BYTES,
@@ -24,6 +24,7 @@ from gpupipe.formats.rowgroups import (
     RowGroupTable,
     describe_parquet,
     footer_range,
+    parquet_classes,
     read_columns,
     read_footer,
 )
@@ -36,18 +37,22 @@ log = logging.getLogger(__name__)
 
 
 def describe_folder(fetcher: Fetcher, folder: str, listing: FolderListing, labels: str | None = None,
-                    classes: Sequence[str] | None = None) -> Manifest:
+                    classes: Sequence[str] | None = None, skipped: list | None = None) -> Manifest:
     """The manifest of an image folder (``folder``: its URL, ending in ``/``).
 
     ``labels``: the URL of a mapping file for a flat folder (default: ``labels.csv`` or
     ``labels.json`` in it, when there). ``classes``: the list that numbers class names
-    (default: the names found, sorted)."""
+    (default: the names found, sorted). ``skipped`` (a list) gets ``(path, why)`` of each
+    file that is not read as an image (:func:`~gpupipe.formats.folder.folder_table`)."""
     found = [f"{listing.root}/{n}" for n in LABEL_FILES if f"{listing.root}/{n}" in listing.files]
     url = labels or (folder + found[0][len(listing.root) + 1:] if found else None)
     mapping = parse_label_file(fetcher.read(ByteRange(url)), url) if url else None
-    table, classes, _ = folder_table(listing, mapping, explicit=labels is not None, classes=classes)
+    table, classes, rejected = folder_table(listing, mapping, explicit=labels is not None, classes=classes)
+    if skipped is not None:
+        skipped.extend(rejected)
     if not len(table):
-        raise StorageError("no images here (names ending in .jpg, .jpeg, .png, .webp, .bmp or .gif)", url=folder)
+        seen = f"; not read: {rejected[0][0]} ({rejected[0][1]})" if rejected else ""
+        raise StorageError(f"no images here (names ending in .jpg, .jpeg, .png, .webp, .bmp or .gif){seen}", url=folder)
     return Manifest(shards=(), classes=classes, objects=table)
 
 
@@ -69,14 +74,8 @@ def describe_parquet_files(fetcher: Fetcher, root: str, names: Sequence[str], si
     metas = [read_footer(s, a, f, u) for u, s, (a, f) in zip(urls, sizes, footers)]
     table, named = describe_parquet(names, sizes, footers, metas, image_column=image_column,
                                     label_column=label_column, root=root)
-    if table.columns.string_labels:
-        named = class_numbering(_string_classes(fetcher, table, urls, metas), classes, root)
-    elif classes is not None and named and tuple(classes) != named:
-        raise ConfigError(f"source.classes: {root} names its integer labels {list(named[:5])}... (Hugging Face "
-                          f"ClassLabel), not {list(classes[:5])}...; give the same list, or leave source.classes out")
-    elif classes is not None:
-        named = tuple(classes)
-    return Manifest(shards=(), classes=named, parquet=table)
+    strings = _string_classes(fetcher, table, urls, metas) if table.columns.string_labels else None
+    return Manifest(shards=(), classes=parquet_classes(table.columns, named, strings, classes, root), parquet=table)
 
 
 def _footers(fetcher: Fetcher, urls: Sequence[str], sizes: Sequence[int]) -> list[tuple[int, bytes]]:

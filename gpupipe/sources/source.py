@@ -41,7 +41,7 @@ from gpupipe.core.types import ByteRange
 from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from gpupipe.formats.parquet import require_pyarrow
+from gpupipe.formats.rowgroups import require_pyarrow
 from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
 
@@ -103,12 +103,15 @@ class UnitURLs(Sequence[str]):
 class ResolvedSource:
     """The URL of each unit (a tar shard, an object, a Parquet row group's file) and the
     manifest describing them in the same order (``None``: tar shards without one);
-    ``delta_version``: the Delta table version they are the files of."""
+    ``delta_version``: the Delta table version they are the files of; ``skipped``: for an
+    image folder described from its listing, ``(path, why)`` of each file not read as an
+    image (empty when an index described it)."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     delta_version: int | None = None
+    skipped: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
     def num_samples(self) -> int | None:
@@ -219,7 +222,10 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
         manifest = describe_parquet_files(fetcher, folder, paths, sizes, source.image_column, source.label_column,
                                           source.classes)
     else:
-        manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes)
+        skipped: list[tuple[str, str]] = []
+        manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes, skipped)
+        _described_at_start(manifest, folder, warn)
+        return replace(_with_manifest(folder, manifest, source), skipped=tuple(skipped))
     _described_at_start(manifest, folder, warn)
     return _with_manifest(folder, manifest, source)
 

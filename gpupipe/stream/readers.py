@@ -15,7 +15,11 @@ tar shards.
   when the source was described); consecutive spans of one row group decode it once.
 
 A sample looks like a WebDataset sample: ``{<ext>: image bytes, "cls": b"<label>"}``,
-keyed by the object's name without its extension, or ``<file>#<row>``.
+keyed by the object's name without its extension, or ``<file>/<row>``. What a sample is —
+its key, fields, label and the problems of a row — is the format module's
+(:func:`~gpupipe.formats.folder.object_sample`,
+:func:`~gpupipe.formats.rowgroups.row_group_samples`), which ``gpupipe ingest`` calls too:
+the same bytes give the same samples on both paths.
 """
 from __future__ import annotations
 
@@ -28,8 +32,8 @@ from dataclasses import dataclass
 
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
-from gpupipe.formats.imagefolder import extension
-from gpupipe.formats.rowgroups import Pieces, decode_row_group, read_footer
+from gpupipe.formats.folder import object_sample
+from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.plan import Span
 from gpupipe.storage.fetch import Fetcher
 from gpupipe.storage.objects import fetch_objects, read_object_fresh
@@ -47,10 +51,6 @@ class ReadSpan:
 
     samples: list[Sample | None]
     problems: dict[int, GpupipeError]
-
-
-def _fields(ext: str, data: bytes, label: int) -> dict[str, bytes]:
-    return {ext: data} if label < 0 else {ext: data, "cls": str(label).encode()}
 
 
 # ------------------------------------------------------------------------------- folders
@@ -77,9 +77,10 @@ def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError
         if isinstance(got, StorageError):
             return ReadSpan([None], {0: got})
         if expected is None or zlib.crc32(got) == expected:
-            sample = Sample(key=name.rpartition(".")[0] or name, fields=_fields(extension(name), got,
-                            int(table.labels[i])), shard=url, offset=0)
-            return ReadSpan([sample], {})
+            try:
+                return ReadSpan([object_sample(name, got, int(table.labels[i]), url)], {})
+            except ShardFormatError as exc:  # an empty file
+                return ReadSpan([None], {0: exc})
         if attempt < fetcher.config.refetch:
             got = read_object_fresh(fetcher, ByteRange(url, 0, int(table.sizes[i])), _version(table, i))
     return ReadSpan([None], {0: ShardFormatError(
@@ -156,7 +157,7 @@ def _decode(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, m
         try:
             pieces = {a: b"".join(blocks) for (a, _), blocks in zip(ranges, got)}
             _check_crc(table, g, [pieces[a] for a, _ in ranges], url)
-            return _samples(fetcher, table, classes, url, g, rows, meta, pieces)
+            return _samples(fetcher, table, classes, url, g, meta, pieces)
         except ShardFormatError as exc:
             if attempt == fetcher.config.refetch:
                 problem = exc
@@ -185,27 +186,8 @@ def _more(fetcher: Fetcher, url: str, start: int, stop: int) -> bytes:
     return fetcher.read(ByteRange(url, start, stop))
 
 
-def _samples(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, rows: int, meta,
-             pieces: dict) -> _Group:
+def _samples(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, meta, pieces: dict) -> _Group:
     f = int(table.file[g])
     file = Pieces(int(table.file_sizes[f]), pieces, url, fallback=lambda a, b: _more(fetcher, url, a, b))
-    images, labels = decode_row_group(meta, file, int(table.index[g]), table.columns)
-    if len(images) != rows:
-        raise ShardFormatError(f"row group {int(table.index[g])} has {len(images)} rows, index.json says {rows} "
-                               "(the file changed: rerun `gpupipe index`)", shard=url)
-    index = {c: i for i, c in enumerate(classes)} if table.columns.string_labels else None
-    first, name = int(table.first_row[g]), table.files[f]
-    samples: list[Sample | None] = []
-    problems: dict[int, GpupipeError] = {}
-    for i, (data, label) in enumerate(zip(images, labels)):
-        key = f"{name}#{first + i}"
-        label = index.get(label) if index is not None and label is not None else label
-        why = ("the image cell is null" if data is None else "the label cell is null or an unknown class "
-               "(rerun `gpupipe index`)" if label is None else "")
-        if why:
-            problems[i] = ShardFormatError(f"{key}: {why}", shard=url)
-            samples.append(None)
-            continue
-        ext = "png" if data[:4] == b"\x89PNG" else "jpg"  # decoders look at the bytes, not the name
-        samples.append(Sample(key=key, fields=_fields(ext, data, int(label)), shard=url, offset=first + i))
-    return _Group(g, samples, problems)
+    samples, problems = row_group_samples(table, classes, g, meta, file)
+    return _Group(g, samples, dict(problems))

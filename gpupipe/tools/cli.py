@@ -3,7 +3,7 @@
 Usage::
 
     gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
-                           [--max-pixels N] [--image-column NAME] [--label-column NAME]
+                           [--max-pixels N] [--image-column NAME] [--label-column NAME] [--labels URL]
                            [--classes A,B,C | --classes-from URL] [--val-fraction F]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--checksums] [--image-column NAME] [--label-column NAME] [--labels URL]
@@ -62,7 +62,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _ingest_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="image folder (SRC/<class>/<image>), a .parquet file, a folder of them or a glob")
+    p.add_argument("src", help="image folder (SRC/<class>/<image>, or flat with a labels.csv), a .parquet file, a "
+                               "folder of them, a glob or a Delta table: what the loader reads in place")
     p.add_argument("dst", help="folder (any fsspec URL) for the shards and index.json")
     p.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per shard (default 1000)")
     p.add_argument("--workers", type=int, default=4, metavar="N", help="concurrent reads (default 4)")
@@ -71,7 +72,8 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pixels", type=int, default=MAX_PIXELS, metavar="N",
                    help=f"skip images declaring more pixels than this (default {MAX_PIXELS})")
     p.add_argument("--image-column", metavar="NAME", help="Parquet image-bytes column (default: detected)")
-    p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/class/target)")
+    p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/cls/class/target)")
+    p.add_argument("--labels", metavar="URL", help="labels file of a flat image folder (default: its labels.csv/.json)")
     p.add_argument("--classes", type=lambda t: t.split(","), metavar="A,B,C",
                    help="the class list, in label order (default: the source's classes, sorted)")
     p.add_argument("--classes-from", metavar="URL",
@@ -92,7 +94,8 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     shuffle=not args.no_shuffle, max_pixels=args.max_pixels, progress=not args.quiet,
                     storage_options=dict(args.storage_options),
                     dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
-                    image_column=args.image_column, label_column=args.label_column, classes=args.classes,
+                    image_column=args.image_column, label_column=args.label_column, labels=args.labels,
+                    classes=args.classes,
                     classes_from=args.classes_from, val_fraction=args.val_fraction)
     print(report.summary())
     print("wrote " + ", ".join(report.indexes))

@@ -1,12 +1,18 @@
 """Make a shard dataset: ``gpupipe ingest``.
 
-:func:`ingest` turns an image folder (``src/<class>/<image>``, ImageNet layout) or Parquet
-files (an image-bytes column and a label column) into WebDataset-layout tar shards plus the
-``index.json`` manifest, on any fsspec filesystem. Each image's header is checked with
-:func:`~gpupipe.formats.imageheader.probe` first; what fails is skipped, logged and listed in
-the :class:`IngestReport` -- never dropped silently. The output order is a permutation drawn
-from ``seed`` (readers shuffle only within a window, so the order at rest matters) and the
-same inputs and seed give byte-identical shards.
+:func:`ingest` turns an image folder (class sub-folders, or flat with a ``labels.csv``),
+Parquet files or a Delta table into WebDataset-layout tar shards plus the ``index.json``
+manifest, on any fsspec filesystem. It reads the source exactly as the loader reads it in
+place -- :func:`~gpupipe.sources.resolve.resolve` describes it, and the format modules'
+readers (:func:`~gpupipe.formats.folder.object_sample`,
+:func:`~gpupipe.formats.rowgroups.row_group_samples`) give each sample its key, fields and
+label -- so the shards hold the samples (and refuse the sources) that reading in place
+gives. Each image's header is then checked with :func:`~gpupipe.formats.imageheader.probe`;
+what fails, and every sample the reader finds unusable (a null cell, a label that numbers
+no class, an unreadable file), is skipped, logged and listed in the :class:`IngestReport`
+-- never dropped silently. The output order is a permutation drawn from ``seed`` (readers
+shuffle only within a window, so the order at rest matters) and the same inputs and seed
+give byte-identical shards.
 
 :func:`gpupipe.tools.indexer.index` writes the manifest for shards made elsewhere (e.g. by
 ``webdataset``) and :func:`gpupipe.tools.sourceinfo.inspect` summarises a dataset. Nothing here prints.
@@ -17,8 +23,6 @@ import hashlib
 import itertools
 import logging
 import os
-import posixpath
-import re
 import sys
 import time
 from collections import deque
@@ -27,20 +31,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from gpupipe.core.errors import ConfigError, DecodeError, StorageError
-from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
+from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.types import ByteRange, Sample
+from gpupipe.formats.folder import object_sample
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
+from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.formats.writer import ShardSink
 from gpupipe.plan import shuffle_buffer
-from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list, describe, refuse_unlisted
-from gpupipe.storage.fetch import open_filesystem, storage_errors
+from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
+from gpupipe.sources.resolve import ResolvedSource, Source, resolve
+from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, storage_errors
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
 
 log = logging.getLogger(__name__)
 
-_EXT_OF_FORMAT = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "gif": "gif"}
 _READS_AHEAD_PER_WORKER = 4  # image files requested but not yet written, per worker
 _PARQUET_SHUFFLE_BUFFER = 2048  # rows mixed across row groups (which are themselves permuted)
 _T = TypeVar("_T")
@@ -75,15 +81,13 @@ class IngestReport:
 
 
 class _Item(NamedTuple):
-    """One input image: ``name`` for messages, ``stem`` and ``index`` (its rank in the sorted
-    source) for its key, and its bytes -- or ``None`` and the reason it could not be read."""
+    """One input sample: ``where`` it is (for the report), ``rel`` (its path under the source,
+    which decides the val split) and the sample as the format's reader gives it -- or
+    ``None`` and why it cannot be used."""
 
-    name: str
-    class_name: str
-    stem: str
-    index: int
-    label: int | None
-    data: bytes | None
+    where: str
+    rel: str
+    sample: Sample | None
     error: str = ""
 
 
@@ -91,15 +95,20 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            storage_options: Mapping[str, Any] | None = None,
            dst_storage_options: Mapping[str, Any] | None = None, seed: int = 0, shuffle: bool = True,
            max_pixels: int | None = MAX_PIXELS, progress: bool = True,
-           image_column: str | None = None, label_column: str | None = None,
+           image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
            classes: Sequence[str] | None = None, classes_from: str | None = None,
            val_fraction: float = 0.0) -> IngestReport:
     """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
 
-    ``src``: a folder ``<class>/<image>`` (classes sorted by name give the label index), or a
-    ``.parquet`` file, a folder of them or a glob. ``dst_storage_options=None`` reuses
-    ``storage_options`` when ``dst`` has the same protocol. Samples get keys
-    ``<class>/<stem>_<NNNNNNNN>`` and fields ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}``.
+    ``src``: whatever the loader reads in place -- an image folder (``<class>/<image>``,
+    classes sorted by name give the label index; or flat, labelled by its ``labels.csv`` /
+    ``labels.json`` or the mapping file ``labels``), a ``.parquet`` file, a folder of them,
+    a glob, or a Delta table (``table@v<N>`` for a version) -- read by the same rules
+    (:mod:`gpupipe.formats.folder`, :mod:`gpupipe.formats.rowgroups`), ``image_column`` and
+    ``label_column`` naming Parquet columns. ``dst_storage_options=None`` reuses
+    ``storage_options`` when ``dst`` has the same protocol. A sample keeps the key and fields
+    reading in place gives it: ``<path without extension>`` or ``<file>/<row>``, and
+    ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}`` (no ``cls``: unlabelled).
 
     ``classes`` (or ``classes_from``: an ``index.json``, its folder or a ``classes.txt``, see
     :func:`~gpupipe.sources.classes.class_list`) fixes the class list and so the numbering, e.g. val's from train's
@@ -108,7 +117,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``val_fraction`` > 0 carves a validation split: ``dst/train/`` and ``dst/val/`` each get
     shards, ``index.json`` and ``classes.txt`` (one class list). Whether an input goes to val
     is :func:`in_val_split` of ``seed`` and its path under ``src``: the same on every run.
-    Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments.
+    Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments or a
+    source that reading in place refuses too.
     """
     start = time.perf_counter()
     if shard_size < 1 or workers < 1:
@@ -120,30 +130,36 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     dst_options = _dst_options(src, dst, storage_options, dst_storage_options)
     given = _given_classes(classes, classes_from, _options_like(classes_from, (dst, dst_options),
                                                                 (src, storage_options)))
-    skipped: list[tuple[str, str]] = []
+    source = Source(src, dict(storage_options or {}), image_column=image_column, label_column=label_column,
+                    labels=labels, classes=given)
+    fetcher = Fetcher(fs, FetchConfig(concurrency=workers))
     with storage_errors(src):  # a storage backend's error becomes one line naming src
-        kind, paths = _list_source(fs, src, root)
-    rng = _rng(seed)
-    if kind == "parquet":
-        classes, total, items = _parquet_items(fs, paths, rng, shuffle=shuffle, workers=workers,
-                                               image_column=image_column, label_column=label_column, given=given)
+        resolved = _resolve(fetcher, src, root, source)
+    manifest, rng = resolved.manifest, _rng(seed)
+    classes = manifest.classes
+    skipped: list[tuple[str, str]] = []
+    for path, reason in resolved.skipped:
+        _skip(skipped, path, reason)
+    if manifest.objects is not None:
+        items = _folder_items(fetcher, resolved, rng, shuffle=shuffle, workers=workers)
     else:
-        classes, total, items = _folder_items(fs, root, paths, rng, skipped, shuffle=shuffle, workers=workers,
-                                              given=given)
+        items = _parquet_items(fetcher, resolved, rng, shuffle=shuffle, workers=workers)
     splits = ("train", "val") if val_fraction else ("",)
     sinks = {s: ShardSink(f"{dst.rstrip('/')}/{s}" if s else dst, shard_size=shard_size, classes=classes,
                           storage_options=dst_options) for s in splits}
-    base = root.rstrip("/") if kind == "folder" else posixpath.commonpath([posixpath.dirname(p) for p in paths])
 
     def sink_of(item: _Item) -> ShardSink:
         if not val_fraction:
             return sinks[""]
-        return sinks["val" if in_val_split(item.name[len(base):].lstrip("/"), seed, val_fraction) else "train"]
+        return sinks["val" if in_val_split(item.rel, seed, val_fraction) else "train"]
 
     from tqdm import tqdm
 
-    with tqdm(total=total, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
-        _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update)
+    try:
+        with tqdm(total=manifest.num_samples, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
+            _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update)
+    finally:
+        fetcher.close()
     manifests = {s: _close(sink, classes) for s, sink in sinks.items()}
     return IngestReport(sum(m.num_samples for m in manifests.values()), sum(len(m.shards) for m in manifests.values()),
                         sum(m.total_bytes for m in manifests.values()), tuple(classes), skipped,
@@ -208,96 +224,75 @@ def _bare(url: str) -> str:
     return os.path.abspath(path) if _protocol(url) == "file" else path
 
 
-def _list_source(fs, src: str, root: str) -> tuple[str, list | dict]:
-    """``("parquet", sorted paths)`` or ``("folder", {path: info})`` for the source."""
+def _resolve(fetcher: Fetcher, src: str, root: str, source: Source) -> ResolvedSource:
+    """The source as the loader reads it in place, described afresh (an ``index.json`` in it is
+    not trusted); tar shards, other files and a missing source are refused."""
+    resolved = resolve(source, fetcher.config, use_index=False)
+    if resolved.kind != "tar":
+        return resolved
     if any(ch in root for ch in "*?["):
-        paths = sorted(fs.glob(root))
-        if not paths:
-            raise StorageError("no files match this pattern", url=src)
-        if not all(p.endswith(".parquet") for p in paths):
-            raise ConfigError(f"ingest: a glob source must match .parquet files only ({src!r}); "
-                              "for images give the folder that holds the class sub-folders")
-        return "parquet", paths
-    if root.endswith(".parquet"):
-        if not fs.isfile(root):
-            raise StorageError("no such Parquet file", url=src)
-        return "parquet", [root]
-    if not fs.isdir(root):
-        what = "not a folder or a .parquet file" if fs.exists(root) else "no such folder"
-        raise StorageError(what, url=src)
-    found = fs.find(root, detail=True)
-    parquet = sorted(p for p in found if p.endswith(".parquet"))
-    if parquet and not any(extension(p) in IMAGE_EXTENSIONS for p in found):
-        return "parquet", parquet
-    if not found:
-        raise ConfigError(f"ingest: {src!r} is empty; expected <class>/<image> files or .parquet files")
-    return "folder", found
+        raise ConfigError(f"ingest: a glob source must match .parquet files only ({src!r}); "
+                          "for images give the folder that holds them")
+    if not fetcher.call(src, "exists"):
+        raise StorageError("no such folder or .parquet file", url=src)
+    raise ConfigError(f"ingest: {src!r} is not an image folder, Parquet files or a Delta table (it reads as tar "
+                      "shards, which is what ingest writes: read them as they are)")
 
 
-def _folder_items(fs, root: str, found: dict, rng, skipped: list, *, shuffle: bool, workers: int,
-                  given: tuple[str, ...] | None) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
-    """Classes, the number of images, and the images read concurrently in (shuffled) order."""
-    files, classes, rejected = scan_image_folder(root, found)
-    if not files:  # a flat folder would give an empty dataset
-        raise ConfigError(f"ingest: {no_images_message(root, rejected)}")
-    if given is not None:
-        refuse_unlisted(classes, given, "class folder")
-        classes = given
-    for path, reason in rejected:
-        _skip(skipped, path, reason)
-    label_of = {c: i for i, c in enumerate(classes)}
-    order = rng.permutation(len(files)).tolist() if shuffle else range(len(files))
+def _where(fetcher: Fetcher, url: str) -> str:
+    """A URL as the filesystem names it (how listings and the report name files)."""
+    return fetcher.fs._strip_protocol(url)
+
+
+def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: bool, workers: int
+                  ) -> Iterator[_Item]:
+    """The images, read concurrently in (shuffled) order, as the in-place reader makes them."""
+    table, urls = resolved.manifest.objects, resolved.shard_urls
+    order = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
 
     def read(i: int) -> _Item:
-        path, class_name, stem = files[i]
+        name, url = table.names[i], urls[i]
         try:
-            data, error = fs.cat_file(path), ""
-        except OSError as exc:
-            data, error = None, f"read failed: {type(exc).__name__}: {exc}"
-        return _Item(path, class_name, stem, i, label_of[class_name], data, error)
+            data = fetcher.read(ByteRange(url, 0, int(table.sizes[i])))
+        except StorageError as exc:
+            return _Item(_where(fetcher, url), name, None, f"read failed: {exc}")
+        try:
+            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url))
+        except ShardFormatError as exc:  # the reader's verdict (an empty file), as reading in place gives it
+            return _Item(_where(fetcher, url), name, None, exc.reason)
 
-    return classes, len(files), _ordered_map(read, order, workers, workers * _READS_AHEAD_PER_WORKER)
-
-
-def _parquet_items(fs, paths: list[str], rng, *, shuffle: bool, workers: int, image_column: str | None,
-                   label_column: str | None, given: tuple[str, ...] | None
-                   ) -> tuple[tuple[str, ...], int, Iterator[_Item]]:
-    """Classes, the number of rows, and the rows: row groups in (permuted) order, read
-    ``workers`` at a time, then mixed by a bounded shuffle buffer."""
-    from gpupipe.formats.parquet import plan_parquet, read_row_group
-
-    plan = plan_parquet(fs, paths, image_column=image_column, label_column=label_column)
-    groups = list(plan.row_groups)
-    if shuffle:
-        groups = [groups[i] for i in rng.permutation(len(groups))]
-    batches = _ordered_map(lambda g: read_row_group(fs, plan, g), groups, workers, workers)
-    classes, number = _parquet_numbering(plan.classes, given)
-
-    def items() -> Iterator[_Item]:
-        for row in itertools.chain.from_iterable(batches):
-            label = number(row.label) if row.label is not None else None
-            name = classes[label] if label is not None and 0 <= label < len(classes) else str(row.label)
-            error = "" if label is not None else (
-                f"null in label column {plan.label_column!r}" if row.label is None else
-                f"label {row.label} is not a class number of the given list ({describe(classes)})")
-            yield _Item(row.name, name, row.stem, row.index, label, row.data if not error else None, error)
-
-    out = shuffle_buffer(items(), _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items()
-    return classes, plan.num_rows, out
+    return _ordered_map(read, order, workers, workers * _READS_AHEAD_PER_WORKER)
 
 
-def _parquet_numbering(found: tuple[str, ...], given: tuple[str, ...] | None
-                       ) -> tuple[tuple[str, ...], Callable[[int], int | None]]:
-    """The class list, and each row label's number in it (``None``: not a class of the list).
-    Named labels (strings, or integers with class-name metadata) are renumbered by name;
-    bare integers are kept and must fall inside the given list."""
-    if given is None:
-        return found, lambda label: label
-    if found:
-        refuse_unlisted(found, given, "label")
-        number = {i: given.index(c) for i, c in enumerate(found)}
-        return given, number.get
-    return given, lambda label: label if 0 <= label < len(given) else None
+def _parquet_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: bool, workers: int
+                   ) -> Iterator[_Item]:
+    """The rows: row groups in (permuted) order, each its image and label column chunks read
+    and decoded as the in-place reader does, ``workers`` at a time, then mixed by a bounded
+    shuffle buffer."""
+    table, urls, classes = resolved.manifest.parquet, resolved.shard_urls, resolved.manifest.classes
+    groups = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
+    footers: dict[int, Any] = {}  # file -> parsed footer (a race only parses one twice)
+    # a row's path under the source, for the val split, is "<file>#row<n>" as it always was:
+    # a re-run after the keys became "<file>/<n>" splits the rows as before
+
+    def read(g: int) -> list[_Item]:
+        f, url = int(table.file[g]), urls[g]
+        first, name, size = int(table.first_row[g]), table.files[f], int(table.file_sizes[f])
+        rows = range(first, first + int(table.rows[g]))
+        try:
+            if f not in footers:
+                footers[f] = read_footer(size, *table.footer(f), url)
+            pieces = {a: fetcher.read(ByteRange(url, a, b)) for a, b in table.byte_ranges(g)}
+            file = Pieces(size, pieces, url, fallback=lambda a, b: fetcher.read(ByteRange(url, a, b)))
+            samples, problems = row_group_samples(table, classes, g, footers[f], file)
+        except GpupipeError as exc:  # a damaged row group or footer, storage that gave up: every row of it
+            return [_Item(f"{_where(fetcher, url)}/{r}", f"{name}#row{r}", None, str(exc)) for r in rows]
+        return [_Item(f"{_where(fetcher, url)}/{r}", f"{name}#row{r}", s,
+                      problems[i].reason if i in problems else "") for i, (r, s) in enumerate(zip(rows, samples))]
+
+    batches = _ordered_map(read, groups, workers, workers)
+    items = itertools.chain.from_iterable(batches)
+    return shuffle_buffer(items, _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items
 
 
 def _given_classes(classes: Sequence[str] | None, classes_from: str | None,
@@ -331,24 +326,19 @@ _END = object()
 
 def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], *, max_pixels: int | None,
                  skipped: list, tick: Callable[[int], Any]) -> None:
-    """Probe each item's header and write the good ones; skip (and log) the others."""
+    """Probe each sample's image header and write the good ones; skip (and log) the others."""
     for item in items:
         tick(1)
-        if item.data is None:
-            _skip(skipped, item.name, item.error or "no image bytes (null)")
+        if item.sample is None:
+            _skip(skipped, item.where, item.error)
             continue
+        fields = dict(item.sample.fields)
         try:
-            header = probe(item.data, max_pixels=max_pixels)
+            probe(next(v for k, v in fields.items() if k != "cls"), max_pixels=max_pixels)
         except DecodeError as exc:
-            _skip(skipped, item.name, str(exc))
+            _skip(skipped, item.where, str(exc))
             continue
-        key = f"{_sanitise(item.class_name)}/{_sanitise(item.stem)}_{item.index:08d}"
-        sink_of(item).write(key, {_EXT_OF_FORMAT[header.format]: item.data, "cls": str(item.label).encode()})
-
-
-def _sanitise(part: str) -> str:
-    """A key component: letters, digits, '_' and '-' only (no dots, slashes or spaces)."""
-    return re.sub(r"[^\w-]", "_", part) or "_"
+        sink_of(item).write(item.sample.key, fields)
 
 
 def _skip(skipped: list, name: str, reason: str) -> None:

@@ -5,7 +5,7 @@ when there is no manifest). An image folder's or Parquet source's manifest (``in
 start) already holds what a summary needs — the objects with their sizes and labels, or
 the files, row groups and columns — so no image byte is read: the first keys are the
 first object names (``c0/img1.jpg``) or the keys the loader gives the first rows
-(``part-000.parquet#0``).
+(``part-000.parquet/0``).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def in_place_summary(resolved, keys: int) -> dict[str, Any]:
 
 
 def _folder(table, urls, keys: int) -> dict[str, Any]:
-    from gpupipe.formats.imagefolder import extension
+    from gpupipe.formats.folder import extension
 
     names = table.names[:max(0, keys)]
     labelled = bool(len(names)) and bool((table.labels[:len(names)] >= 0).any())
@@ -93,10 +93,12 @@ def _folder(table, urls, keys: int) -> dict[str, Any]:
 
 
 def _parquet(table, urls, keys: int) -> dict[str, Any]:
+    from gpupipe.formats.rowgroups import row_key
+
     first: list[str] = []
     for g in range(len(table)):
         name, row = table.files[int(table.file[g])], int(table.first_row[g])
-        first += [f"{name}#{row + i}" for i in range(min(int(table.rows[g]), keys - len(first)))]
+        first += [row_key(name, row + i) for i in range(min(int(table.rows[g]), keys - len(first)))]
         if len(first) >= keys:
             break
     columns = table.columns

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 # (substring of a reader's message, kind) for samples of a source read in place
 _READ_KINDS = (("fails its checksum", "checksum"), ("image cell is null", "no image"),
-               ("label cell is null", "bad label"), ("cannot be decoded", "unreadable row group"),
-               ("footer", "unreadable row group"))
+               ("image is empty", "no image"), ("label cell is null", "bad label"),
+               ("not a class number", "bad label"), ("not in the class list", "bad label"),
+               ("cannot be decoded", "unreadable row group"), ("footer", "unreadable row group"))
 
 
 @dataclass(frozen=True)

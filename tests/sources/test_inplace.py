@@ -269,7 +269,7 @@ def test_null_image_cell_raises_or_is_a_counted_skip_and_labels_stay(tmp_path):
     pq.write_table(pyarrow.table({"image": pyarrow.array(images, pyarrow.binary()),
                                   "label": [label_of(i) for i in range(8)]}), str(tmp_path / "t" / "a.parquet"),
                    row_group_size=3)
-    with pytest.raises(ShardFormatError, match=r"a.parquet#5: the image cell is null"):
+    with pytest.raises(ShardFormatError, match=r"sample 'a.parquet/5': the image cell is null"):
         list(loader(str(tmp_path / "t")))
     ld = loader(str(tmp_path / "t"), on_error="skip")
     batches = list(ld)

@@ -121,8 +121,8 @@ def test_inspect_parquet_names_its_row_groups_columns_and_first_rows(tmp_path: P
     assert (info["kind"], info["units"], info["files"], info["samples"]) == ("parquet", 4, 2, 10)
     assert info["bytes"] == sum(p.stat().st_size for p in (tmp_path / "pq").glob("*.parquet"))
     assert (info["image_column"], info["label_column"], info["classes"]) == ("image.bytes", "label", ["c0", "c1", "c2"])
-    assert info["first_keys"] == ["part-000.parquet#0", "part-000.parquet#1", "part-000.parquet#2",
-                                  "part-000.parquet#3"]  # across the first row group's end
+    assert info["first_keys"] == ["part-000.parquet/0", "part-000.parquet/1", "part-000.parquet/2",
+                                  "part-000.parquet/3"]  # across the first row group's end
     assert main(["inspect", str(tmp_path / "pq")]) == 0
     out = capsys.readouterr().out
     assert "units:    4 row groups in 2 files" in out and "columns:  image=image.bytes, label=label" in out
