@@ -3,7 +3,7 @@
 :func:`ingest` turns an image folder (class sub-folders, or flat with a ``labels.csv``),
 Parquet files or a Delta table into WebDataset-layout tar shards plus the ``index.json``
 manifest, on any fsspec filesystem. It reads the source exactly as the loader reads it in
-place -- :func:`~gpupipe.sources.resolve.resolve` describes it, and the format modules'
+place -- :func:`~gpupipe.sources.source.resolve` describes it, and the format modules'
 readers (:func:`~gpupipe.formats.folder.object_sample`,
 :func:`~gpupipe.formats.rowgroups.row_group_samples`) give each sample its key, fields and
 label -- so the shards hold the samples (and refuse the sources) that reading in place
@@ -40,7 +40,7 @@ from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.formats.writer import ShardSink
 from gpupipe.plan import shuffle_buffer
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
-from gpupipe.sources.resolve import ResolvedSource, Source, resolve
+from gpupipe.sources.source import ResolvedSource, Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, storage_errors
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]

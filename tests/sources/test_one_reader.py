@@ -24,7 +24,7 @@ import pytest
 
 from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.loader.encoded import EncodedLoader
-from gpupipe.sources.resolve import Source, resolve
+from gpupipe.sources.source import Source, resolve
 from gpupipe.tools.ingest import ingest
 
 pa = pytest.importorskip("pyarrow")
