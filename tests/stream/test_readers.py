@@ -171,10 +171,10 @@ def test_row_group_spans_give_their_rows_in_order(table):
     assert [ids(r) for r in reads] == [[5, 6], [7], [0, 1, 2, 3], [14], [12]]
     assert all(r.problems == {} for r in reads)
     s = reads[0].samples[0]
-    assert (s.key, s.offset, s.shard) == ("part-000.parquet#5", 5, table.shard_urls[1])
+    assert (s.key, s.offset, s.shard) == ("part-000.parquet/5", 5, table.shard_urls[1])
     assert s.fields == {"jpg": payload(5), "cls": str(label_of(5)).encode()}
     tail = reads[3].samples[0]
-    assert (tail.key, tail.offset) == ("part-001.parquet#4", 4)  # row 4 of its own file
+    assert (tail.key, tail.offset) == ("part-001.parquet/4", 4)  # row 4 of its own file
 
 
 def test_consecutive_spans_of_one_row_group_read_it_once(table):
@@ -195,10 +195,10 @@ def test_null_cells_are_none_with_a_reason(tmp_path):
     (read,) = rowgroup_spans(fetcher(), source, [Span(0, 0, 4)])
     assert ids(read) == [0, None, None, 3]
     assert sorted(read.problems) == [1, 2]
-    assert "t.parquet#1: the image cell is null" in str(read.problems[1])
-    assert "t.parquet#2: the label cell is null" in str(read.problems[2])
+    assert "sample 't.parquet/1': the image cell is null" in str(read.problems[1])
+    assert "sample 't.parquet/2': the label cell is null" in str(read.problems[2])
     part = list(rowgroup_spans(fetcher(), source, [Span(0, 2, 4)]))[0]  # reasons by index in the span
-    assert ids(part) == [None, 3] and list(part.problems) == [0] and "#2" in str(part.problems[0])
+    assert ids(part) == [None, 3] and list(part.problems) == [0] and "t.parquet/2'" in str(part.problems[0])
 
 
 def test_string_labels_become_their_class_index(tmp_path):
