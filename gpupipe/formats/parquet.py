@@ -14,7 +14,6 @@ import logging
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError
 
@@ -56,9 +55,11 @@ class ParquetPlan:
         return sum(g.num_rows for g in self.row_groups)
 
 
-class ParquetRow(NamedTuple):
+@dataclass(frozen=True)
+class ParquetRow:
     """One row: ``name`` is ``<file>#<row in file>``, ``stem`` the image's own file stem
-    (from a struct's ``path``) or the Parquet file's; ``None`` where the row holds a null."""
+    (from a struct's ``path``) or the Parquet file's; ``None`` where the row holds a null.
+    (A dataclass, not a NamedTuple: a field ``index`` would hide ``tuple.index``.)"""
 
     name: str
     stem: str
@@ -88,13 +89,14 @@ def plan_parquet(fs, paths: Sequence[str], *, image_column: str | None = None,
         raise ConfigError("ingest: no .parquet files in the source")
     groups: list[RowGroup] = []
     names: set[str] = set()
-    image = label = None
+    image: str | None = None
+    label: str | None = None
     total = 0
     for path in paths:
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
-            if image is None:
+            if image is None or label is None:  # the first file
                 image, label = _image_column(schema, image_column, path), _label_column(schema, label_column, path)
                 string_labels, first_schema = _is_string_labels(schema, label, path), schema
             _check_same(schema, first_schema, (image, label), path)
@@ -104,6 +106,7 @@ def plan_parquet(fs, paths: Sequence[str], *, image_column: str | None = None,
                 total += n
             if string_labels:
                 names.update(v for v in pf.read(columns=[label]).column(0).to_pylist() if v is not None)
+    assert image is not None and label is not None  # set by the first file; paths is not empty
     classes = tuple(sorted(names)) if string_labels else classlabel_names(first_schema, label)
     return ParquetPlan(image, label, string_labels, classes, tuple(groups))
 
@@ -166,6 +169,8 @@ def _check_same(schema, first, columns: tuple[str, str], path: str) -> None:
 def classlabel_names(schema, label: str) -> tuple[str, ...]:
     """Class names from HuggingFace ``datasets`` metadata (``ClassLabel(names=...)``), if any."""
     raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return ()
     try:
         feature = json.loads(raw)["info"]["features"][label]
         return tuple(str(n) for n in feature["names"]) if feature.get("_type") == "ClassLabel" else ()
