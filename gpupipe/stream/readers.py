@@ -200,9 +200,9 @@ def _samples(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, 
     for i, (data, label) in enumerate(zip(images, labels)):
         key = f"{name}#{first + i}"
         label = index.get(label) if index is not None and label is not None else label
-        why = ("the image cell is null" if data is None else "the label cell is null or an unknown class "
-               "(rerun `gpupipe index`)" if label is None else "")
-        if why:
+        if data is None or label is None:
+            why = ("the image cell is null" if data is None else
+                   "the label cell is null or an unknown class (rerun `gpupipe index`)")
             problems[i] = ShardFormatError(f"{key}: {why}", shard=url)
             samples.append(None)
             continue
