@@ -32,13 +32,13 @@ import logging
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_index, read_snapshot, split_version
+from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.parquet import require_pyarrow
@@ -88,15 +88,19 @@ class UnitURLs(Sequence[str]):
     def __len__(self) -> int:
         return len(self._names) if self._file_of is None else len(self._file_of)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self.root + self._names[int(i if self._file_of is None else self._file_of[i])]
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         return isinstance(other, UnitURLs) and list(self) == list(other)
-
-    __hash__ = None
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,9 @@ def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
 def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:
     """An image folder or Parquet files, described from one listing (``None``: tar shards)."""
     listing = _listing(fetcher, folder)
-    if is_delta(listing):
-        return _delta_source(fetcher, folder, source, latest_version(listing), warn)
+    version = latest_version(listing)
+    if version is not None:  # a Delta table
+        return _delta_source(fetcher, folder, source, version, warn)
     if listing.kind == "tar":
         return None
     if listing.kind == "empty":
