@@ -167,9 +167,9 @@ class RandomCrop(_Crop):
         ones = torch.ones_like(params["top"])
         return box_matrix(params["top"], params["left"], self.size[0] * ones, self.size[1] * ones, self.size)
 
-    def apply(self, images, params):
+    def transform(self, images, params):
         if self.fusable:
-            return super().apply(images, params)
+            return super().transform(images, params)
         rows = _symmetric(params["top"], self.size[0], images.shape[-2], images.device)  # (B, h)
         cols = _symmetric(params["left"], self.size[1], images.shape[-1], images.device)  # (B, w)
         batch = torch.arange(images.shape[0], device=images.device).view(-1, 1, 1)

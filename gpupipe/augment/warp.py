@@ -298,7 +298,7 @@ class GeometricTransform(Transform):
     def matrix(self, params: dict[str, torch.Tensor], in_hw: HW) -> torch.Tensor:
         raise NotImplementedError
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         mode = self.warp_padding if self.samples_outside else "border"
         return warp(images, self.matrix(params, in_hw), self.output_size(in_hw), mode,
