@@ -118,6 +118,9 @@ class Normalize(PointwiseTransform):
     Call ``.to(device)`` on the module so the per-channel constants live with the images.
     """
 
+    mean: torch.Tensor  # buffers (register_buffer in __init__)
+    std: torch.Tensor
+
     def __init__(self, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> None:
         super().__init__()
         mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
@@ -277,8 +280,8 @@ class ColorJitter(PointwiseTransform):
         self.random_order = random_order
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
-        params = {name: draw(key, i, 1, *self.ranges[name])[:, 0]
-                  for i, name in enumerate(_NAMES) if name in self.enabled}
+        params = {name: draw(key, i, 1, *rng)[:, 0]  # the enabled ops: those with a range
+                  for i, name in enumerate(_NAMES) if (rng := self.ranges[name]) is not None}
         n = len(self.enabled)
         if self.random_order and n > 1:
             params["order"] = draw(key, 4, n).argsort(dim=1)  # (B, n): slot → index into self.enabled
