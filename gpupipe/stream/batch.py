@@ -6,7 +6,7 @@ tensors, one of them the bytes) and pinnable for an asynchronous copy.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,7 +83,7 @@ def label_of(sample: Sample) -> int:
     return -1
 
 
-def pack(samples: Sequence[Sample], valid: Sequence[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
+def pack(samples: Sequence[Sample], valid: Iterable[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
          shared: bool = False) -> EncodedBatch:
     """Concatenate the samples' encoded images into one buffer; labels are the
     samples' parsed ``label`` (the stream checks and parses them).
