@@ -69,11 +69,16 @@ class Source:
     labels: str | None = None
     classes: tuple[str, ...] | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.url, list):
-            object.__setattr__(self, "url", tuple(self.url))
-        if self.classes is not None:
-            object.__setattr__(self, "classes", tuple(self.classes))
+    def __init__(self, url: str | Sequence[str], storage_options: Mapping[str, Any] | None = None,
+                 image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
+                 classes: Sequence[str] | None = None) -> None:
+        """A list of URLs (or of class names) is kept as a tuple."""
+        fields = {"url": url if isinstance(url, str) else tuple(url),
+                  "storage_options": {} if storage_options is None else storage_options,
+                  "image_column": image_column, "label_column": label_column, "labels": labels,
+                  "classes": None if classes is None else tuple(classes)}
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
         if not self.url:
             raise ConfigError("source.url: empty; give a folder, a pattern or a list of shard URLs")
 
