@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -148,7 +148,7 @@ class GpuLoader:
         return time.perf_counter() - t0
 
     # -- iteration --------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[DecodedBatch]:
+    def __iter__(self) -> Generator[DecodedBatch, None, None]:  # close() stops the stage threads
         ledger = self.ledger
         ledger.begin()
         decoder = self.decoder

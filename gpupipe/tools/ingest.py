@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from gpupipe.core.errors import ConfigError, DecodeError, StorageError
 from gpupipe.formats.imagefolder import IMAGE_EXTENSIONS, extension, no_images_message, scan_image_folder
@@ -74,9 +74,11 @@ class IngestReport:
         return "\n".join(lines)
 
 
-class _Item(NamedTuple):
+@dataclass(frozen=True)
+class _Item:
     """One input image: ``name`` for messages, ``stem`` and ``index`` (its rank in the sorted
-    source) for its key, and its bytes -- or ``None`` and the reason it could not be read."""
+    source) for its key, and its bytes -- or ``None`` and the reason it could not be read.
+    (A dataclass: as a NamedTuple its field ``index`` would hide ``tuple.index``.)"""
 
     name: str
     class_name: str
@@ -124,7 +126,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     with storage_errors(src):  # a storage backend's error becomes one line naming src
         kind, paths = _list_source(fs, src, root)
     rng = _rng(seed)
-    if kind == "parquet":
+    if isinstance(paths, list):  # kind "parquet": the files; a folder is {path: info}
         classes, total, items = _parquet_items(fs, paths, rng, shuffle=shuffle, workers=workers,
                                                image_column=image_column, label_column=label_column, given=given)
     else:
@@ -208,7 +210,7 @@ def _bare(url: str) -> str:
     return os.path.abspath(path) if _protocol(url) == "file" else path
 
 
-def _list_source(fs, src: str, root: str) -> tuple[str, list | dict]:
+def _list_source(fs, src: str, root: str) -> tuple[str, list[str] | dict[str, Any]]:
     """``("parquet", sorted paths)`` or ``("folder", {path: info})`` for the source."""
     if any(ch in root for ch in "*?["):
         paths = sorted(fs.glob(root))
@@ -318,15 +320,11 @@ def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahea
         pending = deque(pool.submit(fn, x) for x in itertools.islice(it, max(ahead, 1)))
         while pending:
             done = pending.popleft()
-            nxt = next(it, _END)
-            if nxt is not _END:
+            for nxt in itertools.islice(it, 1):  # the next item, if any
                 pending.append(pool.submit(fn, nxt))
             yield done.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-_END = object()
 
 
 def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], *, max_pixels: int | None,
