@@ -89,8 +89,9 @@ def plan_parquet(fs, paths: Sequence[str], *, image_column: str | None = None,
         raise ConfigError("ingest: no .parquet files in the source")
     groups: list[RowGroup] = []
     names: set[str] = set()
-    image: str | None = None
+    image: str | None = None  # these four from the first file
     label: str | None = None
+    string_labels, first_schema = False, None
     total = 0
     for path in paths:
         with fs.open(path, "rb") as f:
