@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.dlpack import from_dlpack
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.decode import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
@@ -74,8 +73,7 @@ class DaliDecoder:
     def _build(self, max_batch: int, window: bool) -> Pipeline:
         """A pipeline that decodes whole images, or (``window``) the window of each image fed
         as ``win_start``/``win_end``; either then resizes each row's ``roi_start``/``roi_end``."""
-        from nvidia.dali import fn, types
-        from nvidia.dali.pipeline import pipeline_def
+        from nvidia.dali import fn, pipeline_def, types
 
         cfg, gpu = self.config, self.device.type == "cuda"
         threads, size = decode_threads(cfg), cfg.resize_to
@@ -207,7 +205,7 @@ def _to_torch(out, device: torch.device, config) -> torch.Tensor:
         raise DecodeError(f"decoded images have different sizes {shapes[:3]}; set decode image_size")
     dense = out.as_tensor()
     if device.type == "cuda":
-        return from_dlpack(dense)  # zero-copy; DALI keeps the buffer until the next run
+        return torch.from_dlpack(dense)  # zero-copy; DALI keeps the buffer until the next run
     return torch.from_numpy(np.array(dense))  # one copy: DALI reuses its output buffer on the next run
 
 

@@ -49,10 +49,10 @@ def _no_async_worker_errors(it) -> None:
     that into a :class:`~gpupipe.core.errors.WorkerError` naming the worker and its shards.
     """
     try:
-        from torch._C import _remove_worker_pids  # torch's DataLoader calls it through signal_handling
+        from torch.utils.data._utils import signal_handling
 
         if getattr(it, "_worker_pids_set", False):
-            _remove_worker_pids(id(it))
+            signal_handling._remove_worker_pids(id(it))
             it._worker_pids_set = False
     except (ImportError, AttributeError, RuntimeError, ValueError):
         pass  # another torch: its handler stays; the error is then torch's own
