@@ -42,7 +42,7 @@ def _cpu_ms(pipeline, images: torch.Tensor, epoch: int) -> float:
 def measure(name: str, args) -> dict:
     make = {"simple": T.simple_set, "complex": T.complex_set}[name]
     eager, compiled = make(), make()
-    compiled.compile = True
+    compiled.compile_colour = True
     images = _batch(args.batch_size, args.image_size)
     t0 = time.perf_counter()
     _cpu_ms(compiled, images, 0)

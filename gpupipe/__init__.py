@@ -82,6 +82,7 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = _moved_to(spec.name)
+        assert new is not None, "find_spec makes a spec for moved names only"
         warnings.warn(f"{spec.name} moved to {new}; import that instead", DeprecationWarning, stacklevel=2)
         module = importlib.import_module(new)
         spec.loader_state = (module.__spec__, module.__loader__)  # the import machinery stamps the alias's on it

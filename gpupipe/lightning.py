@@ -49,7 +49,8 @@ class GpuDataModule(pl.LightningDataModule):
         given = {k: v for k, v in sections.items() if v is not None}
         if config is not None and given:
             raise ConfigError(f"GpuDataModule: pass a config or sections ({', '.join(given)}), not both")
-        if isinstance(config, PipelineConfig):
+        self.config: PipelineConfig
+        if isinstance(config, PipelineConfig):  # (not in the signature: LightningCLI would parse it)
             self.config = config
         elif config is not None:
             self.config = load_config(config)
@@ -60,7 +61,8 @@ class GpuDataModule(pl.LightningDataModule):
         self._pending_state: Mapping | None = None
         self._classes: tuple[str, ...] | None = None  # known after setup()
         if self.config.source.val is None:  # a train-only dataset: Lightning skips validation
-            self.val_dataloader = _Unset(self.config, "val")
+            # the instance's hook on purpose (see _Unset), which a type checker does not allow
+            self.val_dataloader = _Unset(self.config, "val")  # type: ignore[method-assign, assignment]
 
     # -- loaders -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

@@ -121,7 +121,9 @@ def _same(name: str, *attrs: str, **unsupported: Any) -> Callable[[Any], Transfo
     def build(t) -> Transform:
         _unsupported_if(t, **unsupported)
         kwargs = {a: _READ[a](t) if a in _READ else getattr(t, a) for a in attrs}
-        return transform_class(name)(**{a: tuple(v) if isinstance(v, list) else v for a, v in kwargs.items()})
+        built = transform_class(name)(**{a: tuple(v) if isinstance(v, list) else v for a, v in kwargs.items()})
+        assert isinstance(built, Transform), f"{name} is registered as a batch transform"
+        return built
     return build
 
 

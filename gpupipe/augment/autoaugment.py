@@ -150,7 +150,7 @@ class _Policy(Transform):
             images = apply_ops(images, op[:, s], magnitude[:, s], self.interpolation, self.fill, owned=s > 0)
         return images
 
-    def apply(self, images, params):
+    def transform(self, images, params):
         return self._run(images, params["op"], params["magnitude"])
 
 
@@ -276,7 +276,7 @@ class AugMix(_Policy):
         return {"op": torch.where(used, ids[local], OP_IDS["Identity"]), "magnitude": magnitude * used,
                 "weights": weights}
 
-    def apply(self, images, params):
+    def transform(self, images, params):
         weights = params["weights"].to(images.device, torch.float32).reshape(*params["weights"].shape, 1, 1, 1)
         mix = weights[:, 0] * images
         for i in range(self.mixture_width):

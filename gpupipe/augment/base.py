@@ -4,12 +4,16 @@ nothing is stored on ``self`` during ``forward``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar, cast, overload
 
 import torch
 from torch import nn
 
-__all__ = ["AugKey", "Transform", "check_probability", "check_dtype"]
+__all__ = ["AugKey", "Transform", "TransformList", "check_probability", "check_dtype"]
+
+_T = TypeVar("_T", bound="Transform")
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,11 @@ class AugKey:
 
 
 class Transform(nn.Module):
-    """A batch transform. Subclasses implement ``make_params`` and ``apply``.
+    """A batch transform. Subclasses implement ``make_params`` and ``transform``
+    (torchvision v2's names); ``apply(images, params)`` runs ``transform``.
+
+    ``apply(fn)`` is still ``nn.Module.apply``: a model holding transforms can call
+    ``model.apply(init_weights)``, which calls ``apply(fn)`` on every submodule.
 
     Shape: (B, C, H, W) in, (B, C, h, w) out; dtypes as each subclass documents.
     """
@@ -52,16 +60,49 @@ class Transform(nn.Module):
         ``Compose`` walks a pipeline with it before running it."""
         return check_dtype(dtype, type(self).__name__)
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    @overload
+    def apply(self: _T, fn: Callable[[nn.Module], None]) -> _T: ...
+
+    @overload
+    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor: ...
+
+    def apply(self, images, params=None):
+        """``apply(images, params)``: :meth:`transform`; ``apply(fn)``: ``nn.Module.apply``."""
+        if params is None:
+            return super().apply(images)
+        return self.transform(images, params)
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The images with the parameters ``params`` (from :meth:`make_params`) applied."""
         raise NotImplementedError
 
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """The plain definition ``Compose(fuse=False)`` runs (and tests compare against);
-        ``apply`` unless a transform's ``apply`` is itself an optimised path."""
+        ``apply`` unless a transform's ``transform`` is itself an optimised path."""
         return self.apply(images, params)
 
     def forward(self, images: torch.Tensor, key: AugKey) -> torch.Tensor:
         return self.apply(images, self.make_params(images, key))
+
+
+class TransformList(nn.ModuleList):
+    """An ``nn.ModuleList`` of :class:`Transform` (registered as children as usual), typed
+    as such when iterated or indexed: the containers build it from checked transforms."""
+
+    def __init__(self, transforms: Iterable[Transform] = ()) -> None:
+        super().__init__(transforms)
+
+    def __iter__(self) -> Iterator[Transform]:
+        return cast(Iterator[Transform], super().__iter__())  # only transforms go in
+
+    @overload
+    def __getitem__(self, idx: slice) -> TransformList: ...
+
+    @overload
+    def __getitem__(self, idx: int) -> Transform: ...
+
+    def __getitem__(self, idx: int | slice) -> Transform | TransformList:
+        return cast("Transform | TransformList", super().__getitem__(idx))  # only transforms go in
 
 
 def check_probability(p: float, name: str = "p") -> float:

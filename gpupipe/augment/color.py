@@ -85,7 +85,7 @@ class ToDtype(PointwiseTransform):
         """What a value of ``dtype`` is divided by on the way to a float ``self.dtype``."""
         return 1.0 if dtype.is_floating_point or not self.scale else float(torch.iinfo(dtype).max)
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         if not self.scale or images.dtype == self.dtype:
             return images.to(self.dtype)
         if self.dtype.is_floating_point:
@@ -118,6 +118,9 @@ class Normalize(PointwiseTransform):
     Call ``.to(device)`` on the module so the per-channel constants live with the images.
     """
 
+    mean: torch.Tensor  # buffers (register_buffer in __init__)
+    std: torch.Tensor
+
     def __init__(self, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> None:
         super().__init__()
         mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
@@ -143,7 +146,7 @@ class Normalize(PointwiseTransform):
             raise ValueError(f"Normalize has {' and '.join(bad)} values for images of {channels} channel(s); "
                              f"give 1 or {channels} of each")
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         self.output_dtype(images.dtype)
         if images.ndim < 3:
             raise ValueError(f"Normalize expects (..., C, H, W) images, got shape {tuple(images.shape)}")
@@ -173,7 +176,7 @@ class RepeatChannels(PointwiseTransform):
         if c not in (1, self.num_channels):
             raise ValueError(f"RepeatChannels({self.num_channels}) needs 1 or {self.num_channels} channels, got {c}")
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         self._check(images.shape[-3])
         return images if images.shape[-3] == self.num_channels else images.repeat_interleave(self.num_channels, -3)
 
@@ -192,7 +195,7 @@ class Grayscale(Transform):
             raise ValueError(f"num_output_channels must be 1 or 3, got {num_output_channels}.")
         self.num_output_channels = num_output_channels
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         check_image(images, "Grayscale")
         gray = rgb_to_grayscale(images)
         return gray.repeat_interleave(self.num_output_channels, dim=-3) if self.num_output_channels == 3 else gray
@@ -208,7 +211,7 @@ class RandomGrayscale(PointwiseTransform):
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {"apply": draw(key, 0)[:, 0] < self.p}
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         check_image(images, "RandomGrayscale")
         gray = rgb_to_grayscale(images).expand_as(images)
         return torch.where(params["apply"].to(images.device).reshape(-1, 1, 1, 1), gray, images)
@@ -277,14 +280,14 @@ class ColorJitter(PointwiseTransform):
         self.random_order = random_order
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
-        params = {name: draw(key, i, 1, *self.ranges[name])[:, 0]
-                  for i, name in enumerate(_NAMES) if name in self.enabled}
+        params = {name: draw(key, i, 1, *rng)[:, 0]  # the enabled ops: those with a range
+                  for i, name in enumerate(_NAMES) if (rng := self.ranges[name]) is not None}
         n = len(self.enabled)
         if self.random_order and n > 1:
             params["order"] = draw(key, 4, n).argsort(dim=1)  # (B, n): slot → index into self.enabled
         return params
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         check_image(images, "ColorJitter")
         if not self.enabled:
             return images

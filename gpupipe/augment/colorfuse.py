@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -179,6 +181,7 @@ def _luma(w: _Work) -> torch.Tensor:
     x = w.x
     if w.channels == 1:
         return _axpb(x, w.scale, w.shift) if w.pending() else x
+    weights: torch.Tensor | list[float]
     if isinstance(w.scale, torch.Tensor):
         weights = _luma_weights(x) * w.scale.reshape(-1)  # (1|3,) on the device
         weights = weights.expand(3)
@@ -190,7 +193,7 @@ def _luma(w: _Work) -> torch.Tensor:
     return gray if _is(w.shift, 0.0) else gray.add_(w.shift * sum(LUMA))
 
 
-def _weighted_channels(x: torch.Tensor, weights) -> torch.Tensor:
+def _weighted_channels(x: torch.Tensor, weights: torch.Tensor | list[float]) -> torch.Tensor:
     """(B, 1, H, W) sum of the 3 channels times ``weights`` (3 floats or a (3,) tensor).
     A large batch is one GEMV (reads the image once); a small one three plane ops, as
     a small GEMV costs milliseconds of BLAS thread start-up on a busy CPU."""
@@ -329,7 +332,8 @@ def out_channels(channels: int, steps: list[Step]) -> int:
     return channels
 
 
-_ACTIONS = {Affine: _affine, Repeat: _repeat, Blend: _blend, Hue: _hue}
+# by the step's type (each action takes its own kind of step)
+_ACTIONS: dict[type, Callable[[_Work, Any], None]] = {Affine: _affine, Repeat: _repeat, Blend: _blend, Hue: _hue}
 
 
 def _run_slice(x: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, owned: bool) -> torch.Tensor:

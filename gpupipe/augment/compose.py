@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import AugKey, Transform
+from .base import AugKey, Transform, TransformList
 from .colorfuse import PointwiseTransform, Spec, run_steps
 from .geometry import GeometricTransform, warp
 
@@ -58,9 +58,9 @@ class Compose(Transform):
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):
                 raise TypeError(f"transforms[{i}] should be a gpupipe Transform (got {type(t).__name__})")
-        self.transforms = torch.nn.ModuleList(transforms)
+        self.transforms = TransformList(transforms)
         self.fuse = bool(fuse)
-        self.compile = bool(compile)
+        self.compile_colour = bool(compile)  # not ``self.compile``: that would hide nn.Module.compile()
         if input_dtype is not None:
             self.output_dtype(input_dtype)
 
@@ -93,7 +93,7 @@ class Compose(Transform):
         prefix = f"{i}."
         return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         self.output_dtype(images.dtype)  # a pipeline that cannot work raises before any work
         if not self.fuse:
             return self.apply_reference(images, params)
@@ -127,22 +127,27 @@ class Compose(Transform):
         spec = Spec(holds, int(images.shape[1]), images.device)
         steps = []
         for i in run:
-            more, spec = self.transforms[i].steps(self._child_params(params, i), spec)
+            t = self.transforms[i]
+            assert isinstance(t, PointwiseTransform), "_runs puts only these in a pointwise run"
+            more, spec = t.steps(self._child_params(params, i), spec)
             steps += more
-        return run_steps(images, steps, spec.dtype, owned=owned, compile=self.compile)
+        return run_steps(images, steps, spec.dtype, owned=owned, compile=self.compile_colour)
 
     def _apply_warp(self, images: torch.Tensor, run: list[int], params: dict[str, torch.Tensor],
                     keep_float: bool = False) -> torch.Tensor:
         """One warp for the geometric transforms ``run`` (indices), sizes tracked through it.
         ``keep_float``: an integer batch comes back as rounded float32 (see :func:`warp`)."""
         hw = (int(images.shape[-2]), int(images.shape[-1]))
-        matrix = None
+        matrix: torch.Tensor | None = None
+        members: list[GeometricTransform] = []
         for i in run:
             t = self.transforms[i]
+            assert isinstance(t, GeometricTransform), "_runs puts only these in a geometric run"
             m = t.matrix(self._child_params(params, i), hw)
             matrix = m if matrix is None else m @ matrix
             hw = t.output_size(hw)
-        members = [self.transforms[i] for i in run]
+            members.append(t)
+        assert matrix is not None, "a run is never empty"
         padding, fill, interpolation = _sampling(members)
         return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t in members),
                     keep_float=keep_float)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .base import AugKey, Transform
+from .base import AugKey, Transform, TransformList
 from .compose import Compose
 from .keys import draw
 
@@ -81,7 +81,7 @@ class RandomApply(Transform):
         self.p = float(p)
 
     @property
-    def transforms(self) -> nn.ModuleList:
+    def transforms(self) -> TransformList:
         return self.pipeline.transforms
 
     def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -93,7 +93,7 @@ class RandomApply(Transform):
         inner = self.pipeline.make_params(images, key.child(1))
         return {"apply": draw(key, 0)[:, 0] < self.p, **{f"t.{k}": v for k, v in inner.items()}}
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         out = self.pipeline.apply(images, _child_params(params, "t."))
         return _select(params["apply"], out, images, "RandomApply")
 
@@ -110,7 +110,7 @@ class RandomChoice(Transform):
 
     def __init__(self, transforms, p: Sequence[float] | None = None) -> None:
         super().__init__()
-        self.transforms = nn.ModuleList(_transforms(transforms, "RandomChoice"))
+        self.transforms = TransformList(_transforms(transforms, "RandomChoice"))
         if p is None:
             p = [1.0] * len(self.transforms)
         elif not isinstance(p, Sequence):
@@ -152,14 +152,14 @@ class RandomChoice(Transform):
         return params
 
     def _run(self, images: torch.Tensor, params: dict[str, torch.Tensor], reference: bool) -> torch.Tensor:
-        out = None
+        out = images  # replaced by the first transform's result (there is at least one)
         for i, t in enumerate(self.transforms):
             sub = _child_params(params, f"{i}.")
             result = t.apply_reference(images, sub) if reference else t.apply(images, sub)
-            out = result if out is None else _select(params["choice"] == i, result, out, "RandomChoice")
+            out = result if i == 0 else _select(params["choice"] == i, result, out, "RandomChoice")
         return out
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._run(images, params, reference=False)
 
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -174,7 +174,7 @@ class RandomOrder(Transform):
 
     def __init__(self, transforms) -> None:
         super().__init__()
-        self.transforms = nn.ModuleList(_transforms(transforms, "RandomOrder"))
+        self.transforms = TransformList(_transforms(transforms, "RandomOrder"))
 
     def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
         for t in self.transforms:
@@ -202,7 +202,7 @@ class RandomOrder(Transform):
             images = out
         return images
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._run(images, params, reference=False)
 
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:

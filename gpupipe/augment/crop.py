@@ -14,6 +14,7 @@ from .warp import (
     HW,
     GeometricTransform,
     _check_range,
+    _int,
     _int_between,
     _ones,
     _setup_size,
@@ -37,11 +38,11 @@ class Resize(GeometricTransform):
     def __init__(self, size, interpolation="bilinear"):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
-        if isinstance(size, str) or not isinstance(size, (numbers.Number, Sequence)):
+        if isinstance(size, str) or not isinstance(size, (numbers.Real, Sequence)):
             raise TypeError(f"Size should be int or sequence. Got {type(size)}")
         if isinstance(size, Sequence) and len(size) not in (1, 2):
             raise ValueError("If size is a sequence, it should have 1 or 2 values")
-        self.size = int(size) if isinstance(size, numbers.Number) else tuple(int(s) for s in size)
+        self.size = _int(size) if isinstance(size, numbers.Real) else tuple(int(s) for s in size)
         if min((self.size,) if isinstance(self.size, int) else self.size) <= 0:
             raise ValueError(f"size should be positive (got {size})")
 
@@ -93,11 +94,11 @@ def crop_padding(padding) -> tuple[int, int, int, int]:
     (left, top, right, bottom) → (left, top, right, bottom)."""
     if padding is None:
         return (0, 0, 0, 0)
-    if isinstance(padding, bool) or not isinstance(padding, (numbers.Number, tuple, list)):
+    if isinstance(padding, bool) or not isinstance(padding, (numbers.Real, tuple, list)):
         raise TypeError("Got inappropriate padding arg")
     if isinstance(padding, (tuple, list)) and len(padding) not in (1, 2, 4):
         raise ValueError(f"Padding must be an int or a 1, 2, or 4 element tuple, not a {len(padding)} element tuple")
-    values = [int(padding)] if isinstance(padding, numbers.Number) else [int(p) for p in padding]
+    values = [_int(padding)] if isinstance(padding, numbers.Real) else [int(p) for p in padding]
     if min(values) < 0:
         raise ValueError(f"padding should be non-negative, got {padding}")
     if len(values) == 1:
@@ -167,9 +168,9 @@ class RandomCrop(_Crop):
         ones = torch.ones_like(params["top"])
         return box_matrix(params["top"], params["left"], self.size[0] * ones, self.size[1] * ones, self.size)
 
-    def apply(self, images, params):
+    def transform(self, images, params):
         if self.fusable:
-            return super().apply(images, params)
+            return super().transform(images, params)
         rows = _symmetric(params["top"], self.size[0], images.shape[-2], images.device)  # (B, h)
         cols = _symmetric(params["left"], self.size[1], images.shape[-1], images.device)  # (B, w)
         batch = torch.arange(images.shape[0], device=images.device).view(-1, 1, 1)

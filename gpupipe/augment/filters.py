@@ -48,7 +48,7 @@ class GaussianBlur(Transform):
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {"sigma": draw(key, 0, 1, *self.sigma)[:, 0]}
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         _check_image(images, "GaussianBlur", channels=None)
         work = images if images.dtype in (torch.float32, torch.float64) else images.float()
         sigma = params["sigma"].to(work.device, work.dtype).reshape(-1, 1)
@@ -105,7 +105,7 @@ class RandomErasing(Transform):
             params["noise"] = keys.normal(k.seed, k.epoch, k.sample_ids, k.tag, images[0].numel())
         return params
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         B, C, H, W = images.shape
         dev = images.device
         top, left = params["top"].to(dev).view(-1, 1, 1, 1), params["left"].to(dev).view(-1, 1, 1, 1)

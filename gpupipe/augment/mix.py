@@ -14,6 +14,8 @@ combined in log space so tiny alphas do not give 0/0.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar, overload
 
 import torch
 from torch import nn
@@ -24,6 +26,7 @@ from .base import AugKey
 __all__ = ["MixUp", "CutMix", "sample_beta"]
 
 _CANDIDATES = 16
+_M = TypeVar("_M", bound="_LabelMix")
 
 
 def _batch_ids(key: AugKey) -> torch.Tensor:
@@ -82,7 +85,35 @@ def _mix_labels(labels: torch.Tensor, lam: torch.Tensor, num_classes: int) -> to
     return one_hot.roll(1, 0) * (1.0 - lam) + one_hot * lam
 
 
-class MixUp(nn.Module):
+class _LabelMix(nn.Module):
+    """What MixUp and CutMix share: ``apply(images, labels, params)`` runs :meth:`mix`
+    (``apply(fn)`` stays ``nn.Module.apply``, which ``model.apply(fn)`` calls on every
+    submodule); ``forward`` draws the parameters, then applies them."""
+
+    def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def mix(self, images: torch.Tensor, labels: torch.Tensor,
+            params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    @overload
+    def apply(self: _M, fn: Callable[[nn.Module], None]) -> _M: ...
+
+    @overload
+    def apply(self, images: torch.Tensor, labels: torch.Tensor,
+              params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def apply(self, images, labels=None, params=None):
+        if params is None:
+            return super().apply(images)
+        return self.mix(images, labels, params)
+
+    def forward(self, images: torch.Tensor, labels: torch.Tensor, key: AugKey) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.apply(images, labels, self.make_params(images, key))
+
+
+class MixUp(_LabelMix):
     """``lam * x + (1 - lam) * x.roll(1, 0)``, labels likewise; lam ~ Beta(alpha, alpha) per batch.
 
     Shape: images (B, C, H, W) float, labels (B,) int64 → images same, labels (B, num_classes) float32.
@@ -95,8 +126,8 @@ class MixUp(nn.Module):
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {"lam": sample_beta(key, self.alpha)}
 
-    def apply(self, images: torch.Tensor, labels: torch.Tensor,
-              params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def mix(self, images: torch.Tensor, labels: torch.Tensor,
+            params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         _check_batch(images, labels, self.num_classes)
         if not images.is_floating_point():
             raise TypeError(f"MixUp expects float images, got {images.dtype}; put ToDtype() before it")
@@ -104,11 +135,8 @@ class MixUp(nn.Module):
         mixed = images.roll(1, 0) * (1.0 - lam) + images * lam
         return mixed, _mix_labels(labels, params["lam"], self.num_classes)
 
-    def forward(self, images: torch.Tensor, labels: torch.Tensor, key: AugKey) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.apply(images, labels, self.make_params(images, key))
 
-
-class CutMix(nn.Module):
+class CutMix(_LabelMix):
     """Paste a box of ``x.roll(1, 0)`` into each image; labels mixed by the box's area.
 
     torchvision v2's box: centre uniform over pixels, half-size ``int(0.5 * sqrt(1 - lam) * W)``
@@ -135,8 +163,8 @@ class CutMix(nn.Module):
         lam_box = (1.0 - (x2 - x1) * (y2 - y1) / (W * H)).to(torch.float32).reshape(1)
         return {"lam": lam_box, "lam_drawn": lam, "box": box}
 
-    def apply(self, images: torch.Tensor, labels: torch.Tensor,
-              params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def mix(self, images: torch.Tensor, labels: torch.Tensor,
+            params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         _check_batch(images, labels, self.num_classes)
         H, W = images.shape[-2:]
         x1, y1, x2, y2 = params["box"].to(images.device).unbind()
@@ -144,6 +172,3 @@ class CutMix(nn.Module):
         cols = torch.arange(W, device=images.device).view(1, W)
         inside = (rows >= y1) & (rows < y2) & (cols >= x1) & (cols < x2)
         return torch.where(inside, images.roll(1, 0), images), _mix_labels(labels, params["lam"], self.num_classes)
-
-    def forward(self, images: torch.Tensor, labels: torch.Tensor, key: AugKey) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.apply(images, labels, self.make_params(images, key))

@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["TRANSFORMS", "MIXES", "CONTAINERS", "transform_class", "build_transform", "DTYPES"]
 
@@ -35,8 +38,8 @@ CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
 DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8")
 
 
-def transform_class(name: str) -> type:
-    """The class registered as ``name`` (imported now)."""
+def transform_class(name: str) -> type[nn.Module]:
+    """The class registered as ``name`` (imported now): a Transform, or MixUp / CutMix."""
     target = TRANSFORMS.get(name) or MIXES.get(name)
     if target is None:
         raise ValueError(f"unknown transform {name!r} (supported: {', '.join(sorted({**TRANSFORMS, **MIXES}))})")

@@ -53,18 +53,18 @@ class AugmentStage:
 
     def __call__(self, batch: Any) -> Any:
         if self.transforms is not None:
-            batch.images = self._transform(batch)
+            batch.images = self._transform(self.transforms, batch)
         if self.mix is not None:
             batch.images, batch.labels = self.mix(batch.images, batch.labels,
                                                   AugKey.for_batch(batch, self.seed).child(_MIX_TAG))
         return batch
 
-    def _transform(self, batch) -> torch.Tensor:
-        if isinstance(self.transforms, Transform):
-            return self.transforms(batch.images, AugKey.for_batch(batch, self.seed))
+    def _transform(self, transforms: Callable, batch) -> torch.Tensor:
+        if isinstance(transforms, Transform):
+            return transforms(batch.images, AugKey.for_batch(batch, self.seed))
         if self._with_batch:
-            return self.transforms(batch.images, batch)
-        return self.transforms(batch.images)
+            return transforms(batch.images, batch)
+        return transforms(batch.images)
 
 
 def _positional_arity(fn: Callable) -> int:

@@ -105,11 +105,11 @@ def nearest_uint8(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, paddin
     # the packed image, so that a half-pixel tie at the edge goes the way grid_sample's does)
     inverse = torch.linalg.inv_ex(matrix.to(torch.float64))[0][:, :2].to(torch.float32)
     xs, ys = torch.arange(w, dtype=torch.float32), torch.arange(h, dtype=torch.float32)
-    index = None
-    for axis, (size, stride) in enumerate(((W, 1), (H, Wp))):
+    coords = []  # x, then y
+    for axis, size in enumerate((W, H)):
         along_x, along_y = _plane(inverse[:, axis], xs, ys)
-        coord = torch.add(along_x, along_y).round_().clamp_(-ring, size - 1 + ring)
-        index = coord if index is None else index.add_(coord, alpha=stride)
+        coords.append(torch.add(along_x, along_y).round_().clamp_(-ring, size - 1 + ring))
+    index = coords[0].add_(coords[1], alpha=Wp)  # x + y·Wp
     # float32 holds the index within one image exactly (Hp·Wp < 2**24, see _packs_to_words); the
     # batch offset and the ring's shift are added in int64
     offsets = torch.arange(0, B * Hp * Wp, Hp * Wp).add_(ring * (Wp + 1))
@@ -205,11 +205,17 @@ def _ones(key: AugKey) -> torch.Tensor:
 
 # ---------------------------------------------------------------- argument checks
 
+def _int(x: numbers.Real) -> int:
+    """``int(x)`` of a real number (numpy scalars too), through ``float``: the numbers ABCs
+    declare no ``__int__`` to a type checker (python/mypy#3186)."""
+    return int(float(x))
+
+
 def _setup_size(size, name: str = "size") -> HW:
     if isinstance(size, str):
         raise TypeError(f"{name} should be an int or a sequence of two ints (got {size!r})")
-    if isinstance(size, numbers.Number):
-        size = (int(size), int(size))
+    if isinstance(size, numbers.Real):
+        size = (_int(size), _int(size))
     elif isinstance(size, Sequence) and len(size) == 1:
         size = (int(size[0]), int(size[0]))
     elif not isinstance(size, Sequence) or len(size) != 2:
@@ -229,7 +235,7 @@ def check_sequence(x, name: str, req_sizes: Sequence[int] = (2,)) -> None:
 
 
 def _setup_angle(x, name: str, req_sizes: Sequence[int] = (2,)) -> list[float]:
-    if isinstance(x, numbers.Number):
+    if isinstance(x, numbers.Real):
         if x < 0:
             raise ValueError(f"If {name} is a single number, it must be positive.")
         return [-float(x), float(x)]
@@ -265,9 +271,9 @@ def check_interpolation(interpolation) -> str:
 
 def check_fill(fill) -> tuple[float, ...]:
     """torchvision's ``fill``: a number or one per channel → a tuple of floats."""
-    if isinstance(fill, bool) or not isinstance(fill, (numbers.Number, tuple, list)):
+    if isinstance(fill, bool) or not isinstance(fill, (numbers.Real, tuple, list)):
         raise TypeError("Got inappropriate fill arg, only Numbers, tuples and lists are allowed.")
-    values = (float(fill),) if isinstance(fill, numbers.Number) else tuple(float(v) for v in fill)
+    values = (float(fill),) if isinstance(fill, numbers.Real) else tuple(float(v) for v in fill)
     if not values:
         raise ValueError("fill should be a number or a non-empty sequence of numbers")
     return values
@@ -298,7 +304,7 @@ class GeometricTransform(Transform):
     def matrix(self, params: dict[str, torch.Tensor], in_hw: HW) -> torch.Tensor:
         raise NotImplementedError
 
-    def apply(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         mode = self.warp_padding if self.samples_outside else "border"
         return warp(images, self.matrix(params, in_hw), self.output_size(in_hw), mode,

@@ -102,7 +102,8 @@ def _check_pipeline(specs: Sequence[TransformSpec], path: str, hw: tuple[int, in
 
     from gpupipe.augment.color import Grayscale, Normalize, RepeatChannels
 
-    dtype, channels = torch.uint8, 3
+    dtype = torch.uint8
+    channels: int | None = 3  # None: unknown after a container that holds a channel-setting step
     for i, spec in enumerate(specs):
         module, where = spec.build(), f"{path}[{i}] ({spec.name})"
         try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import Field, dataclass, fields, replace
 from typing import Any
 
 from gpupipe.config.augment import TransformSpec
@@ -69,6 +69,11 @@ _OWN = (  # the keyword form's own keywords: (name, annotation, default, doc)
 )
 
 
+def declared_default(f: Field) -> Any:
+    """A dataclass field's default, made by its factory where it has one."""
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
 def _declared() -> tuple[Keyword, ...]:
     own = [Keyword(name, name, annotation, default, doc) for name, annotation, default, doc in _OWN]
     out = []
@@ -76,8 +81,7 @@ def _declared() -> tuple[Keyword, ...]:
         for f in fields(cls):
             path = f"{section}.{f.name}"
             if path not in _NOT_KEYWORDS:
-                default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-                out.append(Keyword(f.name, path, f.type, default, f"{path} in YAML"))
+                out.append(Keyword(f.name, path, f.type, declared_default(f), f"{path} in YAML"))
         if section == "loader":  # batch_size first, then the keyword form's own, then the stages'
             out += own
     names = [k.name for k in out]
@@ -153,7 +157,7 @@ def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> 
     mapping: dict[str, Any] = {"source": source_section, "stream": plain(stream_section),
                                "decode": plain(sections["decode"]), "loader": sections["loader"],
                                "seed": 0 if seed is None else seed}
-    objects = {}  # transforms given as Python objects skip the parser and are set as they are
+    objects: dict[str, Any] = {}  # transforms given as Python objects skip the parser and are set as they are
     for name in ("augment", "mix"):
         value = options.get(name)
         if _yaml_able(value, TransformSpec):

@@ -48,7 +48,7 @@ def coerce(value: Any, hint: Any, path: str) -> Any:
             except ConfigError as exc:
                 errors.append(exc)
         raise errors[0]
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint, value, path)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         try:

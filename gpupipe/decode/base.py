@@ -73,6 +73,12 @@ class DecodeConfig:
         if not 0.0 <= self.hw_decoder_load <= 1.0:
             raise ConfigError(f"decode.hw_decoder_load: expected within [0, 1], got {self.hw_decoder_load}")
 
+    @property
+    def resize_to(self) -> tuple[int, int] | None:
+        """The (height, width) images are resized to: ``image_size``, or ``None`` under resize
+        ``none`` (every other mode has an ``image_size``: ``__post_init__`` makes sure)."""
+        return None if self.resize is ResizeMode.NONE else self.image_size
+
 
 @dataclass
 class DecodedBatch:

@@ -10,7 +10,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,19 +177,19 @@ class StandIn:
 
     def __init__(self) -> None:
         self.pixels: torch.Tensor | None = None
-        self.label = None
+        self.label: torch.Tensor | None = None
 
     def keep(self, pixels: torch.Tensor, label: torch.Tensor) -> None:
         self.pixels, self.label = pixels.clone(), label.clone()
 
     def take(self, shape, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.pixels is None or tuple(self.pixels.shape) != tuple(shape):
+        if self.pixels is None or self.label is None or tuple(self.pixels.shape) != tuple(shape):
             raise DecodeError(f"no image of the batch holding {key!r} could be decoded, and no earlier image of "
                               "this size can stand in for them; check the data with `gpupipe validate`")
         return self.pixels, self.label
 
 
-def assemble(pixels: dict[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
+def assemble(pixels: Mapping[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
              image_size: tuple[int, int] | None, stand_in: StandIn):
     """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch and
     :func:`finish` it."""

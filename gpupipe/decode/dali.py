@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,6 +41,9 @@ from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, rout
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
+
+if TYPE_CHECKING:
+    from nvidia.dali.pipeline import Pipeline
 
 __all__ = ["DaliDecoder"]
 
@@ -56,7 +60,7 @@ class DaliDecoder:
         self.config, self.device = config, device
         self.stats = DecodeStats()
         # (window decode?, DALI resizes?) -> (pipeline, its batch size)
-        self._pipes: dict[tuple[bool, bool], tuple[object, int]] = {}
+        self._pipes: dict[tuple[bool, bool], tuple[Pipeline, int]] = {}
         self._pool = pool(config)
         self._stand_in = StandIn()
         self.region_decode = device.type != "cuda" or gpu_region_decode_safe()
@@ -66,31 +70,34 @@ class DaliDecoder:
                      ".".join(map(str, nvimgcodec_version() or ("unknown",))))
 
     # -- pipeline ------------------------------------------------------------------------------
-    def _build(self, max_batch: int, window: bool):
+    def _build(self, max_batch: int, window: bool) -> Pipeline:
         """A pipeline that decodes whole images, or (``window``) the window of each image fed
         as ``win_start``/``win_end``; either then resizes each row's ``roi_start``/``roi_end``."""
         from nvidia.dali import fn, pipeline_def, types
 
         cfg, gpu = self.config, self.device.type == "cuda"
-        threads = decode_threads(cfg)
+        threads, size = decode_threads(cfg), cfg.resize_to
+        uint8, rgb, f32 = types.DALIDataType.UINT8, types.DALIImageType.RGB, types.DALIDataType.FLOAT
 
-        @pipeline_def(batch_size=max_batch, num_threads=threads, device_id=self.device.index or 0 if gpu else None,
-                      prefetch_queue_depth=1, seed=cfg.seed)
+        @pipeline_def(batch_size=max_batch, num_threads=threads, prefetch_queue_depth=1, seed=cfg.seed,
+                      # None (CPU only) is what DALI's docs and code take; its overload's annotation says int
+                      device_id=self.device.index or 0 if gpu else None)  # type: ignore[arg-type]
         def pipeline():
-            enc = fn.external_source(name="enc", dtype=types.UINT8, no_copy=False)
-            kwargs = {"device": "mixed" if gpu else "cpu", "output_type": types.RGB, "adjust_orientation": True,
-                      **({"hw_decoder_load": cfg.hw_decoder_load} if gpu else {})}
+            enc = fn.external_source(name="enc", dtype=uint8, no_copy=False)
+            kwargs: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": rgb,
+                                      "adjust_orientation": True,
+                                      **({"hw_decoder_load": cfg.hw_decoder_load} if gpu else {})}
             if window:  # upright (y, x) relative to the image; see gpupipe.decode.roi
-                img = fn.decoders.image_slice(enc, rel_start=fn.external_source(name="win_start", dtype=types.FLOAT),
-                                              rel_end=fn.external_source(name="win_end", dtype=types.FLOAT),
+                img = fn.decoders.image_slice(enc, rel_start=fn.external_source(name="win_start", dtype=f32),
+                                              rel_end=fn.external_source(name="win_end", dtype=f32),
                                               axis_names="HW", **kwargs)
             else:
                 img = fn.decoders.image(enc, **kwargs)
-            if self._dali_resizes and cfg.resize is not ResizeMode.NONE:
-                start = fn.external_source(name="roi_start", dtype=types.FLOAT)
-                end = fn.external_source(name="roi_end", dtype=types.FLOAT)
-                img = fn.resize(img, size=list(cfg.image_size), roi_start=start, roi_end=end,
-                                roi_relative=window, antialias=True, interp_type=types.INTERP_LINEAR)
+            if self._dali_resizes and size is not None:
+                start = fn.external_source(name="roi_start", dtype=f32)
+                end = fn.external_source(name="roi_end", dtype=f32)
+                img = fn.resize(img, size=list(size), roi_start=start, roi_end=end, roi_relative=window,
+                                antialias=True, interp_type=types.DALIInterpType.INTERP_LINEAR)
             return img
 
         pipe = pipeline()
@@ -101,13 +108,13 @@ class DaliDecoder:
         """Per-row inputs beside the bytes, each (B, 2) float32 (y, x): the decode window and
         the box within it (ROI modes, unless every window is its whole image: a whole decode
         costs less than a full-size slice), else the box in the image; nothing for ``none``."""
-        cfg = self.config
-        if cfg.resize is ResizeMode.NONE:
+        cfg, size = self.config, self.config.resize_to
+        if size is None:
             return {}
         if cfg.resize in _ROI_MODES and self.region_decode:
             images = [None if h is None else upright_size(h) for h in checked.headers]
-            if any_partial(boxes, images, cfg.image_size):
-                return dali_slices(boxes, images, cfg.image_size)
+            if any_partial(boxes, images, size):
+                return dali_slices(boxes, images, size)
         return {"roi_start": boxes[:, :2].astype(np.float32), "roi_end": (boxes[:, :2] + boxes[:, 2:]).astype(np.float32)}
 
     def _run(self, inputs: list[np.ndarray], placement: dict[str, np.ndarray]):
@@ -179,11 +186,12 @@ class DaliDecoder:
         inputs = [np.frombuffer(batch.image(j), np.uint8) for j in src]
         rows_placement = {k: v[src] for k, v in placement.items()}
         out = self._run(inputs, rows_placement)
-        if self._dali_resizes or "roi_start" not in rows_placement:
+        size = self.config.resize_to  # None: no boxes were placed
+        if self._dali_resizes or "roi_start" not in rows_placement or size is None:
             return _to_torch(out, self.device, self.config)
         decoded = [np.asarray(out[i]) for i in range(len(out))]  # views of DALI's buffer, read before the next run
         return resize_boxes(decoded, rows_placement["roi_start"], rows_placement["roi_end"],
-                            relative="win_start" in rows_placement, size=self.config.image_size,
+                            relative="win_start" in rows_placement, size=size,
                             executor=self._pool, parts=decode_threads(self.config))
 
     def close(self) -> None:

@@ -64,7 +64,7 @@ def native_decodable(header: ImageHeader) -> bool:
 def route(headers: Sequence[ImageHeader | None], good: Sequence[int]) -> tuple[list[int], list[int]]:
     """The rows ``good`` (of a batch with these ``headers``) split into (for the native decoder,
     for Pillow)."""
-    native = [i for i in good if native_decodable(headers[i])]
+    native = [i for i in good if (h := headers[i]) is not None and native_decodable(h)]  # good rows have one
     chosen = set(native)
     return native, [i for i in good if i not in chosen]
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
+from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats
 from gpupipe.decode.common import Checked, StandIn, account, assemble, decode_threads, prepare, record_bad
 from gpupipe.decode.roi import draft_scale, drafted_box
 
@@ -48,7 +48,7 @@ def decode_one(data, box, size: tuple[int, int] | None) -> np.ndarray:
         raw.load()
         img = _to_rgb(ImageOps.exif_transpose(raw))
     if size is not None:
-        img = img.resize((size[1], size[0]), Image.BILINEAR, box=ltrb)
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=ltrb)
     return np.array(img)  # a writable copy the batch can take
 
 
@@ -76,7 +76,7 @@ def decode_many(executor: ThreadPoolExecutor, batch, indices, boxes, checked: Ch
     """Decode images ``indices`` of ``batch`` with Pillow: {index: HWC uint8}. The ones
     Pillow cannot decode are handed to ``on_error``; ``earlier[i]`` (why another decoder
     refused image i) goes in front of Pillow's reason."""
-    size = None if config.resize is ResizeMode.NONE else config.image_size
+    size = config.resize_to
     futures = {i: executor.submit(decode_one, batch.image(i), boxes[i], size) for i in indices}
     pixels = {}
     for i, fut in futures.items():

@@ -8,11 +8,12 @@ __all__ = ["exif_orientation"]
 
 def exif_orientation(tiff: memoryview) -> int:
     """EXIF tag 0x0112 of IFD0 in a TIFF-structured block (either byte order); 1 if absent or malformed."""
-    if tiff[:6] == b"Exif\x00\x00":  # PNG eXIf and WebP EXIF payloads sometimes keep the prefix
+    if bytes(tiff[:6]) == b"Exif\x00\x00":  # PNG eXIf and WebP EXIF payloads sometimes keep the prefix
         tiff = tiff[6:]
-    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+    mark = bytes(tiff[:2])
+    if len(tiff) < 8 or mark not in (b"II", b"MM"):
         return 1
-    order = "<" if tiff[:2] == b"II" else ">"
+    order = "<" if mark == b"II" else ">"
     magic, ifd = struct.unpack_from(order + "HI", tiff, 2)
     if magic != 42 or not 8 <= ifd <= len(tiff) - 2:
         return 1

@@ -35,9 +35,10 @@ import logging
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.core.types import Sample
@@ -75,18 +76,22 @@ class NameList(Sequence[str]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self)
         return self._blob[self._offsets[i]:self._offsets[i + 1]].decode("utf-8")
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         return isinstance(other, NameList) and self._blob == other._blob and np.array_equal(
             self._offsets, other._offsets)
-
-    __hash__ = None
 
 
 def _read_only(values, dtype) -> np.ndarray:
@@ -106,11 +111,15 @@ class ObjectTable:
     labels: np.ndarray = field(repr=False)
     crc32: np.ndarray | None = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sizes", _read_only(self.sizes, np.int64))
-        object.__setattr__(self, "labels", _read_only(self.labels, np.int64))
-        if self.crc32 is not None:
-            object.__setattr__(self, "crc32", _read_only(self.crc32, np.int64))
+    def __init__(self, names: NameList, sizes: ArrayLike, labels: ArrayLike, crc32: ArrayLike | None = None) -> None:
+        """Any integer sequences in; the fields hold read-only int64 copies of them."""
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "sizes", _read_only(sizes, np.int64))
+        object.__setattr__(self, "labels", _read_only(labels, np.int64))
+        object.__setattr__(self, "crc32", None if crc32 is None else _read_only(crc32, np.int64))
+        self._check()
+
+    def _check(self) -> None:
         n = len(self.names)
         if len(self.sizes) != n or len(self.labels) != n or (self.crc32 is not None and len(self.crc32) != n):
             raise ShardFormatError(f"object table lists {n} names but {len(self.sizes)} sizes, {len(self.labels)} "
@@ -125,15 +134,13 @@ class ObjectTable:
     def __len__(self) -> int:
         return len(self.names)
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         if not isinstance(other, ObjectTable):
             return NotImplemented
-        same_crc = (self.crc32 is None) == (other.crc32 is None) and (
-            self.crc32 is None or np.array_equal(self.crc32, other.crc32))
+        a, b = self.crc32, other.crc32
+        same_crc = (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
         return self.names == other.names and np.array_equal(self.sizes, other.sizes) and np.array_equal(
             self.labels, other.labels) and same_crc
-
-    __hash__ = None
 
     def to_dict(self) -> dict:
         doc = {"names": list(self.names), "sizes": self.sizes.tolist(), "labels": self.labels.tolist()}
@@ -385,17 +392,19 @@ def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None, gi
         raise ConfigError(f"source.labels: {len(missing)} of {len(names)} images have no label "
                           f"({', '.join(missing[:3])}, ...); add them to the labels file or move them out of the folder")
     values = [by_name[n] for n in names]
-    if all(isinstance(v, int) for v in values):
-        bad = [(n, label_problem(v, given or ())) for n, v in zip(names, values) if label_problem(v, given or ())]
+    strings = [v for v in values if isinstance(v, str)]
+    if not strings:
+        ints = [int(v) for v in values]
+        bad = [(n, label_problem(v, given or ())) for n, v in zip(names, ints) if label_problem(v, given or ())]
         if bad:
             raise ConfigError(f"source.labels: {len(bad)} image(s) have a label that numbers no class ({bad[0][0]}: "
                               f"{bad[0][1]}); correct the labels file")
-        return [int(v) for v in values], tuple(given or ())
-    if any(isinstance(v, int) for v in values):
+        return ints, tuple(given or ())
+    if len(strings) < len(values):
         raise ConfigError("source.labels: the labels mix integers and names; use one kind")
-    classes = class_numbering(values, given, where)
+    classes = class_numbering(strings, given, where)
     index = {c: i for i, c in enumerate(classes)}
-    return [index[v] for v in values], classes
+    return [index[v] for v in strings], classes
 
 
 def _reported(root: str, rejected: list[tuple[str, str]]) -> list[tuple[str, str]]:

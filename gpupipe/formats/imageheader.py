@@ -326,7 +326,7 @@ def _webp(view: memoryview) -> ImageHeader:
     if riff_size + 8 > len(view):
         raise DecodeError(f"truncated WebP: RIFF declares {riff_size + 8} bytes, data has {len(view)}")
     if kind == b"VP8 ":
-        if view[23:26] != b"\x9d\x01\x2a" or view[20] & 1:
+        if bytes(view[23:26]) != b"\x9d\x01\x2a" or view[20] & 1:
             raise DecodeError("WebP: VP8 chunk does not start with a key frame")
         width, height = struct.unpack_from("<HH", view, 26)
         return ImageHeader("webp", width & 0x3FFF, height & 0x3FFF, 3)

@@ -127,7 +127,7 @@ def walk(view: memoryview) -> JpegHeader:
             irregular = irregular or _huffman_tables(body, tables)
         elif marker == _DRI:
             irregular = irregular or ("" if len(body) == 2 else f"DRI segment of {len(body)} bytes, not 2")
-        elif marker == _APP1 and body[:5] == b"Exif\x00":
+        elif marker == _APP1 and bytes(body[:5]) == b"Exif\x00":
             this = exif_orientation(body[6:])
             conflict = conflict or (orientation is not None and this != orientation)
             orientation = this if orientation is None else orientation

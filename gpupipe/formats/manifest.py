@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import TarMember
@@ -58,12 +59,17 @@ class ShardEntry:
     offsets: np.ndarray = field(repr=False)
     crc32: np.ndarray | None = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        offs = np.array(self.offsets, dtype=np.int64)  # a copy we own, whatever was given
+    def __init__(self, name: str, num_samples: int, size: int, sha256: str, offsets: ArrayLike,
+                 crc32: ArrayLike | None = None) -> None:
+        """``offsets`` and ``crc32``: any integer sequences; the fields hold read-only copies."""
+        for attr, value in (("name", name), ("num_samples", num_samples), ("size", size), ("sha256", sha256)):
+            object.__setattr__(self, attr, value)
+        offs = np.array(offsets, dtype=np.int64)  # a copy we own, whatever was given
         offs.flags.writeable = False
         object.__setattr__(self, "offsets", offs)
-        if self.crc32 is not None:
-            crcs = np.array(self.crc32, dtype=np.int64)
+        object.__setattr__(self, "crc32", None)
+        if crc32 is not None:
+            crcs = np.array(crc32, dtype=np.int64)
             if len(crcs) != self.num_samples or ((crcs < 0) | (crcs >= 1 << 32)).any():
                 raise ShardFormatError(f"manifest lists {len(crcs)} crc32 values for {self.num_samples} samples "
                                        "(need one 32-bit value per sample)", shard=self.name)
@@ -78,16 +84,14 @@ class ShardEntry:
         if (np.diff(offs) < 0).any() or (len(offs) and (offs[0] < 0 or offs[-1] > self.size)):
             raise ShardFormatError("manifest offsets are not increasing within the shard size", shard=self.name)
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # (and so no __hash__: entries are compared, not hashed)
         if not isinstance(other, ShardEntry):
             return NotImplemented
-        same_crc = (self.crc32 is None) == (other.crc32 is None) and (
-            self.crc32 is None or np.array_equal(self.crc32, other.crc32))
+        a, b = self.crc32, other.crc32
+        same_crc = (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
         return (self.name, self.num_samples, self.size, self.sha256) == (
             other.name, other.num_samples, other.size, other.sha256) and np.array_equal(
             self.offsets, other.offsets) and same_crc
-
-    __hash__ = None  # mutable-looking content; entries are compared, not hashed
 
     def byte_range(self, start: int, stop: int) -> tuple[int, int]:
         """Bytes holding samples ``[start, stop)`` of this shard."""

@@ -32,8 +32,10 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError, ShardFormatError, StorageError
 from gpupipe.core.types import Sample
@@ -99,11 +101,20 @@ class RowGroupTable:
     ranges: np.ndarray = field(repr=False)
     crc32: np.ndarray | None = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        for name in ("file_sizes", "footer_sizes", "file", "index", "first_row", "rows", "ranges"):
-            object.__setattr__(self, name, _read_only(getattr(self, name)))
-        if self.crc32 is not None:
-            object.__setattr__(self, "crc32", _read_only(self.crc32))
+    def __init__(self, columns: Columns, files: NameList, file_sizes: ArrayLike, footer_sizes: ArrayLike,
+                 footer_blob: bytes, file: ArrayLike, index: ArrayLike, first_row: ArrayLike, rows: ArrayLike,
+                 ranges: ArrayLike, crc32: ArrayLike | None = None) -> None:
+        """The array-likes: any integer sequences; the fields hold read-only int64 copies."""
+        for name, value in (("columns", columns), ("files", files), ("footer_blob", footer_blob)):
+            object.__setattr__(self, name, value)
+        arrays = {"file_sizes": file_sizes, "footer_sizes": footer_sizes, "file": file, "index": index,
+                  "first_row": first_row, "rows": rows, "ranges": ranges}
+        for name, values in arrays.items():
+            object.__setattr__(self, name, _read_only(values))
+        object.__setattr__(self, "crc32", None if crc32 is None else _read_only(crc32))
+        self._check()
+
+    def _check(self) -> None:
         n = len(self.rows)
         self.ranges.shape = (n, 4) if n else (0, 4)
         if not all(len(getattr(self, a)) == n for a in ("file", "index", "first_row")) or (
@@ -139,7 +150,7 @@ class RowGroupTable:
 
     def to_dict(self) -> dict:
         c = self.columns
-        doc = {"image_column": c.image, "image_field": c.image_field, "label_column": c.label,
+        doc: dict[str, Any] = {"image_column": c.image, "image_field": c.image_field, "label_column": c.label,
                "string_labels": c.string_labels,
                "files": {"names": list(self.files), "sizes": self.file_sizes.tolist(),
                          "footers": self.footer_sizes.tolist(),
@@ -268,7 +279,7 @@ def describe_parquet(names: Sequence[str], sizes: Sequence[int], footers: Sequen
                            url=root)
     table = RowGroupTable(columns, NameList(names), list(sizes), [len(f) for _, f in footers],
                           b"".join(f for _, f in footers), **rows)
-    return table, classlabel_names(schema, columns.label)
+    return table, () if columns.label is None else classlabel_names(schema, columns.label)
 
 
 def parquet_classes(columns: Columns, named: Sequence[str], strings: Iterable[str] | None,
@@ -367,6 +378,8 @@ def is_image_type(t) -> bool:
 def classlabel_names(schema, label: str | None) -> tuple[str, ...]:
     """Class names from Hugging Face ``datasets`` metadata (``ClassLabel(names=...)``), if any."""
     raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None or label is None:
+        return ()
     try:
         feature = json.loads(raw)["info"]["features"][label]
         return tuple(str(n) for n in feature["names"]) if feature.get("_type") == "ClassLabel" else ()
@@ -436,7 +449,7 @@ def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta
         label, why = _row_label(raw, index, classes)
         if not data:
             why = "the image cell is null" if data is None else "the image is empty (0 bytes)"
-        if why:
+        if why or data is None:
             problems[i] = ShardFormatError(f"sample {key!r}: {why}", shard=url)
             samples.append(None)
             continue

@@ -257,7 +257,9 @@ def group_by_key(members: Iterable[TarMember], *, shard: str = "") -> Iterator[S
     Members without an extension (or with an empty key, such as ``._x`` files)
     are skipped and logged. A repeated extension within one key raises.
     """
-    key, fields, start = None, {}, 0
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    start = 0
     for m in members:
         k, ext = split_name(m.name)
         if not k:

@@ -43,7 +43,7 @@ class ShardSink:
             self._flush()
 
     def _flush(self) -> None:
-        if self._writer is None or not self._writer.offsets:
+        if self._writer is None or self._buf is None or not self._writer.offsets:  # (the two are set together)
             return
         self._writer.close()
         data = self._buf.getvalue()

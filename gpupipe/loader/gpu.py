@@ -13,8 +13,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,10 +24,13 @@ from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.machine import default_num_workers
 from gpupipe.core.types import World
-from gpupipe.decode import DecodedBatch, make_decoder
+from gpupipe.decode import DecodedBatch, Decoder, make_decoder
 from gpupipe.loader.encoded import EncodedLoader
 from gpupipe.loader.stages import END, Stage, Stages
 from gpupipe.stream.batch import EncodedBatch
+
+if TYPE_CHECKING:
+    from gpupipe.augment.stage import AugmentStage
 
 __all__ = ["GpuLoader", "StageStats"]
 
@@ -96,7 +100,7 @@ class GpuLoader:
         self.timeline: list[tuple[str, float, float]] | None = None  # a list: (stage, start, end) per batch
         self.overlap = True  # decode and augment in two threads; False: one thread does both (for A/B runs)
         self.augment_threads: int | None = None  # torch threads in the augment stage's thread (None: torch's)
-        self._decoder = None  # built on first use, in this (the training) process
+        self._decoder: Decoder | None = None  # built on first use, in this (the training) process
 
     # -- delegated -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -124,7 +128,7 @@ class GpuLoader:
         return manifest.classes if manifest is not None else ()
 
     @property
-    def decoder(self):
+    def decoder(self) -> Decoder:
         if self._decoder is None:
             self._decoder = make_decoder(self.split.decode, self.device)
             log.info("gpupipe: decoding with %s on %s", self._decoder.name, self.device)
@@ -145,18 +149,20 @@ class GpuLoader:
         return time.perf_counter() - t0
 
     # -- iteration --------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[DecodedBatch]:
+    def __iter__(self) -> Generator[DecodedBatch, None, None]:  # close() stops the stage threads
         ledger = self.ledger
         ledger.begin()
         decoder = self.decoder
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         timeline = self.timeline is not None
         stages = [Stage("decode", functools.partial(self._decode, decoder, side), timeline=timeline)]
-        if self.augment is not None and self.overlap:
-            stages.append(Stage("augment", functools.partial(self._augment, side), timeline=timeline,
+        augment = self.augment
+        if augment is not None and self.overlap:
+            stages.append(Stage("augment", functools.partial(self._augment, augment, side), timeline=timeline,
                                 threads=self.augment_threads))
-        elif self.augment is not None:  # one thread decodes, then augments (benchmarks/overlap_bench.py)
-            stages = [Stage("decode", _then(stages[0].run, functools.partial(self._augment, side)), timeline=timeline)]
+        elif augment is not None:  # one thread decodes, then augments (benchmarks/overlap_bench.py)
+            stages = [Stage("decode", _then(stages[0].run, functools.partial(self._augment, augment, side)),
+                            timeline=timeline)]
         run = Stages(self.encoded.batches, stages, self.split.prefetch)
         try:
             while True:
@@ -192,11 +198,12 @@ class GpuLoader:
             out.valid = out.valid.to(self.device, non_blocking=True)
         return out, (encoded.chunk, encoded.batch)
 
-    def _augment(self, side, item: tuple[DecodedBatch, tuple[int, int]]) -> tuple[DecodedBatch, tuple[int, int]]:
+    def _augment(self, augment: AugmentStage, side,
+                 item: tuple[DecodedBatch, tuple[int, int]]) -> tuple[DecodedBatch, tuple[int, int]]:
         """The augment stage, on the same side stream (so it runs after its decode on a GPU)."""
         out, place = item
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            return self.augment(out), place
+            return augment(out), place
 
     def _account(self, run: Stages, stages: list[Stage]) -> None:
         busy = {s.name: s.busy_s for s in stages}

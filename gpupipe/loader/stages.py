@@ -71,9 +71,10 @@ class Stages:
                  name: str = "gpupipe") -> None:
         _hook_interpreter_exit()
         self.event = threading.Event()
-        self.queues = [queue.Queue(maxsize=1) for _ in stages[:-1]] + [queue.Queue(maxsize=prefetch)]
+        self.queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=1) for _ in stages[:-1]] + [
+            queue.Queue(maxsize=prefetch)]
         self.wait_source_s = 0.0  # the first stage waiting for its source (the workers)
-        inputs = [None, *self.queues[:-1]]
+        inputs: list[queue.Queue[Any] | None] = [None, *self.queues[:-1]]
         self.threads = [threading.Thread(target=self._loop, args=(stage, inputs[i], self.queues[i], source),
                                          daemon=True, name=f"{name}-{stage.name}") for i, stage in enumerate(stages)]
         _LIVE.add(self)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.folder import LABEL_FILES, FolderListing, folder_table, parse_label_file
@@ -97,6 +99,8 @@ def _footers(fetcher: Fetcher, urls: Sequence[str], sizes: Sequence[int]) -> lis
 def _string_classes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str], metas) -> tuple[str, ...]:
     """The sorted distinct string labels: the label column chunks of every row group."""
     label = table.columns.label
+    if label is None:  # string labels need a label column
+        return ()
     found: set[str] = set()
     chunks = fetcher.read_many((ByteRange(urls[int(table.file[g])], int(table.ranges[g][2]),
                                           int(table.ranges[g][3])), "") for g in range(len(table)))
@@ -123,11 +127,12 @@ def with_checksums(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str],
                 raise got
             tick(len(got))
             crcs.append(zlib.crc32(got))
-        return replace(manifest, objects=replace(t, crc32=crcs))
-    t = manifest.parquet
-    crcs = [_group_crc(got, tick) for got in _group_bytes(fetcher, t, urls)]
-    table = replace(t, crc32=crcs)
-    return replace(manifest, parquet=table)
+        return replace(manifest, objects=replace(t, crc32=np.array(crcs, dtype=np.int64)))
+    table = manifest.parquet
+    if table is None:
+        raise ValueError("with_checksums: a tar manifest has its checksums already (gpupipe index writes them)")
+    group_crcs = [_group_crc(got, tick) for got in _group_bytes(fetcher, table, urls)]
+    return replace(manifest, parquet=replace(table, crc32=np.array(group_crcs, dtype=np.int64)))
 
 
 def _group_bytes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str]) -> Iterator[list]:

@@ -32,13 +32,13 @@ import logging
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.formats.delta import DELTA_INDEX, is_delta, latest_version, parse_index, read_snapshot, split_version
+from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.rowgroups import require_pyarrow
@@ -69,11 +69,16 @@ class Source:
     labels: str | None = None
     classes: tuple[str, ...] | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.url, list):
-            object.__setattr__(self, "url", tuple(self.url))
-        if self.classes is not None:
-            object.__setattr__(self, "classes", tuple(self.classes))
+    def __init__(self, url: str | Sequence[str], storage_options: Mapping[str, Any] | None = None,
+                 image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
+                 classes: Sequence[str] | None = None) -> None:
+        """A list of URLs (or of class names) is kept as a tuple."""
+        fields = {"url": url if isinstance(url, str) else tuple(url),
+                  "storage_options": {} if storage_options is None else storage_options,
+                  "image_column": image_column, "label_column": label_column, "labels": labels,
+                  "classes": None if classes is None else tuple(classes)}
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
         if not self.url:
             raise ConfigError("source.url: empty; give a folder, a pattern or a list of shard URLs")
 
@@ -88,15 +93,19 @@ class UnitURLs(Sequence[str]):
     def __len__(self) -> int:
         return len(self._names) if self._file_of is None else len(self._file_of)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self.root + self._names[int(i if self._file_of is None else self._file_of[i])]
 
-    def __eq__(self, other: object) -> bool:
+    def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         return isinstance(other, UnitURLs) and list(self) == list(other)
-
-    __hash__ = None
 
 
 @dataclass(frozen=True)
@@ -210,8 +219,9 @@ def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
 def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:
     """An image folder or Parquet files, described from one listing (``None``: tar shards)."""
     listing = _listing(fetcher, folder)
-    if is_delta(listing):
-        return _delta_source(fetcher, folder, source, latest_version(listing), warn)
+    version = latest_version(listing)
+    if version is not None:  # a Delta table
+        return _delta_source(fetcher, folder, source, version, warn)
     if listing.kind == "tar":
         return None
     if listing.kind == "empty":

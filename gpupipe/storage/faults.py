@@ -58,7 +58,7 @@ class Fault(Enum):
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc``, then what caused it (``__cause__``/``__context__``, aiohttp's ``os_error``)."""
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo and len(seen) < 12:
         e = todo.pop(0)
         if e is None or id(e) in seen:

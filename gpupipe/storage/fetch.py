@@ -259,7 +259,8 @@ class Fetcher:
         if self._cache is None:
             return
         for _, _, b, v in self._blocks([(r, version)]):
-            self._cache.discard(BlockCache.key(b.url, b.start, b.stop, v))
+            if b.stop is not None:  # always: _blocks gives each block its stop
+                self._cache.discard(BlockCache.key(b.url, b.start, b.stop, v))
 
     def read_fresh(self, r: ByteRange, version: str = "") -> list[bytes] | StorageError:
         """``r`` again, block by block as :meth:`read_many` cut it, bypassing (and
@@ -285,7 +286,7 @@ class Fetcher:
             self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
         pending: deque[tuple[int, int, Future]] = deque()  # (range index, block bytes, future)
         blocks = self._blocks(ranges)
-        done: dict[int, list[bytes]] = {}
+        done: dict[int, list[bytes | StorageError]] = {}
         counts: dict[int, int] = {}
         next_out, in_flight = 0, 0
         exhausted = False
@@ -312,7 +313,8 @@ class Fetcher:
             done.setdefault(index, []).append(data)
             while next_out in counts and len(done.get(next_out, ())) == counts[next_out]:
                 parts = done.pop(next_out)
-                yield next((p for p in parts if isinstance(p, StorageError)), parts)
+                error = next((p for p in parts if isinstance(p, StorageError)), None)
+                yield error if error is not None else [p for p in parts if isinstance(p, bytes)]
                 next_out += 1
 
     def _blocks(self, ranges: Iterable[tuple[ByteRange, str]]) -> Iterator[tuple[int, int, ByteRange, str]]:

@@ -85,7 +85,7 @@ def _window(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], in_flight
                 r = item[0]
                 if r.stop is None:
                     raise ValueError(f"fetch_objects needs the size of {r.url}")
-                pending.append((r.stop - r.start, asyncio.run_coroutine_threadsafe(_get(fetcher, r), loop)))
+                pending.append((r.stop - r.start, asyncio.run_coroutine_threadsafe(_get(fetcher, r.url, r.start, r.stop), loop)))
                 ahead += r.stop - r.start
             if not pending:
                 return
@@ -103,25 +103,25 @@ def _window(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], in_flight
             fut.cancel()
 
 
-async def _get(fetcher: Fetcher, r: ByteRange) -> bytes:
-    """One ranged GET, retried by the fetcher's rules (:meth:`Fetcher.give_up` decides and
-    counts; the wait is on this loop, not a thread)."""
+async def _get(fetcher: Fetcher, url: str, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of ``url`` in one ranged GET, retried by the fetcher's rules
+    (:meth:`Fetcher.give_up` decides and counts; the wait is on this loop, not a thread)."""
     fs, cfg, stats = fetcher.fs, fetcher.config, fetcher.stats
-    path = fs._strip_protocol(r.url)
+    path = fs._strip_protocol(url)
     for n in range(cfg.retries + 1):
         try:
-            data = await asyncio.wait_for(fs._cat_file(path, start=r.start, end=r.stop), cfg.request_timeout_s)
+            data = await asyncio.wait_for(fs._cat_file(path, start=start, end=stop), cfg.request_timeout_s)
             stats.requests += 1
             stats.bytes += len(data)
-            if len(data) != r.stop - r.start:
-                raise _ShortBody(f"got {len(data)} of {r.stop - r.start} bytes for range [{r.start}, {r.stop})")
+            if len(data) != stop - start:
+                raise _ShortBody(f"got {len(data)} of {stop - start} bytes for range [{start}, {stop})")
             fetcher.answered = True
             return bytes(data)
         except Exception as exc:  # classified by give_up, exactly as for every other read
-            error = fetcher.give_up(exc, r.url, attempts=n + 1)
+            error = fetcher.give_up(exc, url, attempts=n + 1)
             if error is not None:
                 raise error from exc
             delay = _JITTER.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
-            log.debug("retrying %s in %.2fs after %s", r.url, delay, type(exc).__name__)
+            log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
             await asyncio.sleep(delay)
     raise AssertionError("unreachable: give_up ends the last attempt")

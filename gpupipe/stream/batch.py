@@ -6,7 +6,7 @@ tensors, one of them the bytes) and pinnable for an asynchronous copy.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -49,7 +49,7 @@ class EncodedBatch:
     def image(self, i: int) -> memoryview:
         """Encoded bytes of image ``i`` (a view, no copy)."""
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-        return memoryview(self.data.numpy())[a:b]
+        return self.data.numpy().data[a:b]
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +83,7 @@ def label_of(sample: Sample) -> int:
     return -1
 
 
-def pack(samples: Sequence[Sample], valid: Sequence[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
+def pack(samples: Sequence[Sample], valid: Iterable[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
          shared: bool = False) -> EncodedBatch:
     """Concatenate the samples' encoded images into one buffer; labels are the
     samples' parsed ``label`` (the stream checks and parses them).
@@ -104,7 +104,7 @@ def pack(samples: Sequence[Sample], valid: Sequence[bool], *, epoch: int = 0, ch
     meta[1, :n] = torch.tensor([s.label for s in samples], dtype=torch.int64)
     meta[2, :n] = torch.tensor([s.sample_id for s in samples], dtype=torch.int64)
     meta[3, :n] = torch.tensor([bool(v) and size > 0 for v, size in zip(valid, sizes)], dtype=torch.int64)
-    view = memoryview(data.numpy())
+    view = data.numpy().data
     for img, a, b in zip(images, offsets[:-1].tolist(), offsets[1:].tolist()):
         view[a:b] = img
     return EncodedBatch(

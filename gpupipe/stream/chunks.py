@@ -151,7 +151,7 @@ def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, ski
     out: list[Sample] = []
     for i, s in enumerate(span.samples):
         try:
-            if i in span.problems:
+            if i in span.problems or s is None:  # (a None sample always has its problem)
                 raise span.problems[i]
             out.append(_checked(s, url, first_id + i))
         except GpupipeError as exc:
@@ -199,6 +199,7 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
 
 def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) -> Iterator[ReadSpan]:
     """Tar shards: each span is one byte range, from the manifest's offsets."""
+    assert source.manifest is not None, "iter_chunks checked it"
     entries = source.manifest.shards
     pending: deque[Span] = deque()
 

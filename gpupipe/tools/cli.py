@@ -179,11 +179,12 @@ def _inspect_size(n: int) -> str:
     """Bytes in the largest binary unit that keeps a whole number in front: ``43.0 MiB``, ``5.2 KiB``, ``310 B``."""
     if n < 1024:
         return f"{n} B"
+    size = float(n)
     for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} TiB"
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} TiB"
 
 
 # ---------------------------------------------------------------- demo

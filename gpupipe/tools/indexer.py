@@ -22,7 +22,7 @@ from gpupipe.formats.delta import DELTA_INDEX, index_json
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
 from gpupipe.sources.classes import CLASSES_NAME, class_lines
 from gpupipe.sources.inplace import with_checksums
-from gpupipe.sources.source import Source, expand_pattern, resolve
+from gpupipe.sources.source import Source, UnitURLs, expand_pattern, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
 
 __all__ = ["index", "index_in_place"]
@@ -47,9 +47,10 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
     source = Source(url, dict(storage_options or {}), image_column=image_column, label_column=label_column,
                     labels=labels, classes=None if classes is None else tuple(classes))
     resolved = resolve(source, fetch, use_index=False)
-    if resolved.kind == "tar":
-        return None
     manifest = resolved.manifest
+    if manifest is None or manifest.kind == "tar":
+        return None
+    assert isinstance(resolved.shard_urls, UnitURLs), "a source read in place names its units so"
     root = resolved.shard_urls.root
     fs, folder = open_filesystem(root, storage_options)
     if checksums:

@@ -29,14 +29,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
-from gpupipe.formats.folder import object_sample
+from gpupipe.formats.folder import ObjectTable, object_sample
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
-from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
+from gpupipe.formats.rowgroups import Pieces, RowGroupTable, read_footer, row_group_samples
 from gpupipe.formats.writer import ShardSink
 from gpupipe.plan import shuffle_buffer
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
@@ -80,7 +80,8 @@ class IngestReport:
         return "\n".join(lines)
 
 
-class _Item(NamedTuple):
+@dataclass(frozen=True)
+class _Item:
     """One input sample: ``where`` it is (for the report), ``rel`` (its path under the source,
     which decides the val split) and the sample as the format's reader gives it -- or
     ``None`` and why it cannot be used."""
@@ -136,14 +137,17 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     with storage_errors(src):  # a storage backend's error becomes one line naming src
         resolved = _resolve(fetcher, src, root, source)
     manifest, rng = resolved.manifest, _rng(seed)
+    assert manifest is not None, "_resolve gives a source read in place, which a manifest describes"
     classes = manifest.classes
     skipped: list[tuple[str, str]] = []
     for path, reason in resolved.skipped:
         _skip(skipped, path, reason)
     if manifest.objects is not None:
-        items = _folder_items(fetcher, resolved, rng, shuffle=shuffle, workers=workers)
+        items = _folder_items(fetcher, manifest.objects, resolved.shard_urls, rng, shuffle=shuffle, workers=workers)
     else:
-        items = _parquet_items(fetcher, resolved, rng, shuffle=shuffle, workers=workers)
+        assert manifest.parquet is not None, "a manifest read in place lists objects or row groups"
+        items = _parquet_items(fetcher, manifest.parquet, classes, resolved.shard_urls, rng, shuffle=shuffle,
+                               workers=workers)
     splits = ("train", "val") if val_fraction else ("",)
     sinks = {s: ShardSink(f"{dst.rstrip('/')}/{s}" if s else dst, shard_size=shard_size, classes=classes,
                           storage_options=dst_options) for s in splits}
@@ -244,10 +248,9 @@ def _where(fetcher: Fetcher, url: str) -> str:
     return fetcher.fs._strip_protocol(url)
 
 
-def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: bool, workers: int
+def _folder_items(fetcher: Fetcher, table: ObjectTable, urls: Sequence[str], rng, *, shuffle: bool, workers: int
                   ) -> Iterator[_Item]:
     """The images, read concurrently in (shuffled) order, as the in-place reader makes them."""
-    table, urls = resolved.manifest.objects, resolved.shard_urls
     order = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
 
     def read(i: int) -> _Item:
@@ -264,12 +267,11 @@ def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: b
     return _ordered_map(read, order, workers, workers * _READS_AHEAD_PER_WORKER)
 
 
-def _parquet_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: bool, workers: int
-                   ) -> Iterator[_Item]:
+def _parquet_items(fetcher: Fetcher, table: RowGroupTable, classes: Sequence[str], urls: Sequence[str], rng, *,
+                   shuffle: bool, workers: int) -> Iterator[_Item]:
     """The rows: row groups in (permuted) order, each its image and label column chunks read
     and decoded as the in-place reader does, ``workers`` at a time, then mixed by a bounded
     shuffle buffer."""
-    table, urls, classes = resolved.manifest.parquet, resolved.shard_urls, resolved.manifest.classes
     groups = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
     footers: dict[int, Any] = {}  # file -> parsed footer (a race only parses one twice)
     # a row's path under the source, for the val split, is "<file>#row<n>" as it always was:
@@ -313,15 +315,11 @@ def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahea
         pending = deque(pool.submit(fn, x) for x in itertools.islice(it, max(ahead, 1)))
         while pending:
             done = pending.popleft()
-            nxt = next(it, _END)
-            if nxt is not _END:
+            for nxt in itertools.islice(it, 1):  # the next item, if any
                 pending.append(pool.submit(fn, nxt))
             yield done.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-_END = object()
 
 
 def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], *, max_pixels: int | None,

@@ -74,7 +74,7 @@ class ImageClassifier(pl.LightningModule):
     def setup(self, stage: str) -> None:
         """Match the head to the data's class count (build it, when ``num_classes`` is None)."""
         classes = _data_classes(self._trainer)
-        wanted = self.hparams.num_classes
+        wanted = self.hparams["num_classes"]  # (an AttributeDict, typed by Lightning as a MutableMapping)
         if wanted is None and not classes:
             raise ConfigError("model.num_classes: not set, and the data names no classes (its index.json lists "
                               "none); set --model.num_classes N, or source.classes in the data config")
@@ -83,7 +83,7 @@ class ImageClassifier(pl.LightningModule):
                               f"must have one output per class; leave num_classes unset to take {len(classes)} "
                               "from the data")
         if self.net is None:
-            self.net = ARCHITECTURES[self.hparams.arch](len(classes))
+            self.net = ARCHITECTURES[self.hparams["arch"]](len(classes))
             self.save_hyperparameters({**self.hparams, "num_classes": len(classes)})  # checkpoints say the number
         self._check_labels = not classes
 
@@ -113,7 +113,7 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        return torch.optim.SGD(self.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
 
 
 def _data_classes(trainer) -> tuple[str, ...]:

@@ -150,9 +150,9 @@ def _grid(images, captions: Sequence[str], before=None):
     for i in range(n):
         x = _PAD + (i % grid.cols) * (tile_w + _PAD)
         y = _PAD + (i // grid.cols) * (tile_h + _CAPTION + _PAD)
-        canvas.paste(Image.fromarray(images[i]).resize((half, tile_h), Image.NEAREST), (x + tile_w - half, y))
+        canvas.paste(Image.fromarray(images[i]).resize((half, tile_h), Image.Resampling.NEAREST), (x + tile_w - half, y))
         if before is not None:
-            canvas.paste(Image.fromarray(before[i]).resize((half, tile_h), Image.BILINEAR), (x, y))
+            canvas.paste(Image.fromarray(before[i]).resize((half, tile_h), Image.Resampling.BILINEAR), (x, y))
         draw.text((x + 1, y + tile_h + 1), _fit(draw, captions[i], tile_w), fill=(235, 235, 235))
     return canvas
 

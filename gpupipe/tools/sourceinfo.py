@@ -10,7 +10,7 @@ first object names (``c0/img1.jpg``) or the keys the loader gives the first rows
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupipe.core.types import ByteRange
@@ -56,7 +56,7 @@ def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys:
     return out
 
 
-def _first_samples(fs, shard_urls: tuple[str, ...], manifest: Manifest | None, keys: int) -> list:
+def _first_samples(fs, shard_urls: Sequence[str], manifest: Manifest | None, keys: int) -> list:
     if manifest is None:
         url = shard_urls[0]
         with fs.open(fs._strip_protocol(url), "rb") as f:

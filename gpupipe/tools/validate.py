@@ -272,7 +272,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = "exit status: 0 all good, 1 some samples quarantined, 2 bad input"
 
 
-def _target(args: argparse.Namespace) -> tuple[object, dict, str, int | None]:
+def _target(args: argparse.Namespace) -> tuple[str | Sequence[str] | Source, dict, str, int | None]:
     """(url or Source, storage options, backend, max_pixels) from the command line or the config."""
     if (args.url is None) == (args.config is None):
         raise ConfigError("give a dataset URL or --config FILE (one of them)")

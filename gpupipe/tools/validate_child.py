@@ -141,15 +141,14 @@ class ChildDecoder:
     def __init__(self, config, device: str = "cpu", factory: str | None = None):
         self.config, self.device, self.factory = config, str(device), factory or FACTORY
         self.describe = ""  # "dali on cpu", once the first child has said so
-        self._process: subprocess.Popen | None = None
-        self._conn = None
+        self._process: subprocess.Popen | None = None  # the child and its pipes: both set, or neither
+        self._conn: _Pair | None = None
 
     def verdicts(self, images: Sequence[tuple[str, bytes]]) -> list[str | None]:
         """:func:`verdicts` in the child; raises :class:`ChildDied` if the child dies meanwhile."""
-        if self._process is None:
-            self._start()
+        _, conn = self._start() if self._process is None else self._running()
         try:
-            self._conn.send(list(images))
+            conn.send(list(images))
         except OSError:  # BrokenPipeError and the like: it died between two batches
             raise self._died() from None
         status, value = self._answer()
@@ -157,18 +156,25 @@ class ChildDecoder:
             raise DecodeError(f"the decoder raised {value}")
         return value
 
-    def _start(self) -> None:
+    def _running(self) -> tuple[subprocess.Popen, _Pair]:
+        """The child and its pipes; :class:`ChildDied` when none runs (it died, or was closed)."""
+        if self._process is None or self._conn is None:
+            raise ChildDied("the decoding process is not running")
+        return self._process, self._conn
+
+    def _start(self) -> tuple[subprocess.Popen, _Pair]:
         from multiprocessing.connection import Connection
 
         down_r, down_w = os.pipe()  # parent -> child
         up_r, up_w = os.pipe()  # child -> parent
-        self._process = subprocess.Popen([sys.executable, "-m", __name__, str(down_r), str(up_w)],
-                                         pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
+        process = subprocess.Popen([sys.executable, "-m", __name__, str(down_r), str(up_w)],
+                                   pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
         os.close(down_r)
         os.close(up_w)
-        self._conn = _Pair(Connection(up_r, writable=False), Connection(down_w, readable=False))
+        conn = _Pair(Connection(up_r, writable=False), Connection(down_w, readable=False))
+        self._process, self._conn = process, conn
         try:
-            self._conn.send((self.factory, self.config, self.device, list(sys.path)))
+            conn.send((self.factory, self.config, self.device, list(sys.path)))
             status, value = self._answer()
         except (ChildDied, OSError) as exc:
             self.close()
@@ -178,39 +184,43 @@ class ChildDecoder:
             self.close()
             raise DecodeError(f"the decoder could not be built in its process: {value}")
         self.describe = value
+        return process, conn
 
     def _answer(self):
         """The child's next message; :class:`ChildDied` if it dies before sending one."""
+        process, conn = self._running()
         while True:
             try:
-                if self._conn.poll(_POLL_S):
-                    return self._conn.recv()
+                if conn.poll(_POLL_S):
+                    return conn.recv()
             except (EOFError, OSError):
                 raise self._died() from None
-            if self._process.poll() is not None:
+            if process.poll() is not None:
                 raise self._died()
 
     def _died(self) -> ChildDied:
-        code = self._process.wait()
-        self._conn.close()
+        process, conn = self._running()
+        code = process.wait()
+        conn.close()
         self._process = self._conn = None
         if code < 0:
             return ChildDied(signal.Signals(-code).name)
         return ChildDied(f"exit code {code}")
 
     def close(self) -> None:
-        if self._process is None:
+        if self._process is None or self._conn is None:
             return
+        process, conn = self._process, self._conn
         try:
-            self._conn.send(None)
+            conn.send(None)
         except OSError:
             pass
         try:
-            self._process.wait(10)
+            process.wait(10)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        self._conn.close()
+            process.kill()
+            process.wait()
+        conn.close()
         self._process = self._conn = None
 
 

@@ -297,6 +297,21 @@ def test_containers_from_a_config():
         build_transform("RandomChoice", {"transforms": [{"name": "ColourJitter"}]})
 
 
+def test_a_model_holding_transforms_can_still_apply_a_function_to_its_modules():
+    """``nn.Module.apply(fn)`` calls ``apply(fn)`` on every submodule: a transform's ``apply``
+    (images, params) used to take that call and raise, so ``model.apply(init_weights)`` failed."""
+    model = torch.nn.Module()
+    model.augment = T.Compose([T.RandomHorizontalFlip(), T.RandomApply([T.RandomGrayscale(1.0)]),
+                               T.Normalize([0.5], [0.2])], compile=False)
+    model.mix = T.MixUp(num_classes=3)
+    seen = []
+    assert model.apply(lambda m: seen.append(type(m).__name__)) is model
+    assert {"Compose", "RandomHorizontalFlip", "RandomApply", "RandomGrayscale", "Normalize", "MixUp"} <= set(seen)
+    x, key = _uint8(2, 8, 8).float() / 255, _key(2)
+    torch.testing.assert_close(model.augment.apply(x, model.augment.make_params(x, key)), model.augment(x, key))
+    assert callable(model.augment.compile)  # Compose(compile=...) no longer hides nn.Module.compile()
+
+
 def test_a_torchvision_transform_on_the_batch_is_warned_about(caplog):
     """A torchvision transform given as ``augment`` runs on the whole batch: one random draw
     for all its images. The stage says so and names from_torchvision. (Recognised by the

@@ -57,7 +57,7 @@ def test_every_field_of_every_section_is_a_keyword_or_said_not_to_be():
                 assert f.name not in KEYWORDS or KEYWORDS[f.name].path != path, path
                 continue
             keyword = KEYWORDS[f.name]
-            default = f.default if f.default is not MISSING else f.default_factory()
+            default = f.default if f.default is not MISSING else f.default_factory()  # as dataclasses does
             assert (keyword.path, keyword.annotation, keyword.default) == (path, f.type, default)
 
 

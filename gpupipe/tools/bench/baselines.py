@@ -26,9 +26,10 @@ import logging
 import os
 import tarfile
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from gpupipe.core.errors import ConfigError, DecodeError, MissingDependencyError
 
@@ -55,7 +56,7 @@ def folder_items(root: str) -> list[Item]:
 
 def shard_items(shards: Sequence[str]) -> list[Item]:
     """The image members of local tar shards, by offset (labels from their ``.cls`` members)."""
-    items = []
+    items: list[Item] = []
     for path in shards:
         with tarfile.open(path) as tar:
             pending: dict[str, list] = {}
@@ -66,8 +67,8 @@ def shard_items(shards: Sequence[str]) -> list[Item]:
                 entry = pending.setdefault(key, [None, 0])
                 if ext.lower() in ("jpg", "jpeg", "png", "webp", "bmp"):
                     entry[0] = (path, m.offset_data, m.size)
-                elif ext == "cls":
-                    entry[1] = int(tar.extractfile(m).read().decode().strip() or 0)
+                elif ext == "cls" and (f := tar.extractfile(m)) is not None:  # (never None for a file)
+                    entry[1] = int(f.read().decode().strip() or 0)
             items.extend((*e[0], e[1], key) for key, e in pending.items() if e[0] is not None)
     if not items:
         raise ConfigError(f"bench baseline: no images found in {len(shards)} shard(s)")
@@ -85,7 +86,7 @@ def _problem(where: str, exc: BaseException) -> str:
     return f"cannot decode {where} ({type(exc).__name__}: {exc})"
 
 
-class _ImageDataset:
+class _ImageDataset(Dataset):
     """Map-style dataset: read, Pillow-decode to RGB, run the per-sample pipeline.
 
     Item ``i`` gives ``(tensor, label, bad, problem)``: ``bad`` is 1 and ``problem`` says why
@@ -135,7 +136,7 @@ def _checked(bad, problems, on_error: str, counts: dict | None) -> None:
 
 
 def torch_batches(items: list[Item], pipeline: Callable, *, batch_size: int, workers: int, seed: int = 0,
-                  on_error: str = "raise", counts: dict | None = None) -> Iterator[int]:
+                  on_error: str = "raise", counts: dict | None = None) -> Generator[int, None, None]:
     """torch DataLoader (shuffled, drop_last, default collate), endless over epochs."""
     import torch
 
@@ -177,7 +178,8 @@ class _WdsSamples:
 
 
 def webdataset_batches(shards: Sequence[str], pipeline: Callable, *, batch_size: int, workers: int,
-                       seed: int = 0, on_error: str = "raise", counts: dict | None = None) -> Iterator[int]:
+                       seed: int = 0, on_error: str = "raise", counts: dict | None = None
+                       ) -> Generator[int, None, None]:
     """webdataset: resampled shards → shuffle(1000) → Pillow decode and per-sample steps
     → batched, in a ``WebLoader`` with ``workers`` processes; endless."""
     try:

@@ -13,12 +13,16 @@ with per-sample matrices drawn like torchvision's, ``ColorJitter`` →
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from gpupipe.augment.warp import check_interpolation
 from gpupipe.tools.bench.steps import Step, check_supported
+
+if TYPE_CHECKING:
+    from nvidia.dali.data_node import DataNode
 
 __all__ = ["DALI_SUPPORTED", "check_dali", "write_index", "dali_batches"]
 
@@ -63,7 +67,8 @@ def _interp_type(interpolation):
     from nvidia.dali import types
 
     name = check_interpolation(interpolation)
-    return {"nearest": types.INTERP_NN, "bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}[name]
+    modes = types.DALIInterpType
+    return {"nearest": modes.INTERP_NN, "bilinear": modes.INTERP_LINEAR, "bicubic": modes.INTERP_CUBIC}[name]
 
 
 def _apply(img, name: str, args: dict, size: tuple[int, int], seed: int):
@@ -80,7 +85,7 @@ def _apply(img, name: str, args: dict, size: tuple[int, int], seed: int):
         return fn.rotate(img, angle=fn.random.uniform(range=(lo, hi)), keep_size=True, fill_value=0,
                          interp_type=_interp_type(args.get("interpolation", "nearest")))
     if name in ("RandomHorizontalFlip", "RandomVerticalFlip"):
-        coin = fn.random.coin_flip(probability=args.get("p", 0.5), dtype=types.INT32)
+        coin = fn.random.coin_flip(probability=args.get("p", 0.5), dtype=types.DALIDataType.INT32)
         return fn.flip(img, horizontal=coin, vertical=0) if "Horizontal" in name else fn.flip(img, horizontal=0,
                                                                                               vertical=coin)
     if name == "RandomPerspective":
@@ -109,7 +114,7 @@ def _tail(img, steps: tuple[Step, ...]):
     for name, args in steps:
         if name == "Normalize":
             mean, std = list(args["mean"]), list(args["std"])
-    return fn.crop_mirror_normalize(img, dtype=types.FLOAT, output_layout="CHW", mean=[m * 255 for m in mean],
+    return fn.crop_mirror_normalize(img, dtype=types.DALIDataType.FLOAT, output_layout="CHW", mean=[m * 255 for m in mean],
                                     std=[s * 255 for s in std])
 
 
@@ -139,20 +144,21 @@ def _pipeline(shards: list[str], index: list[str], steps: tuple[Step, ...], *, i
               threads: int, gpu: bool, seed: int):
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0 if gpu else None, seed=seed,
-                  prefetch_queue_depth=2)
+    @pipeline_def(batch_size=batch_size, num_threads=threads, seed=seed, prefetch_queue_depth=2,
+                  # None (CPU only) is what DALI's docs and code take; its overload's annotation says int
+                  device_id=0 if gpu else None)  # type: ignore[arg-type]
     def pipe():
-        jpegs, labels = fn.readers.webdataset(paths=shards, index_paths=index, ext=["jpg", "cls"],
-                                              random_shuffle=True, initial_fill=1024,
-                                              missing_component_behavior="skip", name="reader")
-        img = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+        read = fn.readers.webdataset(paths=shards, index_paths=index, ext=["jpg", "cls"], random_shuffle=True,
+                                     initial_fill=1024, missing_component_behavior="skip", name="reader")
+        jpegs, labels = cast("Sequence[DataNode]", read)  # one output per ext (the stub says "any node(s)")
+        img = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.DALIImageType.RGB)
         size = tuple(image_size)
-        img = fn.resize(img, size=list(size), antialias=True, interp_type=types.INTERP_LINEAR)
+        out = fn.resize(img, size=list(size), antialias=True, interp_type=types.DALIInterpType.INTERP_LINEAR)
         for name, args in steps:
-            img = _apply(img, name, dict(args), size, seed)
+            out = _apply(out, name, dict(args), size, seed)
             if name == "Resize" and not isinstance(args["size"], int):
                 size = tuple(args["size"])
-        return _tail(img, steps), labels
+        return _tail(out, steps), labels
 
     p = pipe()
     p.build()
@@ -160,7 +166,7 @@ def _pipeline(shards: list[str], index: list[str], steps: tuple[Step, ...], *, i
 
 
 def dali_batches(shards: list[str], index: list[str], steps: Iterable[Step], *, image_size: tuple[int, int],
-                 batch_size: int, threads: int, device, seed: int = 0) -> Iterator[int]:
+                 batch_size: int, threads: int, device, seed: int = 0) -> Generator[int, None, None]:
     """Yield the size of each batch, forever (the reader wraps around epochs); each batch
     is handed to torch like gpupipe's (a copy on the CPU, the device tensor on a GPU)."""
     import torch

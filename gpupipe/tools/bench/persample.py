@@ -11,6 +11,7 @@ colour steps run before the cast even where the list names them after it.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -206,16 +207,21 @@ def perspective_coeffs(src, dst) -> list[float]:
     return np.linalg.solve(np.array(a, float), np.array(dst, float).ravel()).tolist()
 
 
+def _enhance(enhancer, factor: float, img):
+    """``enhancer(img).enhance(factor)`` (a Pillow ImageEnhance class)."""
+    return enhancer(img).enhance(factor)
+
+
 def _jitter(img, rng, brightness=0, contrast=0, saturation=0, hue=0, **_):
     """torchvision ColorJitter: factors in [1-x, 1+x] (hue in [-h, h]), in a random order."""
     from PIL import ImageEnhance
 
-    ops = []
+    ops: list[Callable[[Any], Any]] = []  # image -> image
     for value, enhancer in ((brightness, ImageEnhance.Brightness), (contrast, ImageEnhance.Contrast),
                             (saturation, ImageEnhance.Color)):
         if value:
             f = rng.uniform(max(0.0, 1 - value), 1 + value)
-            ops.append(lambda im, e=enhancer, f=f: e(im).enhance(f))
+            ops.append(functools.partial(_enhance, enhancer, f))
     if hue:
         shift = rng.uniform(-hue, hue)
         ops.append(lambda im: _shift_hue(im, shift))

@@ -23,7 +23,7 @@ import logging
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ class Target:
     image_size: tuple[int, int]
     batch_size: int
     steps: tuple[Step, ...]
-    make_gpupipe: Callable[[int, Any], Any]
+    make_gpupipe: Callable[[int | None, Any], Any]  # (num_workers, None: the config's; device)
     images_dir: str | None = None
     num_samples: int | None = None
     seed: int = 0
@@ -77,9 +77,10 @@ class _Runs:
 
 
 class _Opened:
-    """One loader at one worker count: ``stream()`` starts a fresh endless batch stream."""
+    """One loader at one worker count: ``stream()`` starts a fresh endless batch stream
+    (a generator: closing it stops the loader's workers)."""
 
-    def __init__(self, stream: Callable[[], Iterator[int]], info: dict, stats: Callable[[], dict] | None = None,
+    def __init__(self, stream: Callable[[], Generator[int, None, None]], info: dict, stats: Callable[[], dict] | None = None,
                  reset: Callable[[], None] | None = None):
         self.stream, self.info, self.stats, self.reset = stream, info, stats, reset
 
@@ -95,7 +96,7 @@ def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict)
     loader = target.make_gpupipe(workers, spec.device)
     epochs = iter(range(1, 1 << 30))
 
-    def stream() -> Iterator[int]:
+    def stream() -> Generator[int, None, None]:
         while True:
             loader.set_epoch(next(epochs))
             for batch in loader:
@@ -194,7 +195,7 @@ def _timed(opened: _Opened, spec: RunSpec, batches: int) -> dict:
             stream.close()  # workers stop (and are waited for) before the CPU time is read
         c1, t3 = cpu_seconds(), time.perf_counter()
     cores = _cores()
-    out = {"rate": images / (t2 - t1), "seconds": t2 - t1, "cpu": 100.0 * (c1 - c0) / ((t3 - t0) * cores),
+    out: dict[str, Any] = {"rate": images / (t2 - t1), "seconds": t2 - t1, "cpu": 100.0 * (c1 - c0) / ((t3 - t0) * cores),
            "sampled": sampler.result()}
     if cuda:
         out["sampled"]["gpu_max_memory_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

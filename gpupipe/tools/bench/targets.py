@@ -113,7 +113,7 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
             split = split if workers is None else dataclasses.replace(split, num_workers=workers)
             return GpuLoader(split, world=World(), device=device)
 
-        targets.append(Target(Path(path).stem, shards, tuple(cfg.decode.image_size), cfg.loader.batch_size,
+        targets.append(Target(Path(path).stem, shards, cfg.decode.image_size, cfg.loader.batch_size,
                               steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed,
                               on_error=str(getattr(cfg.decode.on_error, "value", cfg.decode.on_error))))
     return targets
