@@ -7,11 +7,12 @@ worker, and free of torch/CUDA state (``EncodedBatch`` lives in
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import overload
 
-__all__ = ["World", "ByteRange", "TarMember", "Sample", "ErrorPolicy"]
+__all__ = ["World", "ByteRange", "TarMember", "Sample", "ErrorPolicy", "StringTable"]
 
 
 class ErrorPolicy(str, Enum):
@@ -131,3 +132,30 @@ class Sample:
     offset: int = 0
     sample_id: int = -1
     label: int = -1
+
+
+class StringTable(Sequence[str]):
+    """A read-only sequence of strings made on demand (names in one blob, URLs from a root):
+    subclasses give ``__len__`` and ``_at(i)`` for ``0 <= i < len``; indexing from the end and
+    slices (a list) come from here."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _at(self, i: int) -> str:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._at(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} out of range for {n} strings")
+        return self._at(j)

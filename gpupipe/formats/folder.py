@@ -35,13 +35,13 @@ import logging
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
-from gpupipe.core.types import Sample
+from gpupipe.core.types import Sample, StringTable
 from gpupipe.formats.imageheader import field_name
 from gpupipe.formats.tar import MAX_MEMBER_BYTES, safe_key, sample_fields
 
@@ -64,7 +64,7 @@ def extension(path: str) -> str:
     return base.rpartition(".")[2].lower() if "." in base else ""
 
 
-class NameList(Sequence[str]):
+class NameList(StringTable):
     """Strings kept as one UTF-8 blob and int64 offsets: no Python object per name."""
 
     def __init__(self, names: Iterable[str] = ()):
@@ -76,17 +76,7 @@ class NameList(Sequence[str]):
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
+    def _at(self, i: int) -> str:
         return self._blob[self._offsets[i]:self._offsets[i + 1]].decode("utf-8")
 
     def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)

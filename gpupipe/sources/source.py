@@ -32,12 +32,12 @@ import logging
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, StorageError
-from gpupipe.core.types import ByteRange
+from gpupipe.core.types import ByteRange, StringTable
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -83,7 +83,7 @@ class Source:
             raise ConfigError("source.url: empty; give a folder, a pattern or a list of shard URLs")
 
 
-class UnitURLs(Sequence[str]):
+class UnitURLs(StringTable):
     """The URL of each unit of a source read in place, made on demand from the root and
     the names in its manifest: object ``i``, or the file of row group ``i``."""
 
@@ -93,16 +93,8 @@ class UnitURLs(Sequence[str]):
     def __len__(self) -> int:
         return len(self._names) if self._file_of is None else len(self._file_of)
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self.root + self._names[int(i if self._file_of is None else self._file_of[i])]
+    def _at(self, i: int) -> str:
+        return self.root + self._names[i if self._file_of is None else int(self._file_of[i])]
 
     def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         return isinstance(other, UnitURLs) and list(self) == list(other)
