@@ -75,6 +75,9 @@ def stop_workers(it) -> None:
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is None:
         return
+    if dead_workers(it):
+        _end_taking_no_shared_lock(it)
+        return
     try:
         shutdown()
     except RuntimeError:  # torch's SIGCHLD handler reporting a dead worker again as the others exit
@@ -85,6 +88,34 @@ def stop_workers(it) -> None:
         if proc.is_alive():
             proc.terminate()
             proc.join(timeout=1)
+
+
+def _end_taking_no_shared_lock(it) -> None:
+    """End the workers of an iterator one of whose workers died by a signal.
+
+    torch's shutdown sets the workers' done event and puts to their queues; each takes a lock
+    shared with the workers, and a worker killed while holding one (SIGKILL inside
+    ``done_event.is_set()``) leaves it held for ever: the shutdown, and with it the training
+    process, would hang (seen in CI). torch guards that with its SIGCHLD handler, which
+    :func:`_no_async_worker_errors` turns off; so here the live workers are terminated, the
+    queues let go without a join, and the iterator marked shut down (its ``__del__`` then
+    does nothing)."""
+    it._shutdown = True
+    pin_done = getattr(it, "_pin_memory_thread_done_event", None)
+    if pin_done is not None:
+        pin_done.set()  # a threading.Event: the pin-memory thread sees it within its poll
+    workers = list(getattr(it, "_workers", []))
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in workers:
+        proc.join(timeout=1)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=1)
+    for q in [*getattr(it, "_index_queues", []), getattr(it, "_worker_result_queue", None)]:
+        if q is not None:
+            q.cancel_join_thread()
 
 
 def describe_dead(it) -> list[tuple[int, str]]:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -189,6 +190,30 @@ def test_stop_workers_after_a_death_stops_the_others(running):
     assert procs[0].exitcode == -signal.SIGKILL
 
 
+def test_stop_workers_after_a_death_takes_no_lock_the_dead_worker_may_hold(running):
+    """A worker killed while holding the done event's lock (inside ``is_set()``) leaves it held:
+    torch's shutdown would wait on it for ever (a 300 s CI timeout). Here the lock is held by a
+    thread that never lets go, which is what the dead worker does; stop_workers still returns."""
+    it = running()
+    next(it)
+    procs = list(it._workers)
+    os.kill(procs[0].pid, signal.SIGKILL)
+    dead_workers(it, wait_s=5)
+    held = threading.Event()
+
+    def hold_for_ever():
+        it._workers_done_event._cond.acquire()
+        held.set()
+
+    threading.Thread(target=hold_for_ever, daemon=True).start()
+    assert held.wait(5)
+    stopper = threading.Thread(target=stop_workers, args=(it,), daemon=True)
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive(), "stop_workers waited on a lock a dead worker holds"
+    assert all(not p.is_alive() for p in procs) and it._shutdown
+
+
 def test_a_worker_stuck_in_an_item_is_terminated():
     """A worker inside a 60 s read never looks at its queue: torch waits its status interval
     (5 s) and terminates it; stop_workers returns with no worker left."""
@@ -225,13 +250,17 @@ def test_an_iterator_without_workers_is_left_alone():
         assert stop_workers(it) is None
 
 
-def test_a_shutdown_error_is_swallowed_only_when_a_worker_died():
+def test_after_a_death_torchs_shutdown_is_not_called_and_otherwise_its_errors_show():
+    calls = []
+
     def shutdown():
+        calls.append(1)
         raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed.")
 
     died = SimpleNamespace(_shutdown_workers=shutdown, _workers=[FakeProc(-9), FakeProc(None, 4243)])
     stop_workers(died)
-    assert [p.joined for p in died._workers] == [1, 2]  # each joined; the live one terminated, joined again
+    assert calls == [] and died._shutdown  # it could wait on a lock the dead worker holds
+    assert [p.joined for p in died._workers] == [1, 1]  # each joined once; the live one terminated first
     assert [p.terminated for p in died._workers] == [0, 1]
     assert describe_dead(died) == [(0, "DataLoader worker 0 (pid 4242, killed by SIGKILL)")]
     healthy = SimpleNamespace(_shutdown_workers=shutdown, _workers=[FakeProc(0)])
