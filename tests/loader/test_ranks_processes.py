@@ -1,0 +1,160 @@
+"""Ranks with real processes (issue 25): ``torchrun`` starts 2 simulated nodes x 2 processes
+on 127.0.0.1 (gloo). Ranks that disagree on the seed or on the data, and tar shards without an
+index, are refused at start by every rank, in seconds, naming what differs and where; processes
+started by srun or mpirun (their variables only, no ``RANK``/``LOCAL_RANK``) find their rank,
+world size and local rank. Each rank's outcome comes back as a file (``tests/ranks_script.py``)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from datagen import write_dataset
+
+TESTS = Path(__file__).resolve().parents[1]  # tests/: the helpers a subprocess imports
+SCRIPT = TESTS / "ranks_script.py"
+COUNTS = [13, 0, 21, 8, 1]  # 43 samples, one shard empty; batch 4 on 4 ranks: 3 steps, 5 padded positions
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                      "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARIABLES and not k.startswith(("SLURM_", "OMPI_", "PMI_", "MPI_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def _outcomes(out: Path, n: int, procs: list[subprocess.Popen]) -> list[dict]:
+    try:
+        logs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    missing = [r for r in range(n) if not (out / f"rank-{r}.json").exists()]
+    assert not missing, f"ranks {missing} wrote nothing: {[(p.returncode, log[1][-2000:]) for p, log in zip(procs, logs)]}"
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(n)]
+
+
+def _torchrun(tmp_path: Path, urls: dict[str, str], seeds: dict[str, int] | None = None) -> list[dict]:
+    """Two torchrun agents (node ranks 0 and 1), two processes each; each rank's outcome."""
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"urls": urls, "seeds": seeds or {}, "out": str(out), "timeout": 20}))
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
+                               f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                               str(SCRIPT), str(config)],
+                              env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for node in range(2)]
+    return _outcomes(out, 4, procs)
+
+
+def _what_was_read(ranks: list[dict]) -> str:
+    """What ranks that did not refuse read: samples twice and never (for the failure message)."""
+    seen = Counter(i for r in ranks if r["ok"] for i in r["ids"])
+    errors = [f"rank {n}: {r['type']}: {r['error'][:200]}" for n, r in enumerate(ranks) if not r["ok"]]
+    return (f"{sum(1 for c in seen.values() if c > 1)} samples read twice, "
+            f"{sum(1 for i in range(sum(COUNTS)) if i not in seen)} never; errors: {errors}")
+
+
+def _all_refused(ranks: list[dict], *needles: str) -> list[str]:
+    """Every rank raised ConfigError, in seconds, with all of ``needles`` in its message."""
+    assert all(not r["ok"] and r["type"] == "ConfigError" for r in ranks), _what_was_read(ranks)
+    for r in ranks:
+        for needle in needles:
+            assert needle in r["error"], r["error"]
+        assert r["seconds"] < 10, f"refused after {r['seconds']:.1f} s: {r['error']}"
+    return [r["error"] for r in ranks]
+
+
+@pytest.mark.slow
+def test_ranks_with_different_seeds_are_refused_by_every_rank(tmp_path):
+    url = str(tmp_path / "ds")
+    write_dataset(url, COUNTS)
+    ranks = _torchrun(tmp_path, {"default": url}, seeds={"3": 2})
+    _all_refused(ranks, "ranks disagree on seed", "ranks 0-2 have 0", "rank 3 has 2")
+    print("seconds to refuse (different seeds):", [round(r["seconds"], 3) for r in ranks])
+
+
+@pytest.mark.slow
+def test_ranks_reading_different_copies_of_the_data_are_refused(tmp_path):
+    """Node 1's copy lacks the last shard (and its index says so): its ranks would plan another epoch."""
+    full, partial = str(tmp_path / "node0"), str(tmp_path / "node1")
+    write_dataset(full, COUNTS)
+    write_dataset(partial, COUNTS[:-1])
+    ranks = _torchrun(tmp_path, {"0": full, "1": partial, "default": full})
+    _all_refused(ranks, "ranks disagree on", "ranks 0, 1 have", "ranks 2, 3 have", "samples")
+    print("seconds to refuse (different data):", [round(r["seconds"], 3) for r in ranks])
+
+
+@pytest.mark.slow
+def test_tar_shards_without_an_index_are_refused_under_ddp(tmp_path):
+    url = str(tmp_path / "ds")
+    write_dataset(url, COUNTS, manifest=False)
+    ranks = _torchrun(tmp_path, {"default": url + "/part-{0000..0004}.tar"})
+    _all_refused(ranks, "gpupipe index", "index.json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_processes_started_by_srun_or_mpirun_find_their_place(tmp_path, launcher):
+    """4 processes on 2 simulated nodes with only srun's (SLURM_*) or Open MPI's (OMPI_COMM_WORLD_*)
+    variables: each finds its rank, the world size and its local rank, and together they read
+    every sample once."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, COUNTS)
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"urls": {"default": url}, "out": str(out)}))
+    procs = []
+    for rank in range(4):
+        local = rank % 2
+        if launcher == "srun":
+            variables = {"SLURM_PROCID": rank, "SLURM_NTASKS": 4, "SLURM_LOCALID": local, "SLURM_NODEID": rank // 2,
+                         "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": 0}
+        else:
+            variables = {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": 4, "OMPI_COMM_WORLD_LOCAL_RANK": local,
+                         "OMPI_COMM_WORLD_LOCAL_SIZE": 2}
+        env = {**_clean_env(), **{k: str(v) for k, v in variables.items()}, "TEST_PROCESS": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(config), "--no-group"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    ranks = _outcomes(out, 4, procs)
+    assert [r["detected"] for r in ranks] == [[0, 4, 0], [1, 4, 1], [2, 4, 0], [3, 4, 1]], _what_was_read(ranks)
+    assert all(r["ok"] for r in ranks), _what_was_read(ranks)
+    assert sorted(i for r in ranks for i in r["ids"]) == list(range(sum(COUNTS))), _what_was_read(ranks)
+    shutil.rmtree(out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_two_ranks_of_one_host_on_one_gpu_are_refused(tmp_path):
+    """Two ranks whose launcher's local rank is not found (both local rank 0) on one host:
+    both would decode on the same GPU; both refuse, naming it."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, COUNTS)
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"urls": {"default": url}, "out": str(out), "timeout": 20, "device": "cuda"}))
+    env = {**_clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(config)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    ranks = _outcomes(out, 2, procs)
+    assert all(not r["ok"] and r["type"] == "ConfigError" for r in ranks), ranks
+    assert all("ranks 0, 1 on host" in r["error"] and "would all decode on GPU-" in r["error"] for r in ranks), ranks
