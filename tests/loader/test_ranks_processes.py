@@ -103,6 +103,20 @@ def test_ranks_reading_different_copies_of_the_data_are_refused(tmp_path):
 
 
 @pytest.mark.slow
+def test_ranks_whose_data_is_missing_stop_the_others_too(tmp_path):
+    """Node 1 finds no data: its ranks raise their own error, and ranks 0 and 1 — which found it —
+    raise too instead of waiting for them in the first collective."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, COUNTS)
+    ranks = _torchrun(tmp_path, {"1": str(tmp_path / "nowhere") + "/", "default": url})
+    assert [r.get("type") for r in ranks] == ["ConfigError", "ConfigError", "StorageError", "StorageError"], \
+        _what_was_read(ranks)
+    assert all(r["error"].startswith("ranks 2, 3 could not build the loader, so no rank starts; rank 2: "
+                                     "StorageError: ") and "nowhere" in r["error"] for r in ranks[:2]), ranks[0]["error"]
+    assert all(r["seconds"] < 10 for r in ranks)
+
+
+@pytest.mark.slow
 def test_tar_shards_without_an_index_are_refused_under_ddp(tmp_path):
     url = str(tmp_path / "ds")
     write_dataset(url, COUNTS, manifest=False)
