@@ -1,13 +1,12 @@
 """Ranks with real processes (issue 25): ``torchrun`` starts 2 simulated nodes x 2 processes
 on 127.0.0.1 (gloo). Ranks that disagree on the seed or on the data, and tar shards without an
 index, are refused at start by every rank, in seconds, naming what differs and where; processes
-started by srun or mpirun (their variables only, no ``RANK``/``LOCAL_RANK``) find their rank,
-world size and local rank. Each rank's outcome comes back as a file (``tests/ranks_script.py``)."""
+started by srun (its variables only, no ``RANK``/``LOCAL_RANK``) find their rank, world size and
+local rank. Each rank's outcome comes back as a file (``tests/ranks_script.py``)."""
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -38,30 +37,47 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _outcomes(out: Path, n: int, procs: list[subprocess.Popen]) -> list[dict]:
+def _outcomes(out: Path, names: list[str], n: int, procs: list[subprocess.Popen]) -> dict[str, list[dict]]:
     try:
-        logs = [p.communicate(timeout=90) for p in procs]
+        logs = [p.communicate(timeout=120) for p in procs]
     finally:
         for p in procs:
             p.kill()
-    missing = [r for r in range(n) if not (out / f"rank-{r}.json").exists()]
-    assert not missing, f"ranks {missing} wrote nothing: {[(p.returncode, log[1][-2000:]) for p, log in zip(procs, logs)]}"
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(n)]
+    found = {name: [json.loads(f.read_text()) for r in range(n) if (f := out / f"{name}-rank-{r}.json").exists()]
+             for name in names}
+    short = [name for name in names if len(found[name]) < n]
+    assert not short, f"cases {short}: some rank wrote nothing: {[(p.returncode, log[1][-2000:]) for p, log in zip(procs, logs)]}"
+    return found
 
 
-def _torchrun(tmp_path: Path, urls: dict[str, str], seeds: dict[str, int] | None = None) -> list[dict]:
-    """Two torchrun agents (node ranks 0 and 1), two processes each; each rank's outcome."""
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def torchrun_cases(tmp_path_factory) -> dict[str, list[dict]]:
+    """The cases below, in one ``torchrun`` job: two agents (node ranks 0 and 1), two processes each,
+    every case's loader built in turn in one process group (a refusal by every rank leaves it
+    usable). Each case: every rank's outcome, by rank."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    full, partial = str(tmp / "node0"), str(tmp / "node1")
+    write_dataset(full, COUNTS)
+    write_dataset(partial, COUNTS[:-1])  # node 1's copy lacks the last shard, and its index says so
+    write_dataset(str(tmp / "plain"), COUNTS, manifest=False)
+    cases = [
+        {"name": "seeds", "urls": {"default": full}, "seeds": {"3": 2}},
+        {"name": "copies", "urls": {"0": full, "1": partial, "default": full}},
+        {"name": "missing", "urls": {"1": str(tmp / "nowhere") + "/", "default": full}},
+        {"name": "unindexed", "urls": {"default": str(tmp / "plain") + "/part-{0000..0004}.tar"}},
+        {"name": "agreed", "urls": {"default": full}},
+    ]
+    out = tmp / "out"
     out.mkdir()
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"urls": urls, "seeds": seeds or {}, "out": str(out), "timeout": 20}))
+    config = tmp / "config.json"
+    config.write_text(json.dumps({"cases": cases, "out": str(out), "timeout": 20}))
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
                                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
                                str(SCRIPT), str(config)],
                               env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for node in range(2)]
-    return _outcomes(out, 4, procs)
+    return _outcomes(out, [c["name"] for c in cases], 4, procs)
 
 
 def _what_was_read(ranks: list[dict]) -> str:
@@ -83,32 +99,25 @@ def _all_refused(ranks: list[dict], *needles: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_ranks_with_different_seeds_are_refused_by_every_rank(tmp_path):
-    url = str(tmp_path / "ds")
-    write_dataset(url, COUNTS)
-    ranks = _torchrun(tmp_path, {"default": url}, seeds={"3": 2})
+def test_ranks_with_different_seeds_are_refused_by_every_rank(torchrun_cases):
+    ranks = torchrun_cases["seeds"]
     _all_refused(ranks, "ranks disagree on seed", "ranks 0-2 have 0", "rank 3 has 2")
     print("seconds to refuse (different seeds):", [round(r["seconds"], 3) for r in ranks])
 
 
 @pytest.mark.slow
-def test_ranks_reading_different_copies_of_the_data_are_refused(tmp_path):
-    """Node 1's copy lacks the last shard (and its index says so): its ranks would plan another epoch."""
-    full, partial = str(tmp_path / "node0"), str(tmp_path / "node1")
-    write_dataset(full, COUNTS)
-    write_dataset(partial, COUNTS[:-1])
-    ranks = _torchrun(tmp_path, {"0": full, "1": partial, "default": full})
+def test_ranks_reading_different_copies_of_the_data_are_refused(torchrun_cases):
+    """Node 1's copy lacks the last shard: its ranks would plan another epoch."""
+    ranks = torchrun_cases["copies"]
     _all_refused(ranks, "ranks disagree on", "ranks 0, 1 have", "ranks 2, 3 have", "samples")
     print("seconds to refuse (different data):", [round(r["seconds"], 3) for r in ranks])
 
 
 @pytest.mark.slow
-def test_ranks_whose_data_is_missing_stop_the_others_too(tmp_path):
+def test_ranks_whose_data_is_missing_stop_the_others_too(torchrun_cases):
     """Node 1 finds no data: its ranks raise their own error, and ranks 0 and 1 — which found it —
     raise too instead of waiting for them in the first collective."""
-    url = str(tmp_path / "ds")
-    write_dataset(url, COUNTS)
-    ranks = _torchrun(tmp_path, {"1": str(tmp_path / "nowhere") + "/", "default": url})
+    ranks = torchrun_cases["missing"]
     assert [r.get("type") for r in ranks] == ["ConfigError", "ConfigError", "StorageError", "StorageError"], \
         _what_was_read(ranks)
     assert all(r["error"].startswith("ranks 2, 3 could not build the loader, so no rank starts; rank 2: "
@@ -117,42 +126,39 @@ def test_ranks_whose_data_is_missing_stop_the_others_too(tmp_path):
 
 
 @pytest.mark.slow
-def test_tar_shards_without_an_index_are_refused_under_ddp(tmp_path):
-    url = str(tmp_path / "ds")
-    write_dataset(url, COUNTS, manifest=False)
-    ranks = _torchrun(tmp_path, {"default": url + "/part-{0000..0004}.tar"})
-    _all_refused(ranks, "gpupipe index", "index.json")
+def test_tar_shards_without_an_index_are_refused_under_ddp(torchrun_cases):
+    _all_refused(torchrun_cases["unindexed"], "gpupipe index", "index.json", "across 4 ranks")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_processes_started_by_srun_or_mpirun_find_their_place(tmp_path, launcher):
-    """4 processes on 2 simulated nodes with only srun's (SLURM_*) or Open MPI's (OMPI_COMM_WORLD_*)
-    variables: each finds its rank, the world size and its local rank, and together they read
-    every sample once."""
+def test_after_refusals_ranks_that_agree_read_every_sample_once(torchrun_cases):
+    ranks = torchrun_cases["agreed"]
+    assert all(r["ok"] and r["steps"] == 3 for r in ranks), _what_was_read(ranks)
+    assert sorted(i for r in ranks for i in r["ids"]) == list(range(sum(COUNTS)))
+
+
+@pytest.mark.slow
+def test_processes_started_by_srun_find_their_place(tmp_path):
+    """4 processes on 2 simulated nodes with only srun's variables (SLURM_*; no RANK, LOCAL_RANK):
+    each finds its rank, the world size and its local rank, and together they read every sample
+    once. (Open MPI's and MPICH's variables take the same path: tests/core/test_launch.py.)"""
     url = str(tmp_path / "ds")
     write_dataset(url, COUNTS)
     out = tmp_path / "out"
     out.mkdir()
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"urls": {"default": url}, "out": str(out)}))
+    config.write_text(json.dumps({"cases": [{"name": "srun", "urls": {"default": url}}], "out": str(out)}))
     procs = []
     for rank in range(4):
-        local = rank % 2
-        if launcher == "srun":
-            variables = {"SLURM_PROCID": rank, "SLURM_NTASKS": 4, "SLURM_LOCALID": local, "SLURM_NODEID": rank // 2,
-                         "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": 0}
-        else:
-            variables = {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": 4, "OMPI_COMM_WORLD_LOCAL_RANK": local,
-                         "OMPI_COMM_WORLD_LOCAL_SIZE": 2}
+        variables = {"SLURM_PROCID": rank, "SLURM_NTASKS": 4, "SLURM_LOCALID": rank % 2, "SLURM_NODEID": rank // 2,
+                     "SLURM_JOB_NAME": "train", "SLURM_STEP_ID": 0}
         env = {**_clean_env(), **{k: str(v) for k, v in variables.items()}, "TEST_PROCESS": str(rank)}
         procs.append(subprocess.Popen([sys.executable, str(SCRIPT), str(config), "--no-group"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    ranks = _outcomes(out, 4, procs)
+    ranks = _outcomes(out, ["srun"], 4, procs)["srun"]
     assert [r["detected"] for r in ranks] == [[0, 4, 0], [1, 4, 1], [2, 4, 0], [3, 4, 1]], _what_was_read(ranks)
     assert all(r["ok"] for r in ranks), _what_was_read(ranks)
     assert sorted(i for r in ranks for i in r["ids"]) == list(range(sum(COUNTS))), _what_was_read(ranks)
-    shutil.rmtree(out)
 
 
 @pytest.mark.gpu
@@ -165,10 +171,11 @@ def test_two_ranks_of_one_host_on_one_gpu_are_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"urls": {"default": url}, "out": str(out), "timeout": 20, "device": "cuda"}))
+    config.write_text(json.dumps({"cases": [{"name": "gpu", "urls": {"default": url}, "device": "cuda"}],
+                                  "out": str(out), "timeout": 20}))
     env = {**_clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(config)], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    ranks = _outcomes(out, 2, procs)
+    ranks = _outcomes(out, ["gpu"], 2, procs)["gpu"]
     assert all(not r["ok"] and r["type"] == "ConfigError" for r in ranks), ranks
     assert all("ranks 0, 1 on host" in r["error"] and "would all decode on GPU-" in r["error"] for r in ranks), ranks
