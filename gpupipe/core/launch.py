@@ -10,7 +10,10 @@ Which family wins, when several are set: torchrun's, then MPI's, then Slurm's. A
 inside a Slurm allocation starts its ranks through Slurm, so they inherit ``SLURM_*`` values that
 describe mpirun's daemons (one per node, local id 0), not the ranks; MPI's variables are set for
 each rank. Rank and world size come as a pair from one family; the local rank from
-``LOCAL_RANK``, else the same family, else the first local variable set.
+``LOCAL_RANK``, else the same family, else the first local variable set. Slurm's pair counts only
+inside a job step (``SLURM_STEP_ID``, which srun sets): the batch script's own process sees
+``SLURM_NTASKS`` of the whole allocation and ``SLURM_PROCID=0``, and would read a part of the data
+as rank 0 of ranks that do not exist.
 """
 from __future__ import annotations
 
@@ -47,7 +50,9 @@ def from_environment(env: Mapping[str, str]) -> Launch:
     A value that is not a non-negative integer raises ``ValueError`` naming the variable."""
     rank = world_size = None
     rank_from, locals_first = "", LOCAL_RANK_VARIABLES
-    for _launcher, rank_var, size_var, local_vars in RANK_VARIABLES:
+    for launcher, rank_var, size_var, local_vars in RANK_VARIABLES:
+        if launcher == "Slurm" and not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
+            continue  # not started by srun: the batch script itself
         if env.get(rank_var, "") != "" and env.get(size_var, "") != "":
             rank, world_size = _integer(env, rank_var), _integer(env, size_var)
             rank_from = f"{rank_var}/{size_var}"
