@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import overload
 
+from gpupipe.core.launch import from_environment
+
 __all__ = ["World", "ByteRange", "TarMember", "Sample", "ErrorPolicy", "StringTable"]
 
 
@@ -47,23 +49,25 @@ class World:
 
     @classmethod
     def detect(cls, rank: int | None = None, world_size: int | None = None) -> World:
-        """Read rank and world size once: explicit arguments, else torch.distributed,
-        else ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else a single process."""
+        """Read rank and world size once: explicit arguments, else torch.distributed, else the
+        launcher's variables, else a single process. The launcher's variables
+        (:func:`gpupipe.core.launch.from_environment`): ``RANK``/``WORLD_SIZE`` (torchrun),
+        else ``OMPI_COMM_WORLD_RANK``/``_SIZE`` (Open MPI), ``PMI_RANK``/``PMI_SIZE`` (MPICH,
+        Intel MPI), ``SLURM_PROCID``/``SLURM_NTASKS`` (srun); the local rank from ``LOCAL_RANK``,
+        else that launcher's own (``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``,
+        ``PMI_LOCAL_RANK``, ``SLURM_LOCALID``)."""
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        launch = from_environment(os.environ)
+        local_rank = launch.local_rank
         if rank is not None and world_size is not None:
             return cls(rank=rank, world_size=world_size, local_rank=local_rank)
         dist = _initialised_torch_distributed()
         if dist is not None:
             return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            return cls(
-                rank=int(os.environ["RANK"]),
-                world_size=int(os.environ["WORLD_SIZE"]),
-                local_rank=local_rank,
-            )
-        return cls()
+        if launch.rank is not None and launch.world_size is not None:
+            return cls(rank=launch.rank, world_size=launch.world_size, local_rank=local_rank)
+        return cls(local_rank=local_rank)
 
     def for_current_worker(self) -> World:
         """This world, with the worker id and count of the DataLoader worker we run in

@@ -79,6 +79,10 @@ class NameList(StringTable):
     def _at(self, i: int) -> str:
         return self._blob[self._offsets[i]:self._offsets[i + 1]].decode("utf-8")
 
+    def packed(self) -> tuple[bytes, np.ndarray]:
+        """The names as stored: one UTF-8 blob and the int64 offsets that cut it (for a digest)."""
+        return self._blob, self._offsets
+
     def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         return isinstance(other, NameList) and self._blob == other._blob and np.array_equal(
             self._offsets, other._offsets)

@@ -24,6 +24,7 @@ from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
 from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold
 from gpupipe.core.types import World
+from gpupipe.loader.agree import start_in_agreement
 from gpupipe.loader.epoch import EpochLedger
 from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
 from gpupipe.sources.classes import agreed_classes
@@ -123,6 +124,10 @@ class EncodedLoader:
         elif options:
             raise ConfigError(f"EncodedLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")
         self.split, self.world = split, world or World.detect()
+        start_in_agreement(self, lambda: self._start(split))  # ranks check, in one collective, that they plan alike
+
+    def _start(self, split: SplitConfig) -> None:
+        """The source, the plan and the ledger of this rank (run by :func:`start_in_agreement`)."""
         self.stream: StreamConfig = split.stream
         refuse_commands(expand_pattern(split.source.url))  # every URL of a list, not only the first
         self.source: ResolvedSource = resolve(split.source, self.stream.fetch)

@@ -91,6 +91,7 @@ class GpuLoader:
         if split.num_workers is None:  # decided here: it depends on where decoding runs
             on_cpu = self.device.type == "cpu" or split.decode.backend == "pil"
             split = replace(split, num_workers=default_num_workers(world, decode_on_cpu=on_cpu))
+        split = replace(split, device=str(self.device))  # the ranks' check at start compares GPUs by it
         self.split = split
         self.encoded = EncodedLoader(split, world)
         self.encoded.pin_memory = self.device.type == "cuda"  # encoded bytes reach the GPU from pinned pages
@@ -228,5 +229,16 @@ def _device(device, world: World) -> torch.device:
         raise ConfigError(f"loader.device: {str(device)!r}, but CUDA is not available on this machine; "
                           "use 'cpu' (or leave it unset to pick CUDA when present)")
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", world.local_rank)
+        device = torch.device("cuda", _local_gpu(world.local_rank, torch.cuda.device_count()))
     return device
+
+
+def _local_gpu(local_rank: int, visible: int) -> int:
+    """This rank's GPU among the ``visible`` ones: the local rank's; the only one when each
+    process sees one (``CUDA_VISIBLE_DEVICES`` set per rank, Slurm's ``--gpus-per-task``)."""
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise ConfigError(f"local rank {local_rank} has no GPU of its own: this process sees {visible} CUDA devices. "
+                          "Start at most that many processes per node, or give each its device (device='cuda:N')")
+    return local_rank
