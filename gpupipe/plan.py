@@ -262,7 +262,7 @@ def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: in
     partial = dict(part.partial)
     bad = [c for c, d in partial.items() if not (part.done_below <= c < num_chunks and 0 <= d <= min(cb, steps - c * cb))]
     if not 0 <= part.done_below < num_chunks or bad:
-        raise PlanError(f"resume state does not fit the plan it was saved under (chunks {bad or [part.done_below]} "
+        raise PlanError(f"resume state does not fit the plan it was saved under (chunks {(bad or [part.done_below])[:5]} "
                         f"out of range of {num_chunks})")
     left = np.zeros(length, dtype=bool)
     left[: world * steps * batch if part.drop_last else length] = True  # the epoch: with drop_last, not the tail
