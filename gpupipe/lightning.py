@@ -24,6 +24,7 @@ import torch
 from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
+from gpupipe.plan import steps_per_rank
 from gpupipe.sources.classes import agreed_classes, describe
 
 __all__ = ["GpuDataModule"]
@@ -203,7 +204,10 @@ class _SplitLoader:
         self.format = cfg.loader.batch_format
 
     def __len__(self) -> int:
-        return len(self.gpu)
+        # Lightning reads len() once (after restoring a checkpoint) and takes it as every epoch's
+        # length for the whole fit; an epoch ends earlier when the loader runs out. An epoch resumed
+        # under another world size or batch size has a length of its own: the larger of the two.
+        return max(len(self.gpu), steps_per_rank(self.gpu.ledger.spec))
 
     # Lightning saves a loader's state_dict as of when *it* asks, which may be after it fetched
     # ahead; the exact position rides in GpuDataModule.state_dict instead. These two tell

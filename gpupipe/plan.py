@@ -8,27 +8,41 @@ the samples per unit, and a :class:`Span` is samples ``[start, stop)`` of a unit
 Below, "shard" means any unit.
 
 The epoch's global sample sequence is the shards in a seeded order, each
-shard's samples in file order (so that runs of samples are byte ranges). It is
-cut into ``world_size`` contiguous rank spans of exactly ``steps * batch_size``
-positions each, so every rank takes the same number of steps. With
-``drop_last`` the tail that does not fill a step on every rank is left out;
-otherwise positions past the end wrap around and are marked invalid (a padded
-sample keeps batch shapes and step counts equal, and the mask tells the loss to
-ignore it).
+shard's samples in file order (so that runs of samples are byte ranges). Every
+rank takes ``steps`` batches, ``steps * batch_size`` positions of the sequence
+from its own start. With ``drop_last`` the ranks' spans are contiguous and the
+tail that does not fill a step on every rank is left out; otherwise the sequence
+is cut into ``world_size`` contiguous parts of ``N // world_size`` or one more
+real samples, and each rank's positions past its part are padding: they repeat
+the samples that follow (wrapping around at the end) and are marked invalid (a
+padded sample keeps batch shapes and step counts equal, and the mask tells the
+loss to ignore it). So the padding is spread: no rank has more than one real
+sample more than another.
 
-A rank span is cut into *chunks* of ``chunk_batches`` whole batches. A chunk is
-the unit of work of one DataLoader worker, and the shuffle window: its samples
-are permuted by a generator keyed by (seed, epoch, chunk start), so the order
-inside it does not depend on the rank or worker count. Chunks go round-robin to
-workers. Progress is counted per chunk in whole batches, which makes resuming
+A rank's positions are cut into *chunks* of ``chunk_batches`` whole batches. A
+chunk is the unit of work of one DataLoader worker, and the shuffle window: its
+samples are permuted by a generator keyed by (seed, epoch, chunk start), so the
+order inside it does not depend on the rank or worker count. Chunks go
+round-robin to workers and are delivered in their order (the loader hands them
+over whole), so the order of the batches does not depend on the worker count
+either. Progress is counted per chunk in whole batches, which makes resuming
 exact and lets the worker count change on resume.
+
+**Elastic resume.** A mid-epoch position saved under other settings (world size,
+batch size, shuffle window, ``drop_last``) cannot continue the same plan. Instead
+the saved settings and progress become an :class:`Earlier` part of the epoch,
+and the plan (``PlanSpec.before``) is laid out over the *rest*: the positions of
+the epoch not delivered by any rank before (every rank is where rank 0 is: ranks
+take their steps in lockstep), in sequence order, cut among the new ranks and
+chunks exactly as a whole epoch is. The samples stay the same, each once; their
+order does not.
 """
 from __future__ import annotations
 
-import math
+import functools
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TypeVar
 
@@ -38,26 +52,76 @@ from gpupipe.core.errors import PlanError
 
 __all__ = [
     "PlanSpec",
+    "Earlier",
     "Span",
     "Chunk",
     "Progress",
     "permutation",
     "shard_order",
     "steps_per_rank",
+    "epoch_steps",
+    "rank_bounds",
     "rank_chunks",
     "worker_chunks",
     "chunk_spans",
     "chunk_order",
     "chunk_sample_ids",
     "shuffle_buffer",
+    "check_resumable",
+    "plan_identity",
+    "resume_plan",
 ]
 
 _TAG_SHARDS, _TAG_WINDOW = 1, 2
 
 
 @dataclass(frozen=True)
+class Earlier:
+    """A part of the current epoch delivered before a resume under other settings.
+
+    ``batch_size``, ``world_size``, ``drop_last`` and ``chunk_batches`` are the settings it ran
+    with; ``done_below`` and ``partial`` its progress (:class:`Progress`), which is every rank's:
+    ranks take their steps in lockstep and deliver their chunks in order. ``spread`` is False
+    for a state of version 1, whose padding sat at the end of the sequence (the last ranks)
+    rather than spread over the ranks. Plain, hashable data.
+    """
+
+    epoch: int
+    batch_size: int
+    world_size: int
+    drop_last: bool
+    chunk_batches: int
+    done_below: int = 0
+    partial: tuple[tuple[int, int], ...] = ()  # (chunk, batches delivered), sorted
+    spread: bool = True
+
+    @property
+    def batches_done(self) -> int:
+        """Batches every rank took in this part (the chunks below ``done_below`` are whole)."""
+        return self.done_below * self.chunk_batches + sum(d for _, d in self.partial)
+
+    def to_dict(self) -> dict:
+        return {"batch_size": self.batch_size, "world_size": self.world_size, "drop_last": self.drop_last,
+                "chunk_batches": self.chunk_batches, "spread": self.spread,
+                "progress": {"done_below": self.done_below, "partial": {str(c): d for c, d in self.partial}}}
+
+    @classmethod
+    def from_dict(cls, epoch: int, state: Mapping) -> Earlier:
+        progress = state["progress"]
+        return cls(epoch=epoch, batch_size=int(state["batch_size"]), world_size=int(state["world_size"]),
+                   drop_last=bool(state["drop_last"]), chunk_batches=int(state["chunk_batches"]),
+                   done_below=int(progress["done_below"]),
+                   partial=tuple(sorted((int(c), int(d)) for c, d in progress["partial"].items())),
+                   spread=bool(state.get("spread", True)))
+
+
+@dataclass(frozen=True)
 class PlanSpec:
-    """Everything the plan depends on. Plain data: safe to pickle to workers."""
+    """Everything the plan depends on. Plain data: safe to pickle to workers.
+
+    ``before`` is empty for a whole epoch. After a resume under other settings it holds the
+    parts of the epoch delivered before, and the plan covers the rest of that epoch only.
+    """
 
     counts: tuple[int, ...]  # samples per shard, in manifest order
     batch_size: int
@@ -66,6 +130,7 @@ class PlanSpec:
     shuffle: bool = True
     drop_last: bool = True
     chunk_batches: int = 4
+    before: tuple[Earlier, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -76,10 +141,18 @@ class PlanSpec:
             raise PlanError(f"chunk_batches must be >= 1, got {self.chunk_batches}")
         if any(c < 0 for c in self.counts):
             raise PlanError("shard sample counts must be >= 0")
+        if len({e.epoch for e in self.before}) > 1:
+            raise PlanError("the earlier parts of an epoch must all be of that epoch")
 
     @cached_property
     def num_samples(self) -> int:
         return int(sum(self.counts))
+
+    @cached_property
+    def length(self) -> int:
+        """Samples in the plan's sequence: the epoch's, or after a resume under other settings,
+        those of the epoch not delivered before."""
+        return len(_sequence(self)) if self.before else self.num_samples
 
     @cached_property
     def first_ids(self) -> np.ndarray:
@@ -110,12 +183,15 @@ class Span:
 
 @dataclass(frozen=True)
 class Chunk:
-    """Batches ``[first_batch, num_batches)`` of chunk ``index`` of a rank's span."""
+    """Batches ``[first_batch, num_batches)`` of chunk ``index`` of a rank's positions.
+
+    Positions from ``valid_stop`` on are padding (``None``: those past the end of the sequence)."""
 
     index: int
-    start: int  # first position in the epoch's (virtual) global sequence
+    start: int  # first position in the plan's (virtual) sequence
     num_batches: int
     first_batch: int = 0
+    valid_stop: int | None = None
 
 
 def permutation(n: int, key: Sequence[int]) -> np.ndarray:
@@ -151,26 +227,102 @@ def shard_order(spec: PlanSpec, epoch: int) -> np.ndarray:
     return permutation(n, (spec.seed, epoch, _TAG_SHARDS)) if spec.shuffle else np.arange(n)
 
 
+# -- the cut, on plain integers: a sequence of `length` samples, `world` ranks, batch `batch` ------------
+
+def _steps(length: int, world: int, batch: int, drop_last: bool) -> int:
+    per_step = world * batch
+    return length // per_step if drop_last else -(-length // per_step)
+
+
+def _bounds(length: int, world: int, batch: int, drop_last: bool, rank: int, spread: bool = True) -> tuple[int, int]:
+    """(first position, first padding position) of ``rank``; it takes ``steps * batch`` positions."""
+    size = _steps(length, world, batch, drop_last) * batch
+    if drop_last or not spread:  # contiguous spans; without drop_last (version 1) the padding is at the end
+        return rank * size, min(rank * size + size, length)
+    q, r = divmod(length, world)
+    start = rank * q + min(rank, r)
+    return start, start + q + (rank < r)
+
+
+def _window(size: int, seed: int, epoch: int, start: int, depth: int, shuffle: bool) -> np.ndarray:
+    """Delivery order of a chunk of ``size`` positions from ``start`` (plan ``depth``: resumes under
+    other settings this epoch; 0 keeps the key of a whole epoch's plan)."""
+    if not shuffle:
+        return np.arange(size)
+    return permutation(size, (seed, epoch, _TAG_WINDOW, start) if depth == 0 else
+                       (seed, epoch, _TAG_WINDOW, start, depth))
+
+
+def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: int) -> np.ndarray:
+    """Indices (sorted) into a sequence of ``length`` samples of those of the epoch that ``part``,
+    a plan over that sequence, did not deliver on any of its ranks."""
+    world, batch, cb = part.world_size, part.batch_size, part.chunk_batches
+    steps = _steps(length, world, batch, part.drop_last)
+    num_chunks = -(-steps // cb)
+    partial = dict(part.partial)
+    bad = [c for c, d in partial.items() if not (part.done_below <= c < num_chunks and 0 <= d <= min(cb, steps - c * cb))]
+    if not 0 <= part.done_below < num_chunks or bad:
+        raise PlanError(f"resume state does not fit the plan it was saved under (chunks {(bad or [part.done_below])[:5]} "
+                        f"out of range of {num_chunks})")
+    left = np.zeros(length, dtype=bool)
+    left[: world * steps * batch if part.drop_last else length] = True  # the epoch: with drop_last, not the tail
+    for rank in range(world):
+        start, valid_stop = _bounds(length, world, batch, part.drop_last, rank, part.spread)
+        left[start:max(start, min(start + part.done_below * cb * batch, valid_stop))] = False
+        for c, d in partial.items():
+            first = start + c * cb * batch
+            pos = first + _window(min(cb, steps - c * cb) * batch, seed, part.epoch, first, depth, shuffle)[: d * batch]
+            left[pos[pos < valid_stop]] = False
+    return np.flatnonzero(left)
+
+
+@functools.lru_cache(maxsize=8)
+def _rest(num_samples: int, seed: int, shuffle: bool, before: tuple[Earlier, ...]) -> np.ndarray:
+    seq = np.arange(num_samples, dtype=np.int64)
+    for depth, part in enumerate(before):
+        seq = seq[_undelivered(len(seq), part, seed, shuffle, depth)]
+    seq.flags.writeable = False
+    return seq
+
+
+def _sequence(spec: PlanSpec) -> np.ndarray:
+    """Positions in the epoch's sequence of the samples the plan still has to deliver, in
+    sequence order (read-only int64). Only for a plan with ``before``."""
+    return _rest(spec.num_samples, spec.seed, spec.shuffle, spec.before)
+
+
+# -- the plan ----------------------------------------------------------------------------------
+
 def steps_per_rank(spec: PlanSpec) -> int:
-    """Batches every rank takes in one epoch (the same on all ranks)."""
-    per_step = spec.world_size * spec.batch_size
-    if spec.drop_last:
-        return spec.num_samples // per_step
-    return math.ceil(spec.num_samples / per_step)
+    """Batches every rank takes under this plan (the same on all ranks)."""
+    return _steps(spec.length, spec.world_size, spec.batch_size, spec.drop_last)
+
+
+def epoch_steps(spec: PlanSpec) -> int:
+    """Batches of the epoch on every rank: those of this plan, and after a resume under other
+    settings also those every rank took before it."""
+    return sum(part.batches_done for part in spec.before) + steps_per_rank(spec)
+
+
+def rank_bounds(spec: PlanSpec, rank: int) -> tuple[int, int]:
+    """(first position, first padding position) of ``rank`` in the plan's sequence; the rank
+    takes ``steps_per_rank(spec) * batch_size`` positions from the first."""
+    if not 0 <= rank < spec.world_size:
+        raise PlanError(f"rank {rank} is not in [0, {spec.world_size})")
+    return _bounds(spec.length, spec.world_size, spec.batch_size, spec.drop_last, rank)
 
 
 def rank_chunks(spec: PlanSpec, rank: int, progress: Progress | None = None) -> list[Chunk]:
     """The chunks of ``rank`` that still have batches to deliver, in order."""
-    if not 0 <= rank < spec.world_size:
-        raise PlanError(f"rank {rank} is not in [0, {spec.world_size})")
+    start, valid_stop = rank_bounds(spec, rank)
     steps = steps_per_rank(spec)
-    base = rank * steps * spec.batch_size
     chunks = []
     for index, first in enumerate(range(0, steps, spec.chunk_batches)):
         nb = min(spec.chunk_batches, steps - first)
         done = progress.done(index) if progress is not None else 0
         if done < nb:
-            chunks.append(Chunk(index=index, start=base + first * spec.batch_size, num_batches=nb, first_batch=done))
+            chunks.append(Chunk(index=index, start=start + first * spec.batch_size, num_batches=nb, first_batch=done,
+                                valid_stop=valid_stop))
     return chunks
 
 
@@ -199,31 +351,36 @@ def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return layout
 
 
+def _check_epoch(spec: PlanSpec, epoch: int) -> None:
+    if spec.before and spec.before[0].epoch != epoch:
+        raise PlanError(f"this plan is the rest of epoch {spec.before[0].epoch}, not of epoch {epoch}")
+
+
 def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk) -> list[Span]:
     """The shard spans holding all positions of ``chunk`` (from its first batch, not its
     first unconsumed one: the shuffle window is the whole chunk)."""
-    n = spec.num_samples
-    if n == 0:
+    _check_epoch(spec, epoch)
+    length = spec.length
+    if length == 0:
         return []
     order, counts, ends = _layout(spec, epoch)
-    spans: list[Span] = []
-    pos, stop = chunk.start, chunk.start + chunk.num_batches * spec.batch_size
-    while pos < stop:
-        lap, p = divmod(pos, n)
-        k = int(np.searchsorted(ends, p, side="right"))
-        shard_start = int(ends[k] - counts[k])
-        take = min(stop - pos, int(ends[k]) - p)
-        spans.append(Span(shard=int(order[k]), start=p - shard_start, stop=p - shard_start + take, valid=lap == 0))
-        pos += take
-    return spans
+    pos = np.arange(chunk.start, chunk.start + chunk.num_batches * spec.batch_size, dtype=np.int64)
+    valid = pos < (length if chunk.valid_stop is None else chunk.valid_stop)
+    p = pos % length  # padding past the end wraps around to the start
+    if spec.before:
+        p = _sequence(spec)[p]
+    k = np.searchsorted(ends, p, side="right")
+    offset = p - (ends[k] - counts[k])
+    new = np.ones(len(p), dtype=bool)  # a span starts at a new shard, a gap, or where padding starts or ends
+    new[1:] = (k[1:] != k[:-1]) | (offset[1:] != offset[:-1] + 1) | (valid[1:] != valid[:-1])
+    firsts = np.flatnonzero(new).tolist()
+    return [Span(shard=int(order[k[a]]), start=int(offset[a]), stop=int(offset[a]) + (b - a), valid=bool(valid[a]))
+            for a, b in zip(firsts, firsts[1:] + [len(p)])]
 
 
 def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
     """Delivery order of the chunk's samples, as indices into its span order."""
-    size = chunk.num_batches * spec.batch_size
-    if not spec.shuffle:
-        return np.arange(size)
-    return permutation(size, (spec.seed, epoch, _TAG_WINDOW, chunk.start))
+    return _window(chunk.num_batches * spec.batch_size, spec.seed, epoch, chunk.start, len(spec.before), spec.shuffle)
 
 
 def chunk_sample_ids(spec: PlanSpec, epoch: int, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
@@ -274,6 +431,10 @@ class Progress:
         return self.done_below == len(self.chunk_sizes)
 
     @property
+    def started(self) -> bool:
+        return bool(self.done_below or self.partial)
+
+    @property
     def batches_done(self) -> int:
         return sum(self.chunk_sizes[: self.done_below]) + sum(self.partial.values())
 
@@ -291,25 +452,66 @@ class Progress:
         return progress
 
 
+# -- resume --------------------------------------------------------------------------------------
+
+_DATA_KEYS = ("num_samples", "num_shards", "seed", "shuffle", "counts_crc32")
+_CUT_KEYS = ("batch_size", "world_size", "drop_last", "chunk_batches")
+
+
 def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
-    """Raise ``PlanError`` naming what differs when a mid-epoch state cannot continue under ``spec``."""
+    """Raise ``PlanError`` naming what differs when a mid-epoch state cannot continue under
+    ``spec``: other data (unit sizes), another seed or ``shuffle`` (they fix which sample is at
+    which position of the epoch). The world size, batch size, shuffle window and ``drop_last``
+    may change: :func:`resume_plan` plans the rest of the epoch under the new ones."""
     if not mid_epoch:
         return
-    current = plan_identity(spec)
+    current = {k: v for k, v in plan_identity(spec).items() if k in _DATA_KEYS}
     if "counts_crc32" not in saved:  # a state saved before the unit sizes were recorded
         del current["counts_crc32"]
     diffs = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in current.items() if saved.get(k) != v]
     if diffs:
         raise PlanError(
-            "cannot resume mid-epoch with a different data plan (" + "; ".join(diffs) + "). "
-            "Resume with the saved settings, or resume from an end-of-epoch checkpoint. "
-            "(The number of DataLoader workers may change; the world size may not, mid-epoch.)"
+            "cannot resume mid-epoch with other data or another sample order (" + "; ".join(diffs) + "). "
+            "Resume with the saved data, seed and shuffle setting, or resume from an end-of-epoch checkpoint. "
+            "(The world size, batch size, shuffle window, drop_last and number of workers may change.)"
         )
 
 
 def plan_identity(spec: PlanSpec) -> dict:
-    """The settings a mid-epoch resume must share with the saved run — the unit sizes too: units
-    re-cut to the same totals put other samples at every position of the epoch."""
+    """The settings a plan was made with, as a saved state records them: the data and its order
+    (which a mid-epoch resume must share with the saved run — the unit sizes too: units re-cut to
+    the same totals put other samples at every position of the epoch) and the cut (which may change)."""
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
             "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32}
+
+
+def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, before: Sequence[Earlier] = (),
+                *, spread: bool = True) -> tuple[PlanSpec, Progress]:
+    """The plan and progress that continue, under ``spec``'s settings, an epoch saved mid-way:
+    ``saved`` is the :func:`plan_identity` it ran under, ``progress`` its :meth:`Progress.to_dict`,
+    ``before`` its own earlier parts, ``spread`` False for a state of version 1.
+
+    With the saved cut (world size, batch size, shuffle window, ``drop_last``) the saved plan
+    continues, in its order. With another, the saved part becomes an :class:`Earlier` and the
+    plan covers the samples of the epoch no rank has delivered, in a new order.
+    """
+    check_resumable(saved, spec, mid_epoch=True)
+    before = tuple(before)
+    if any(part.epoch != epoch for part in before):
+        raise PlanError(f"resume state of epoch {epoch} holds parts of another epoch")
+    cut = {k: saved[k] for k in _CUT_KEYS}
+    same = all(cut[k] == getattr(spec, k) for k in _CUT_KEYS)
+    if same and not spread:  # version 1: its layout is this one's unless padding sat on the last ranks
+        length = spec.num_samples
+        same = all(_bounds(length, spec.world_size, spec.batch_size, spec.drop_last, r, False)
+                   == _bounds(length, spec.world_size, spec.batch_size, spec.drop_last, r) for r in range(spec.world_size))
+    if same:
+        plan = replace(spec, before=before)
+        return plan, Progress.from_dict(plan, progress)
+    part = Earlier(epoch=epoch, batch_size=int(cut["batch_size"]), world_size=int(cut["world_size"]),
+                   drop_last=bool(cut["drop_last"]), chunk_batches=int(cut["chunk_batches"]),
+                   done_below=int(progress["done_below"]),
+                   partial=tuple(sorted((int(c), int(d)) for c, d in progress["partial"].items())), spread=spread)
+    plan = replace(spec, before=before + (part,))
+    return plan, Progress.for_rank(plan)  # for_rank works out the rest: a state that does not fit raises here

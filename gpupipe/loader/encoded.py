@@ -11,6 +11,7 @@ defaults in :mod:`gpupipe.core.machine`.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -104,6 +105,26 @@ class EncodedDataset(IterableDataset):
             yield pack(batch, [True] * len(batch), epoch=self.epoch)
 
 
+class _WholeChunks(IterableDataset):
+    """The worker side, one item per chunk: the list of its batches. torch takes its workers'
+    items round-robin and chunks go round-robin to workers, so whole chunks arrive in the plan's
+    order whatever the number of workers (and :meth:`EncodedLoader.batches` puts them in order
+    should they not). Batches one by one would interleave the chunks of the workers."""
+
+    def __init__(self, dataset: EncodedDataset):
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[list[EncodedBatch]]:
+        group: list[EncodedBatch] = []
+        for batch in self.dataset:
+            if group and batch.chunk != group[-1].chunk:
+                yield group
+                group = []
+            group.append(batch)
+        if group:
+            yield group
+
+
 @keyword_form
 class EncodedLoader:
     """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
@@ -111,7 +132,10 @@ class EncodedLoader:
     ``for batch in loader`` runs one epoch; the next ``for`` runs the next epoch
     unless ``set_epoch`` says otherwise. ``state_dict()`` taken mid-epoch and given
     to ``load_state_dict()`` of a new loader continues with exactly the batches
-    not yet delivered (the worker count may differ; the world size may not).
+    not yet delivered. The batches and their order do not depend on the number of
+    workers. Under another world size, batch size, shuffle window or ``drop_last``
+    (rank 0's state, loaded on every rank) it continues with exactly the samples of the
+    epoch not yet delivered, in a new order (:func:`gpupipe.plan.resume_plan`).
     """
 
     def __init__(self, split: SplitConfig | str | list[str], world: World | None = None, **options):
@@ -139,7 +163,8 @@ class EncodedLoader:
                              seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
                              chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size))
         self.num_workers = default_num_workers(self.world) if split.num_workers is None else split.num_workers
-        self.pin_memory, self.prefetch_factor = False, 2
+        # prefetch_factor counts items per worker, and with a manifest an item is a whole chunk
+        self.pin_memory, self.prefetch_factor = False, 1
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
@@ -153,10 +178,11 @@ class EncodedLoader:
         return self.ledger.epoch
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank — the same number on every rank."""
+        """Batches per epoch on this rank — the same number on every rank. In an epoch resumed
+        under another world size or batch size: its batches before the resume and after."""
         if self.source.manifest is None:
             raise TypeError("len() needs the shards' index.json (run `gpupipe index`); without it the count is unknown")
-        return steps_per_rank(self.spec)
+        return self.ledger.steps
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
@@ -165,7 +191,7 @@ class EncodedLoader:
     # -- iteration -------------------------------------------------------------------------
     def _dataset(self) -> EncodedDataset:
         """The worker side for the rest of the current epoch (plain data: it pickles)."""
-        return EncodedDataset(self.source, self.spec, self.stream, self.world, self.epoch,
+        return EncodedDataset(self.source, self.ledger.plan, self.stream, self.world, self.epoch,
                               self.ledger.progress.to_dict())
 
     def __iter__(self) -> Iterator[EncodedBatch]:
@@ -176,33 +202,45 @@ class EncodedLoader:
         self.ledger.finished()
 
     def batches(self) -> Iterator[EncodedBatch]:
-        """The batches of the current epoch not yet delivered, read from the workers; the
-        consumer reports what it delivers to :attr:`ledger` (see :mod:`gpupipe.loader.epoch`)."""
-        progress = self.ledger.progress
+        """The batches of the current epoch not yet delivered, read from the workers, in the
+        plan's order; the consumer reports what it delivers to :attr:`ledger` (see
+        :mod:`gpupipe.loader.epoch`)."""
+        plan, progress = self.ledger.plan, self.ledger.progress
+        chunks = rank_chunks(plan, self.world.rank, progress) if self.source.manifest is not None else []
         workers = self.num_workers
         if self.source.manifest is not None:
-            workers = min(workers, max(1, len(rank_chunks(self.spec, self.world.rank, progress))))
-        loader = DataLoader(self._dataset(), batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
+            workers = min(workers, max(1, len(chunks)))
+        whole = workers > 0 and self.source.manifest is not None  # whole chunks, put in the plan's order
+        dataset: IterableDataset = _WholeChunks(self._dataset()) if whole else self._dataset()
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None, persistent_workers=False)
-        chunks = rank_chunks(self.spec, self.world.rank, progress) if self.source.manifest else []
+        expected = collections.deque(c.index for c in chunks)
+        arrived: dict[int, list[EncodedBatch]] = {}  # chunks that came before their turn
         received: dict[int, int] = {}  # batches received per chunk, this pass
         it = start_workers(loader)
         try:
             while True:
                 t0 = time.perf_counter()
                 try:
-                    batch = next(it, None)
+                    item = next(it, None)
                 except Exception as exc:  # a dead worker shows as a reset pipe, a timeout or torch's RuntimeError
                     if isinstance(exc, GpupipeError) or not getattr(it, "_workers", None) \
                             or not dead_workers(it, wait_s=2.0):
                         raise  # an error a worker sent (re-raised here), or no worker died
                     raise self._worker_died(it, chunks, received, exc) from exc
                 self.stats.wait_s += time.perf_counter() - t0
-                if batch is None:
+                if item is None:
                     return
-                received[batch.chunk] = received.get(batch.chunk, 0) + 1
-                self._count(batch)
-                yield batch
+                group = item if isinstance(item, list) else [item]
+                received[group[0].chunk] = received.get(group[0].chunk, 0) + len(group)
+                if whole:
+                    arrived[group[0].chunk] = group
+                    group = []
+                    while expected and expected[0] in arrived:
+                        group += arrived.pop(expected.popleft())
+                for batch in group:
+                    self._count(batch)
+                    yield batch
         finally:
             stop_workers(it)
 
@@ -221,7 +259,7 @@ class EncodedLoader:
             return f"was streaming every {workers * self.world.world_size}-th shard of the epoch's order (no manifest)"
         for c in worker_chunks(chunks, wid, workers):
             if received.get(c.index, 0) < c.num_batches - c.first_batch:
-                shards = sorted({self.source.shard_urls[s.shard] for s in chunk_spans(self.spec, self.epoch, c)})
+                shards = sorted({self.source.shard_urls[s.shard] for s in chunk_spans(self.ledger.plan, self.epoch, c)})
                 return f"was reading chunk {c.index} from shard(s) {', '.join(shards)}"
         return "had delivered all its chunks"
 

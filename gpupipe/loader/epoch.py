@@ -20,6 +20,16 @@ The whole story, in one place:
   to its end and the queue is empty, or as soon as the plan's progress says every batch
   was delivered (a consumer may stop at ``len()`` without running the iteration out).
   The next :meth:`begin` then moves on to the next epoch.
+* The saved state is rank 0's, and it is every rank's: ranks take their steps in lockstep and
+  deliver the plan's batches in order. Loaded under the settings it was saved with, it
+  continues the same plan. Loaded under another world size, batch size, shuffle window or
+  ``drop_last``, the epoch goes on with a plan over its samples that no rank has delivered yet
+  (:func:`gpupipe.plan.resume_plan`): :attr:`EpochLedger.plan` is then not :attr:`EpochLedger.spec`
+  until the epoch ends, and the state records the earlier parts (``before``).
+
+State format, version 2: ``{"version": 2, "epoch", "complete", "plan": plan_identity(plan),
+"before": [Earlier.to_dict(), ...], "progress": Progress.to_dict()}``. Version 1 (no
+``before``; padding on the last ranks when ``drop_last`` is off) still loads.
 """
 from __future__ import annotations
 
@@ -27,18 +37,20 @@ import collections
 from collections.abc import Mapping
 
 from gpupipe.core.errors import PlanError
-from gpupipe.plan import PlanSpec, Progress, check_resumable, plan_identity
+from gpupipe.plan import Earlier, PlanSpec, Progress, epoch_steps, plan_identity, resume_plan
 
 __all__ = ["EpochLedger", "STATE_VERSION"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: padding spread over the ranks, "before" (issue 25); 1 still loads
+_LOADABLE = (1, 2)
 
 
 class EpochLedger:
     """Epoch number, delivered position, and the queue of yielded-not-yet-used batches."""
 
     def __init__(self, spec: PlanSpec) -> None:
-        self.spec = spec
+        self.spec = spec  # the plan of a whole epoch
+        self.plan = spec  # the current epoch's: ``spec``, or after a resume under other settings, the rest
         self.epoch = 0
         self.complete = False
         self.progress = Progress.for_rank(spec)
@@ -49,7 +61,13 @@ class EpochLedger:
         """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
         if epoch != self.epoch or self.complete:
             self.epoch, self.complete = epoch, False
+            self.plan = self.spec
             self.progress = Progress.for_rank(self.spec)
+
+    @property
+    def steps(self) -> int:
+        """Batches of the current epoch on every rank, those delivered before a resume included."""
+        return epoch_steps(self.plan)
 
     def begin(self) -> None:
         """An iteration starts: move on if the epoch is complete; forget batches yielded
@@ -94,12 +112,22 @@ class EpochLedger:
     # -- resume ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "epoch": self.epoch, "complete": self.complete,
-                "plan": plan_identity(self.spec), "progress": self.progress.to_dict()}
+                "plan": plan_identity(self.plan), "before": [part.to_dict() for part in self.plan.before],
+                "progress": self.progress.to_dict()}
 
     def load_state_dict(self, state: Mapping) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise PlanError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        mid_epoch = not state["complete"] and (state["progress"]["done_below"] or state["progress"]["partial"])
-        check_resumable(state["plan"], self.spec, mid_epoch=bool(mid_epoch))
-        self.epoch, self.complete = int(state["epoch"]), bool(state["complete"])
-        self.progress = Progress.from_dict(self.spec, state["progress"]) if mid_epoch else Progress.for_rank(self.spec)
+        """Continue where ``state`` (rank 0's, on every rank) left off; see the module's docstring."""
+        version = state.get("version")
+        if type(version) is not int or version not in _LOADABLE:
+            raise PlanError(f"loader state version {version!r} is not {STATE_VERSION} "
+                            f"(this gpupipe loads versions {', '.join(map(str, _LOADABLE))})")
+        epoch, complete = int(state["epoch"]), bool(state["complete"])
+        before = [Earlier.from_dict(epoch, d) for d in state.get("before", ())] if version >= 2 else []
+        saved = state["progress"]
+        mid_epoch = not complete and bool(saved["done_below"] or saved["partial"] or before)
+        if mid_epoch:
+            plan, progress = resume_plan(self.spec, epoch, state["plan"], saved, before, spread=version >= 2)
+        else:  # at an epoch boundary any plan may follow
+            plan, progress = self.spec, Progress.for_rank(self.spec)
+        self.epoch, self.plan, self.progress = epoch, plan, progress
+        self.complete = complete or (mid_epoch and progress.complete)  # nothing of it left to deliver

@@ -78,6 +78,28 @@ def test_resume_from_a_mid_epoch_lightning_checkpoint_delivers_exactly_the_rest(
     assert first.ledger[:checkpoint_step] + resumed.ledger == reference
 
 
+@pytest.mark.parametrize("batch_after", [2, 8])  # more steps per epoch after the resume, fewer
+def test_a_mid_epoch_checkpoint_resumes_with_another_batch_size(data, tmp_path, batch_after):
+    """Issue 25: a Lightning checkpoint taken at batch 4 resumes at another batch size with
+    exactly the samples of the epoch not yet trained on, and the next epoch is whole — Lightning
+    reads len() once, after the resume, and must not cut the next epoch to the resumed one's length."""
+    ckpt_dir = tmp_path / "ckpt"
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), every_n_train_steps=3, save_top_k=-1,
+                                         filename="{step}")
+    first = LedgerModel(stop_at_step=5)
+    with pytest.raises(Interrupted):
+        trainer(tmp_path, callbacks=[saver], enable_checkpointing=True).fit(first, datamodule=GpuDataModule(pipeline(*data)))
+    resumed = LedgerModel()
+    trainer(tmp_path).fit(resumed, datamodule=GpuDataModule(pipeline(*data, batch_size=batch_after)),
+                          ckpt_path=str(ckpt_dir / "step=3.ckpt"))
+    epoch0 = [i for _, s in first.ledger[:3] for i in s] + [i for e, s in resumed.ledger if e == 0 for i in s]
+    assert len(epoch0) == len(set(epoch0)) and set(epoch0) <= set(range(N_TRAIN))
+    # drop_last (on for training): the rest of the epoch, 28 samples, is cut to whole batches
+    assert len(epoch0) == 12 + 28 // batch_after * batch_after
+    assert sorted(i for e, s in resumed.ledger if e == 1 for i in s) == list(range(N_TRAIN))
+    assert [e for e, _ in resumed.ledger].count(1) == N_TRAIN // batch_after
+
+
 def test_checkpoint_and_hparams_never_hold_the_secret(data, tmp_path):
     secret = "SENTINEL-7f3a9c-SECRET"
     cfg = pipeline(*data)

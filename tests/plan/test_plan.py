@@ -1,22 +1,28 @@
 """Invariants of the pure epoch planner: exactly-once, equal steps, determinism, resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupipe.core.errors import PlanError
 from gpupipe.plan import (
+    Earlier,
     PlanSpec,
     Progress,
     check_resumable,
     chunk_sample_ids,
+    epoch_steps,
     permutation,
     plan_identity,
     rank_chunks,
+    resume_plan,
+    shard_order,
     steps_per_rank,
     worker_chunks,
 )
@@ -160,12 +166,17 @@ def test_permutation_is_a_stable_function_of_its_key():
 PINNED_PERMUTATION = [7, 6, 4, 5, 3, 1, 0, 2]  # recorded with NumPy 2.4 PCG64
 
 
-def test_changed_world_size_mid_epoch_is_refused_with_reason():
+def test_other_data_or_order_mid_epoch_is_refused_with_reason_and_another_cut_is_not():
     saved = plan_identity(PlanSpec(counts=(10, 10), batch_size=2, world_size=2))
-    now = PlanSpec(counts=(10, 10), batch_size=2, world_size=4)
-    with pytest.raises(PlanError, match="world_size: saved 2, now 4"):
-        check_resumable(saved, now, mid_epoch=True)
-    check_resumable(saved, now, mid_epoch=False)  # at an epoch boundary it is fine
+    for change, named in [({"seed": 1}, "seed: saved 0, now 1"), ({"shuffle": False}, "shuffle: saved True, now False"),
+                          ({"counts": (12, 8)}, r"counts_crc32: saved \d+, now \d+")]:
+        now = PlanSpec(**{"counts": (10, 10), "batch_size": 2, "world_size": 2, **change})
+        with pytest.raises(PlanError, match=named):
+            check_resumable(saved, now, mid_epoch=True)
+        check_resumable(saved, now, mid_epoch=False)  # at an epoch boundary it is fine
+    # world size, batch size, shuffle window, drop_last: the rest of the epoch is planned anew
+    check_resumable(saved, PlanSpec(counts=(10, 10), batch_size=3, world_size=4, chunk_batches=1, drop_last=False),
+                    mid_epoch=True)
 
 
 def test_progress_rejects_out_of_order_and_foreign_state():
@@ -190,3 +201,171 @@ def test_empty_and_tiny_datasets():
     assert steps_per_rank(spec) == 1
     items = delivered(spec, 0, 0) + delivered(spec, 0, 1)
     assert sorted(i for i, v in items if v) == [0, 1, 2] and sum(not v for _, v in items) == 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=specs, epoch=st.integers(0, 3))
+def test_padding_is_spread_so_real_samples_per_rank_differ_by_at_most_one(spec, epoch):
+    """With drop_last=False every rank gets floor(N/W) or ceil(N/W) real samples (issue 25: the
+    padding used to land on the last ranks, some with no real sample at all)."""
+    spec = dataclasses.replace(spec, drop_last=False)
+    n, w = spec.num_samples, spec.world_size
+    real = [sum(v for _, v in delivered(spec, epoch, r)) for r in range(w)]
+    assert all(n // w <= x <= -(-n // w) for x in real), real
+    assert sum(real) == n
+
+
+# ------------------------------------------------------------------------------ elastic resume (issue 25)
+
+cuts = st.fixed_dictionaries({"batch_size": st.integers(1, 9), "world_size": st.integers(1, 8),
+                              "drop_last": st.booleans(), "chunk_batches": st.integers(1, 5)})
+
+
+def take(plan: PlanSpec, epoch: int, progress: Progress, k: int) -> list[tuple[int, bool]]:
+    """Every rank delivers its next ``k`` batches, in the plan's order (the loader's, for any worker
+    count); ``progress`` (every rank's: they move in lockstep) advances. Returns (id, valid) of all ranks."""
+    out = []
+    for rank in range(plan.world_size):
+        out += delivered(plan, epoch, rank, 1, progress)[: k * plan.batch_size]
+    for c in rank_chunks(plan, 0, progress):
+        for b in range(c.first_batch, c.num_batches):
+            if k == 0:
+                return out
+            progress.advance(c.index, b)
+            k -= 1
+    return out
+
+
+def saved_state(plan: PlanSpec, progress: Progress) -> dict:
+    """What a checkpoint holds of rank 0's position, after a trip through JSON."""
+    return json.loads(json.dumps({"plan": plan_identity(plan), "progress": progress.to_dict(),
+                                  "before": [part.to_dict() for part in plan.before]}))
+
+
+def resumed(spec: PlanSpec, epoch: int, state: dict) -> tuple[PlanSpec, Progress]:
+    return resume_plan(spec, epoch, state["plan"], state["progress"],
+                       [Earlier.from_dict(epoch, d) for d in state["before"]])
+
+
+def check_elastic(spec: PlanSpec, epoch: int, data, resumes: int) -> None:
+    """Run part of an epoch, save rank 0's position, resume it under another cut (world size,
+    batch size, shuffle window, drop_last; or the same), ``resumes`` times, then run the epoch
+    out: every sample of the epoch is delivered once, the ranks of every plan take equal steps,
+    and without drop_last the real samples per rank differ by at most one."""
+    epoch_ids = sorted(i for r in range(spec.world_size) for i, v in delivered(spec, epoch, r) if v)
+    plan, progress = spec, Progress.for_rank(spec)
+    seen: list[int] = []
+    done = 0  # batches every rank has taken this epoch
+    dropped_at_most = 0  # samples a plan with drop_last may leave out of the rest: less than one step
+    for _ in range(resumes):
+        left = steps_per_rank(plan) - progress.batches_done
+        if left <= 1:
+            break
+        k = data.draw(st.integers(0 if (progress.started or plan.before) else 1, left - 1), label="stop")
+        seen += [i for i, v in take(plan, epoch, progress, k) if v]
+        done += k
+        state = saved_state(plan, progress)
+        cut = data.draw(cuts, label="new cut")
+        new = dataclasses.replace(spec, **cut)
+        same = all(state["plan"][key] == value for key, value in cut.items())
+        plan, progress = resumed(new, epoch, state)
+        # len(): the batches of the epoch, those taken before the resume counted
+        assert epoch_steps(plan) == done + steps_per_rank(plan) - progress.batches_done
+        if same:  # the saved plan continues, in its order
+            assert plan.before == tuple(Earlier.from_dict(epoch, d) for d in state["before"])
+        elif cut["drop_last"]:
+            dropped_at_most += cut["world_size"] * cut["batch_size"] - 1
+        if not plan.drop_last:
+            real = [sum(v for _, v in delivered(plan, epoch, r)) for r in range(plan.world_size)]
+            assert max(real) - min(real) <= 1, real
+    rest = [delivered(plan, epoch, r, 1, progress) for r in range(plan.world_size)]
+    assert len({len(items) for items in rest}) == 1  # equal steps on every rank
+    seen += [i for items in rest for i, v in items if v]
+    assert len(seen) == len(set(seen))  # nothing twice
+    assert set(seen) <= set(epoch_ids)
+    assert len(epoch_ids) - len(seen) <= dropped_at_most  # nothing lost but what a drop_last plan drops
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=specs, epoch=st.integers(0, 3), data=st.data())
+def test_elastic_resume_delivers_exactly_the_rest_of_the_epoch(spec, epoch, data):
+    check_elastic(spec, epoch, data, resumes=1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=specs, epoch=st.integers(0, 3), data=st.data())
+def test_resumes_one_after_another_in_one_epoch(spec, epoch, data):
+    check_elastic(spec, epoch, data, resumes=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=st.one_of(object_specs, rowgroup_specs), epoch=st.integers(0, 3), data=st.data())
+def test_elastic_resume_over_objects_and_row_groups(spec, epoch, data):
+    check_elastic(spec, epoch, data, resumes=2)
+
+
+def test_a_resume_with_the_same_cut_keeps_the_order_of_an_uninterrupted_run():
+    spec = PlanSpec(counts=(13, 0, 21, 8, 1), batch_size=3, world_size=2, seed=4, chunk_batches=2, drop_last=False)
+    progress = Progress.for_rank(spec)
+    first = take(spec, 1, progress, 3)
+    plan, progress = resumed(spec, 1, saved_state(spec, progress))
+    assert plan == spec and progress.batches_done == 3
+    for rank in range(2):
+        full = delivered(spec, 1, rank)
+        assert full == first[rank * 9:(rank + 1) * 9] + delivered(plan, 1, rank, 1, progress)
+
+
+def test_an_elastic_plan_is_the_rest_of_its_epoch_only():
+    spec = PlanSpec(counts=(20,), batch_size=2, world_size=2)
+    progress = Progress.for_rank(spec)
+    take(spec, 0, progress, 1)
+    plan, _ = resumed(dataclasses.replace(spec, world_size=3), 0, saved_state(spec, progress))
+    assert plan.length == 16 and epoch_steps(plan) == 1 + 16 // 6  # drop_last: 4 of the rest left out
+    with pytest.raises(PlanError, match="rest of epoch 0, not of epoch 1"):
+        chunk_sample_ids(plan, 1, rank_chunks(plan, 0)[0])
+
+
+def v1_delivered(spec: PlanSpec, epoch: int, rank: int, progress: Progress) -> list[tuple[int, bool]]:
+    """What the plan of state version 1 delivered on ``rank`` up to ``progress``: contiguous rank
+    spans of steps x batch positions, padding past the end of the sequence (the last ranks),
+    chunk windows keyed by (seed, epoch, 2, start). A reference written out here, not the planner."""
+    order = shard_order(spec, epoch)
+    seq = np.concatenate([np.arange(spec.counts[s]) + spec.first_ids[s] for s in order] or [np.zeros(0, np.int64)])
+    size = steps_per_rank(spec) * spec.batch_size
+    out = []
+    for index, first in enumerate(range(0, steps_per_rank(spec), spec.chunk_batches)):
+        start = rank * size + first * spec.batch_size
+        n = min(spec.chunk_batches, steps_per_rank(spec) - first) * spec.batch_size
+        pos = start + (permutation(n, (spec.seed, epoch, 2, start)) if spec.shuffle else np.arange(n))
+        pos = pos[: progress.done(index) * spec.batch_size]
+        out += [(int(seq[p % spec.num_samples]), bool(p < spec.num_samples)) for p in pos]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=specs, epoch=st.integers(0, 3), data=st.data(), workers=st.integers(1, 4))
+def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epoch, data, workers):
+    """A mid-epoch state of version 1: padding on the last ranks, and chunks delivered interleaved
+    by several workers (several chunks started). Resumed under its own cut or another, the
+    samples not yet delivered by any rank are delivered, each once."""
+    steps = steps_per_rank(spec)
+    if steps < 2 or spec.num_samples == 0:
+        return
+    sizes = Progress.for_rank(spec).chunk_sizes
+    queues = [[(c, b) for c in range(w, len(sizes), workers) for b in range(sizes[c])] for w in range(workers)]
+    batches = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]  # round-robin
+    progress = Progress.for_rank(spec)
+    for c, b in batches[: data.draw(st.integers(1, len(batches) - 1))]:
+        progress.advance(c, b)
+    seen = [i for r in range(spec.world_size) for i, v in v1_delivered(spec, epoch, r, progress) if v]
+    cut = data.draw(st.one_of(st.just({}), cuts))
+    new = dataclasses.replace(spec, **cut)
+    state = json.loads(json.dumps({"plan": plan_identity(spec), "progress": progress.to_dict()}))
+    plan, rest_progress = resume_plan(new, epoch, state["plan"], state["progress"], spread=False)
+    rest = [delivered(plan, epoch, r, 1, rest_progress) for r in range(plan.world_size)]
+    assert len({len(items) for items in rest}) == 1
+    seen += [i for items in rest for i, v in items if v]
+    assert len(seen) == len(set(seen))
+    epoch_all = spec.num_samples if not spec.drop_last else steps * spec.world_size * spec.batch_size
+    lost = epoch_all - len(seen)
+    assert 0 <= lost <= (new.world_size * new.batch_size - 1 if new.drop_last and plan.before else 0)
