@@ -155,8 +155,10 @@ class ResolvedSource:
             t = m.objects
             return ObjectVersion(vouched if t.crc32 is None else f"crc32:{int(t.crc32[i])}", int(t.sizes[i]))
         if m.parquet is not None:
-            crcs = m.parquet.crc32
-            return ObjectVersion(vouched if crcs is None else f"crc32:{int(crcs[i])}")
+            g = m.parquet
+            if g.crc32 is not None:
+                return ObjectVersion(f"crc32:{int(g.crc32[i])}")
+            return ObjectVersion(vouched and f"{vouched};size={int(g.file_sizes[int(g.file[i])])}")
         entry = m.shards[i]
         return ObjectVersion(f"sha256:{entry.sha256}" if entry.sha256 else vouched, entry.size)
 

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 import fsspec
 import pytest
 from datagen import payload, write_dataset
-from inplace_data import CLASSES, label_of, write_flat_folder
+from inplace_data import CLASSES, label_of, write_flat_folder, write_parquet
 from s3util import storage_options_via
 
 from gpupipe.core.types import ByteRange
@@ -253,13 +253,18 @@ def test_shard_rewritten_without_a_manifest_is_read_anew(place, tmp_path):
 
 
 # -- a second epoch hits --------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["shards", "folder with checksums", "folder"])
+@pytest.mark.parametrize("kind", ["shards", "folder with checksums", "folder", "parquet"])
 def test_second_epoch_reads_nothing_from_storage(s3_bucket, s3_proxy, tmp_path, monkeypatch, kind):
     opts = s3_bucket.storage_options
     if kind == "shards":
         write_dataset(s3_bucket.url("ds"), COUNTS, storage_options=opts, manifest=False)
         index(s3_bucket.url("ds/"), storage_options=opts, progress=False)
         keys = {f"k{i:07d}" for i in range(N)}
+    elif kind == "parquet":
+        pytest.importorskip("pyarrow")
+        write_parquet(s3_bucket.url("ds"), [20, 20], storage_options=opts)
+        index_in_place(s3_bucket.url("ds/"), storage_options=opts, checksums=True, progress=False)
+        keys = {f"part-{k:03d}.parquet/{r}" for k in range(2) for r in range(20)}
     else:
         write_flat_folder(s3_bucket.url("ds"), 40, storage_options=opts)
         index_in_place(s3_bucket.url("ds/"), storage_options=opts, checksums=kind != "folder", progress=False)
