@@ -67,7 +67,7 @@ class FetchConfig:
     concurrency: int = 8  # requests in flight per worker
     object_concurrency: int = 32  # the same, for an image folder (one small request per image)
     readahead_bytes: int = 64 * MiB  # bytes requested but not yet consumed, per worker
-    block_bytes: int = 8 * MiB  # largest single request
+    block_bytes: int = 8 * MiB  # largest single request; with a cache, the grid its blocks sit on
     retries: int = 8  # attempts after the first, for transient errors
     backoff_s: float = 0.05
     backoff_max_s: float = 5.0
@@ -90,7 +90,7 @@ class FetchStats:
     retries: int = 0
     refetches: int = 0  # byte ranges read again because their bytes failed a checksum
     bytes: int = 0
-    cache_hits: int = 0
+    cache_hits: int = 0  # blocks answered by the cache
     wait_s: float = 0.0  # time the consumer waited for bytes
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -394,8 +394,9 @@ class Fetcher:
                     break
                 index, total, block, version = item
                 counts[index] = total
-                pending.append((index, block.length or 0, self._pool.submit(self.read, block, version=version)))
-                in_flight += block.length or 0
+                held = self._held(block, version)
+                pending.append((index, held, self._pool.submit(self.read, block, version=version)))
+                in_flight += held
             if not pending:
                 return
             index, nbytes, fut = pending.popleft()
@@ -412,6 +413,16 @@ class Fetcher:
                 error = next((p for p in parts if isinstance(p, StorageError)), None)
                 yield error if error is not None else [p for p in parts if isinstance(p, bytes)]
                 next_out += 1
+
+    def _held(self, piece: ByteRange, v: ObjectVersion) -> int:
+        """The bytes a read of ``piece`` holds in memory: its cache block, when it comes from
+        one (a few bytes of a range may need a whole block), else itself."""
+        length = piece.length or 0
+        if self._cache is None or not v.tag or v.size is None or piece.stop is None or piece.stop > v.size:
+            return length
+        step = self.config.block_bytes
+        k = piece.start // step
+        return max(length, min((k + 1) * step, v.size) - k * step)
 
     def _blocks(self, ranges: Iterable[tuple[ByteRange, Version]]) -> Iterator[tuple[int, int, ByteRange, ObjectVersion]]:
         """Each range cut into requests of at most ``block_bytes``: on the cache's grid when
