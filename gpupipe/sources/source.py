@@ -24,7 +24,11 @@ across ranks are then by whole shard and not exact.
 
 To the plan every source is a list of *units* with sample counts: tar shards,
 objects (one image each) or Parquet row groups. ``ResolvedSource.shard_urls[i]``
-is the URL of unit ``i`` (for a Parquet row group, its file).
+is the URL of unit ``i`` (for a Parquet row group, its file), and
+``ResolvedSource.unit_version(i)`` what its bytes are known by in the block cache
+(:mod:`gpupipe.storage.identity`): its checksum in the manifest, else the identity of
+what described it — the ``index.json`` (its ETag or mtime, from the one ``info()`` its
+read makes anyway) or, for a source listed at start, the listing.
 """
 from __future__ import annotations
 
@@ -44,10 +48,12 @@ from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.rowgroups import require_pyarrow
 from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
+from gpupipe.storage.identity import RACY_S, ObjectVersion, digest_of, identity_of
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 
 log = logging.getLogger(__name__)
+_DELTA_FILES = "delta"  # a Delta table's data files are never rewritten under their names (the protocol)
 
 
 @dataclass(frozen=True)
@@ -106,13 +112,17 @@ class ResolvedSource:
     manifest describing them in the same order (``None``: tar shards without one);
     ``delta_version``: the Delta table version they are the files of; ``skipped``: for an
     image folder described from its listing, ``(path, why)`` of each file not read as an
-    image (empty when an index described it)."""
+    image (empty when an index described it); ``identity``: the version tag of what described
+    the units — the index (its storage identity), or a digest of the listing made at start
+    — which vouches for units the manifest has no checksum of (``""``: none; those units
+    are then never cached)."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     delta_version: int | None = None
     skipped: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    identity: str = field(default="", repr=False, compare=False)
 
     @property
     def num_samples(self) -> int | None:
@@ -122,6 +132,27 @@ class ResolvedSource:
     def kind(self) -> str:
         """``tar``, ``folder`` or ``parquet``."""
         return "tar" if self.manifest is None else self.manifest.kind
+
+    def unit_version(self, i: int) -> ObjectVersion:
+        """What the bytes of unit ``i`` are known by in the block cache: a tar shard's SHA-256
+        and size, an object's or row group's CRC-32 (``gpupipe index --checksums``), else
+        :attr:`identity` — re-indexing, or any change to a folder listed at start, makes it
+        new. An empty tag: not cached. A row group has no size: its column chunks are always
+        read as the same ranges, and cached as such. Without a manifest (whole shards): an
+        empty version, which a whole read completes with the storage's identity."""
+        m, vouched = self.manifest, f"described:{self.identity}" if self.identity else ""
+        if m is None:
+            return ObjectVersion()
+        if m.objects is not None:
+            t = m.objects
+            return ObjectVersion(vouched if t.crc32 is None else f"crc32:{int(t.crc32[i])}", int(t.sizes[i]))
+        if m.parquet is not None:
+            g = m.parquet
+            if g.crc32 is not None:
+                return ObjectVersion(f"crc32:{int(g.crc32[i])}")
+            return ObjectVersion(vouched and f"{vouched};size={int(g.file_sizes[int(g.file[i])])}")
+        entry = m.shards[i]
+        return ObjectVersion(f"sha256:{entry.sha256}" if entry.sha256 else vouched, entry.size)
 
 
 def expand_pattern(pattern: str | Sequence[str]) -> list[str]:
@@ -152,17 +183,33 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     urls = expand_pattern(source.url)
     urls[0], pinned = split_version(urls[0]) if len(urls) == 1 else (urls[0], None)
     fs, _ = open_filesystem(urls[0], source.storage_options)
-    protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
     fetcher = Fetcher(fs, fetch or FetchConfig())
+    resolved = _resolve(fetcher, source, urls, pinned, use_index)
+    m = resolved.manifest
+    if fetcher.config.cache_dir and m is not None and not resolved.identity and \
+            ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
+        log.info("%s: its %s are read past stream.fetch.cache_dir: no checksums in the index, and no identity of "
+                 "the index (or of the files listed) to vouch for them — the storage gives none, or something was "
+                 "written less than %g s ago. `gpupipe index --checksums` makes them cacheable.",
+                 _first_url(source.url), "images" if m.objects is not None else "row groups", RACY_S)
+    return resolved
+
+
+def _first_url(url: str | Sequence[str]) -> str:
+    return url if isinstance(url, str) else url[0]
+
+
+def _resolve(fetcher: Fetcher, source: Source, urls: list[str], pinned: int | None, use_index: bool) -> ResolvedSource:
+    protocol = urls[0].split("://", 1)[0] + "://" if "://" in urls[0] else ""
     if pinned is not None:
         return _delta_source(fetcher, urls[0].rstrip("/") + "/", source, pinned, use_index)
     if len(urls) == 1 and _is_folder(fetcher, urls[0]):
         u = urls[0]
         folder = u[: -len(MANIFEST_NAME)] if u.endswith(MANIFEST_NAME) else u.rstrip("/") + "/"
-        manifest = _load_manifest(fetcher, folder + MANIFEST_NAME) if use_index else None
-        if manifest is not None:
-            _check_classes(manifest, source, folder)
-            return _with_manifest(folder, manifest, source)
+        indexed = _load_manifest(fetcher, folder + MANIFEST_NAME) if use_index else None
+        if indexed is not None:
+            _check_classes(indexed[0], source, folder)
+            return _with_manifest(folder, indexed[0], source, indexed[1])
         in_place = _listed_folder(fetcher, folder, source, warn=use_index)
         if in_place is not None:
             return in_place
@@ -178,24 +225,27 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
             paths.append(u)
     if paths and all(p.endswith(".parquet") for p in paths):
         return _parquet_source(fetcher, paths, source, use_index)
-    manifest = _manifest_for(fetcher, paths) if use_index else None
-    if manifest is None and use_index:
+    listed, identity = _manifest_for(fetcher, paths) if use_index else (None, "")
+    if listed is None and use_index:
         fetcher.size(paths[0])  # fail here, clearly, if the storage is not reachable
         log.warning(
             "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and workers are "
             "by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
             MANIFEST_NAME, len(paths))
-    return ResolvedSource(tuple(paths), manifest, source.storage_options)
+    return ResolvedSource(tuple(paths), listed, source.storage_options, identity=identity)
 
 
-def _with_manifest(folder: str, manifest: Manifest, source: Source) -> ResolvedSource:
+def _with_manifest(folder: str, manifest: Manifest, source: Source, identity: str) -> ResolvedSource:
+    """``identity``: the version tag of what described the units (see :class:`ResolvedSource`)."""
     if manifest.objects is not None:
-        return ResolvedSource(UnitURLs(folder, manifest.objects.names), manifest, source.storage_options)
+        return ResolvedSource(UnitURLs(folder, manifest.objects.names), manifest, source.storage_options,
+                              identity=identity)
     if manifest.parquet is not None:
         require_pyarrow()  # here, not first in each worker: a clear error, and forked workers inherit it
         urls = UnitURLs(folder, manifest.parquet.files, manifest.parquet.file)
-        return ResolvedSource(urls, manifest, source.storage_options)
-    return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options)
+        return ResolvedSource(urls, manifest, source.storage_options, identity=identity)
+    return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options,
+                          identity=identity)
 
 
 def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
@@ -210,7 +260,7 @@ def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
 
 def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:
     """An image folder or Parquet files, described from one listing (``None``: tar shards)."""
-    listing = _listing(fetcher, folder)
+    listing, identity = _listing(fetcher, folder)
     version = latest_version(listing)
     if version is not None:  # a Delta table
         return _delta_source(fetcher, folder, source, version, warn)
@@ -227,9 +277,9 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
         skipped: list[tuple[str, str]] = []
         manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes, skipped)
         _described_at_start(manifest, folder, warn)
-        return replace(_with_manifest(folder, manifest, source), skipped=tuple(skipped))
+        return replace(_with_manifest(folder, manifest, source, identity), skipped=tuple(skipped))
     _described_at_start(manifest, folder, warn)
-    return _with_manifest(folder, manifest, source)
+    return _with_manifest(folder, manifest, source, identity)
 
 
 def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:
@@ -244,23 +294,25 @@ def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_inde
     describes them all, else their footers."""
     folders = {posixpath.dirname(p) for p in paths}
     folder = folders.pop() + "/" if len(folders) == 1 else ""
-    manifest = _load_manifest(fetcher, folder + MANIFEST_NAME) if folder and use_index else None
-    if manifest is not None and manifest.parquet is not None and \
-            {folder + n for n in manifest.parquet.files} == set(paths):
-        _check_classes(manifest, source, folder)
-        return _with_manifest(folder, manifest, source)
+    found = _load_manifest(fetcher, folder + MANIFEST_NAME) if folder and use_index else None
+    if found is not None and found[0].parquet is not None and \
+            {folder + n for n in found[0].parquet.files} == set(paths):
+        _check_classes(found[0], source, folder)
+        return _with_manifest(folder, found[0], source, found[1])
     root = _common_folder(paths)
-    sizes = [fetcher.size(p) for p in paths]
+    infos = [fetcher.call(p, "info") for p in paths]  # the size, and with it the identity (as the glob listed it)
+    sizes = [int(info["size"]) for info in infos]
     manifest = describe_parquet_files(fetcher, root, [p[len(root):] for p in paths], sizes, source.image_column,
                                       source.label_column, source.classes)
     _described_at_start(manifest, root, use_index)
-    return _with_manifest(root, manifest, source)
+    return _with_manifest(root, manifest, source, digest_of((p, identity_of(i)) for p, i in zip(paths, infos)))
 
 
 def _delta_source(fetcher: Fetcher, folder: str, source: Source, version: int, use_index: bool) -> ResolvedSource:
     """The Parquet files of version ``version`` of the Delta table at ``folder``: from its
     ``_gpupipe_index.json`` when that describes this version, else from the log and footers."""
-    text = _read_text(fetcher, folder + DELTA_INDEX) if use_index else None
+    got = _read_text(fetcher, folder + DELTA_INDEX) if use_index else None
+    text = None if got is None else got[0]
     indexed = None if text is None else parse_index(text, folder + DELTA_INDEX)
     if indexed is not None and indexed != version:
         log.warning("%s describes version %d of the table, not version %d: ignored (its file list is stale), the "
@@ -275,15 +327,19 @@ def _delta_source(fetcher: Fetcher, folder: str, source: Source, version: int, u
         manifest = describe_parquet_files(fetcher, folder, snap.names, snap.sizes, source.image_column,
                                           source.label_column, source.classes)
         _described_at_start(manifest, folder, use_index, DELTA_INDEX)
-    return replace(_with_manifest(folder, manifest, source), delta_version=version)
+    return replace(_with_manifest(folder, manifest, source, _DELTA_FILES), delta_version=version)
 
 
-def _listing(fetcher: Fetcher, folder: str) -> FolderListing:
-    """One recursive listing of ``folder``, classified. The filesystem's own listing cache
-    is dropped after it: a later ``index.json`` (or any change) must be seen."""
+def _listing(fetcher: Fetcher, folder: str) -> tuple[FolderListing, str]:
+    """One recursive listing of ``folder``, classified, and the digest of every listed file's
+    identity (``""`` when one has none: then nothing it describes is cached). The
+    filesystem's own listing cache is dropped after it: a later ``index.json`` (or any
+    change) must be seen."""
     found = fetcher.call(folder, "find", None, False, True)
     fetcher.fs.invalidate_cache(fetcher.fs._strip_protocol(folder))
-    return classify_listing(fetcher.fs._strip_protocol(folder), found)
+    files = {p: info for p, info in found.items() if info.get("type", "file") != "directory"}
+    return classify_listing(fetcher.fs._strip_protocol(folder), found), \
+        digest_of((p, identity_of(info)) for p, info in files.items())
 
 
 def _common_folder(paths: list[str]) -> str:
@@ -296,7 +352,7 @@ def _nothing_matches(fetcher: Fetcher, pattern: str) -> str:
     """Why a glob matched nothing, and what to do — the folder may hold images instead."""
     folder = pattern[: max(pattern.rfind("/"), 0)]
     try:
-        listing = _listing(fetcher, folder)
+        listing = _listing(fetcher, folder)[0]
     except StorageError:
         listing = None
     if listing is not None and listing.kind in ("folder", "parquet"):
@@ -307,35 +363,41 @@ def _nothing_matches(fetcher: Fetcher, pattern: str) -> str:
             ".parquet files, or make shards with `gpupipe ingest`")
 
 
-def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> Manifest | None:
-    """The manifest entries of these shards, if one manifest in their folder lists them all."""
+def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> tuple[Manifest | None, str]:
+    """The manifest entries of these shards, if one manifest in their folder lists them all,
+    and the manifest's identity."""
     folders = {posixpath.dirname(u) for u in shard_urls}
     if len(folders) != 1:
-        return None
+        return None, ""
     folder = folders.pop() + "/"
-    manifest = _load_manifest(fetcher, folder + MANIFEST_NAME)
-    if manifest is None:
-        return None
+    found = _load_manifest(fetcher, folder + MANIFEST_NAME)
+    if found is None:
+        return None, ""
+    manifest, identity = found
     by_name = {s.name: s for s in manifest.shards}
     names = [u[len(folder):] for u in shard_urls]
     missing = [n for n in names if n not in by_name]
     if missing:
         log.warning("%s does not list %s; ignoring it", folder + MANIFEST_NAME, missing[:3])
-        return None
+        return None, ""
     entries: list[ShardEntry] = [by_name[n] for n in names]
-    return Manifest(shards=tuple(entries), classes=manifest.classes)
+    return Manifest(shards=tuple(entries), classes=manifest.classes), identity
 
 
-def _load_manifest(fetcher: Fetcher, url: str) -> Manifest | None:
-    """The manifest at ``url``; ``None`` when there is none (other storage errors raise)."""
-    text = _read_text(fetcher, url)
-    return None if text is None else Manifest.from_json(text, source=url)
+def _load_manifest(fetcher: Fetcher, url: str) -> tuple[Manifest, str] | None:
+    """The manifest at ``url`` and its identity; ``None`` when there is none (other storage
+    errors raise)."""
+    got = _read_text(fetcher, url)
+    return None if got is None else (Manifest.from_json(got[0], source=url), got[1])
 
 
-def _read_text(fetcher: Fetcher, url: str) -> bytes | None:
-    """The bytes at ``url``; ``None`` when there is no such object (other storage errors raise)."""
+def _read_text(fetcher: Fetcher, url: str) -> tuple[bytes, str] | None:
+    """The bytes at ``url`` and their identity (the version tag from the one ``info()`` a
+    whole read needs for the size; the cache answers only for that tag); ``None`` when there
+    is no such object (other storage errors raise)."""
     try:
-        return fetcher.read(ByteRange(url))
+        version = fetcher.stat(url)
+        return fetcher.read(ByteRange(url), version=version), version.tag
     except StorageError as exc:
         if isinstance(exc.__cause__, FileNotFoundError) and "bucket" not in str(exc.__cause__).lower():
             return None

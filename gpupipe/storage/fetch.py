@@ -5,7 +5,8 @@ worker) from plain data — a URL, ``storage_options`` and a
 :class:`FetchConfig` — never pickled with an open filesystem.
 
 Every read is a byte range (``cat_file(path, start, end)``): with the
-manifest's offsets that is one GET per block, and no HEAD before it. Transient
+manifest's offsets that is one GET per block, and no HEAD before it (a whole
+object of unknown size costs one ``info()`` first). Transient
 failures (5xx including S3 SlowDown, 429, connection reset, timeouts, a body
 shorter than asked) are retried with capped exponential backoff and full
 jitter; a block is only ever returned whole, so bytes are never joined wrongly.
@@ -19,6 +20,14 @@ Bytes that arrive whole but wrong (a flipped byte, an object replaced between
 two reads) are caught by the stream's per-sample checksums, which then ask for
 each damaged sample again with :meth:`Fetcher.read_fresh` (past the cache), at
 most ``FetchConfig.refetch`` times, after dropping the damaged blocks from the cache.
+
+With ``cache_dir`` set, a range is read through a :class:`~gpupipe.storage.cache.BlockCache`
+only when its object's version is known (:mod:`gpupipe.storage.identity`): a checksum from
+the manifest, given with the range, or the storage's identity, from the ``info()`` a whole
+object needs anyway. An object of known size is cached in blocks of a fixed grid —
+``[k * block_bytes, (k + 1) * block_bytes)``, the last one ending with the object — which
+are fetched whole and sliced, so that a range that starts elsewhere next epoch finds them.
+Without a known size a range is cached as it is asked for; without a version, not at all.
 """
 from __future__ import annotations
 
@@ -37,9 +46,12 @@ from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageErro
 from gpupipe.core.types import ByteRange
 from gpupipe.storage.cache import BlockCache
 from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
+from gpupipe.storage.identity import ObjectVersion, as_version, identity_of
 
-__all__ = ["FetchConfig", "FetchStats", "Fetcher", "open_filesystem", "is_transient", "refuse_commands",
-           "storage_errors"]
+__all__ = ["FetchConfig", "FetchStats", "Fetcher", "ObjectVersion", "Version", "open_filesystem", "is_transient",
+           "refuse_commands", "storage_errors"]
+
+Version = ObjectVersion | str  # a bare string is a tag of unknown size
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -55,7 +67,7 @@ class FetchConfig:
     concurrency: int = 8  # requests in flight per worker
     object_concurrency: int = 32  # the same, for an image folder (one small request per image)
     readahead_bytes: int = 64 * MiB  # bytes requested but not yet consumed, per worker
-    block_bytes: int = 8 * MiB  # largest single request
+    block_bytes: int = 8 * MiB  # largest single request; with a cache, the grid its blocks sit on
     retries: int = 8  # attempts after the first, for transient errors
     backoff_s: float = 0.05
     backoff_max_s: float = 5.0
@@ -78,7 +90,7 @@ class FetchStats:
     retries: int = 0
     refetches: int = 0  # byte ranges read again because their bytes failed a checksum
     bytes: int = 0
-    cache_hits: int = 0
+    cache_hits: int = 0  # blocks answered by the cache
     wait_s: float = 0.0  # time the consumer waited for bytes
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -162,7 +174,9 @@ class Fetcher:
         self._cache = BlockCache(config.cache_dir, config.cache_bytes) if config.cache_dir else None
         self._jitter = random.Random()  # timing only; never touches data order
         self._lock = threading.Lock()
+        self._loading: dict[str, threading.Event] = {}  # cache blocks being fetched by a thread now
         self._pool: ThreadPoolExecutor | None = None
+        self._cache_failed = False  # a cache write failed (disk full?): said once
         self.answered = False  # has a request succeeded (so the endpoint is right)?
 
     @classmethod
@@ -179,26 +193,104 @@ class Fetcher:
     def size(self, url: str) -> int:
         return int(self._retrying(url, lambda: self.fs.size(self.fs._strip_protocol(url))))
 
+    def stat(self, url: str) -> ObjectVersion:
+        """The object's size and its storage identity as a version tag, from one ``info()``
+        (a HEAD on object stores) — asked of the storage, not of a listing cached earlier.
+        The tag is ``""`` when the storage gives none (:func:`~gpupipe.storage.identity.identity_of`)."""
+        path = self.fs._strip_protocol(url)
+
+        def attempt():
+            self.fs.invalidate_cache(path)
+            return self.fs.info(path)
+
+        info = self._retrying(url, attempt)
+        return ObjectVersion(identity_of(info), int(info["size"]))
+
     def call(self, url: str, method: str, *args):
         """``fs.<method>(path_of(url), *args)`` with the same retries as reads
         (for listings and metadata: ``glob``, ``isdir``, ``exists``)."""
         return self._retrying(url, lambda: getattr(self.fs, method)(self.fs._strip_protocol(url), *args))
 
-    def read(self, r: ByteRange, *, version: str = "", fresh: bool = False) -> bytes:
+    def read(self, r: ByteRange, *, version: Version = "", fresh: bool = False) -> bytes:
         """The bytes of ``r`` (``stop=None``: to the end), retried; never short.
-        ``fresh``: from storage even when cached (and the cache entry replaced)."""
-        stop = self.size(r.url) if r.stop is None else r.stop
+
+        ``version`` says what the object's bytes are (:class:`ObjectVersion`, or a tag of
+        unknown size); the cache answers only for a known version. ``r`` to the end of an
+        object of unknown size costs one ``info()``, which gives the storage's identity
+        when ``version`` gives none. ``fresh``: from storage, past the cache (whose blocks
+        of ``r`` are dropped) — for bytes that failed their checksum.
+        """
+        v = as_version(version)
+        if r.stop is None and v.size is None:
+            v = self._whole(r.url, v)
+        stop = v.size if r.stop is None else r.stop
+        assert stop is not None, "known from the range or the version"
         if stop <= r.start:
             return b""
-        key = BlockCache.key(r.url, r.start, stop, version) if self._cache else ""
-        if self._cache and not fresh and (hit := self._cache.get(key)) is not None and len(hit) == stop - r.start:
+        if fresh:
+            self.forget(ByteRange(r.url, r.start, stop), v)
+        if self._cache is None or not v.tag or fresh:
+            return self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop))
+        parts = [self._cached(r.url, v.tag, a, b)[lo:hi] for a, b, lo, hi in self._cells(r.start, stop, v)]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _whole(self, url: str, v: ObjectVersion) -> ObjectVersion:
+        """``v`` with the object's size, and the storage's identity as its tag when it has none."""
+        found = self.stat(url)
+        return ObjectVersion(v.tag or found.tag, found.size)
+
+    def _cells(self, start: int, stop: int, v: ObjectVersion) -> list[tuple[int, int, int, int]]:
+        """``(a, b, lo, hi)`` for each cache entry ``[a, b)`` that ``[start, stop)`` needs, and
+        the part of it, ``[lo, hi)``, that falls in the range: the cells of the grid when the
+        object's size is known, else the range itself."""
+        if v.size is None or stop > v.size:
+            return [(start, stop, 0, stop - start)]
+        step, out = self.config.block_bytes, []
+        for k in range(start // step, (stop - 1) // step + 1):
+            a, b = k * step, min((k + 1) * step, v.size)
+            out.append((a, b, max(start, a) - a, min(stop, b) - a))
+        return out
+
+    def _cached(self, url: str, tag: str, a: int, b: int) -> bytes:
+        """Bytes ``[a, b)`` of version ``tag`` of ``url``: from the cache, else fetched (once,
+        however many threads ask at the same time) and put there."""
+        assert self._cache is not None, "read() checked it"
+        key = BlockCache.key(url, tag, a, b)
+        while True:
+            hit = self._cache.get(key)
+            if hit is not None and len(hit) == b - a:
+                with self._lock:
+                    self.stats.cache_hits += 1
+                return hit
+            done = self._claim(key)
+            if done is not None:
+                break
+        try:
+            data = self._retrying(url, lambda: self._read_once(url, a, b))
+            try:
+                self._cache.put(key, data)
+            except OSError as exc:  # a full or read-only disk costs the cache, never the read
+                if not self._cache_failed:
+                    self._cache_failed = True
+                    log.warning("stream.fetch.cache_dir %s: cannot write (%s); reading past the cache",
+                                self._cache.root, exc)
+            return data
+        finally:
             with self._lock:
-                self.stats.cache_hits += 1
-            return hit
-        data = self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop))
-        if self._cache:
-            self._cache.put(key, data)
-        return data
+                del self._loading[key]
+            done.set()
+
+    def _claim(self, key: str) -> threading.Event | None:
+        """The event to set once this thread has fetched block ``key``; ``None`` after
+        waiting for another thread that was fetching it (its bytes are in the cache now,
+        unless that fetch failed)."""
+        with self._lock:
+            loading = self._loading.get(key)
+            if loading is None:
+                self._loading[key] = threading.Event()
+                return self._loading[key]
+        loading.wait()
+        return None
 
     def _read_once(self, url: str, start: int, stop: int) -> bytes:
         refuse_commands([url])  # a list of URLs is opened with the first one's filesystem
@@ -254,17 +346,21 @@ class Fetcher:
                 return None
         return storage_error(exc, url, fault=fault, attempts=attempts)
 
-    def forget(self, r: ByteRange, version: str = "") -> None:
-        """Drop the cached blocks of ``r`` (as :meth:`read_many` cut it): their bytes were bad."""
-        if self._cache is None:
+    def forget(self, r: ByteRange, version: Version = "") -> None:
+        """Drop the cached blocks that hold bytes of ``r``: they were bad."""
+        v = as_version(version)
+        stop = v.size if r.stop is None else r.stop
+        if self._cache is None or not v.tag or stop is None:
             return
-        for _, _, b, v in self._blocks([(r, version)]):
-            if b.stop is not None:  # always: _blocks gives each block its stop
-                self._cache.discard(BlockCache.key(b.url, b.start, b.stop, v))
+        keys = {BlockCache.key(r.url, v.tag, a, b) for a, b, _, _ in self._cells(r.start, stop, v)}
+        if v.size is None or stop > v.size:  # cached as read_many cut it
+            keys.update(BlockCache.key(b.url, v.tag, b.start, b.stop or 0) for _, _, b, _ in self._blocks([(r, v)]))
+        for key in keys:
+            self._cache.discard(key)
 
-    def read_fresh(self, r: ByteRange, version: str = "") -> list[bytes] | StorageError:
-        """``r`` again, block by block as :meth:`read_many` cut it, bypassing (and
-        overwriting) the cache: for bytes that arrived whole but failed a checksum."""
+    def read_fresh(self, r: ByteRange, version: Version = "") -> list[bytes] | StorageError:
+        """``r`` again from storage, block by block, past the cache (whose blocks of ``r``
+        are dropped): for bytes that arrived whole but failed a checksum."""
         with self._lock:
             self.stats.refetches += 1
         try:
@@ -273,7 +369,7 @@ class Fetcher:
             return exc
 
     # -- pipelined reads ---------------------------------------------------------------
-    def read_many(self, ranges: Iterable[tuple[ByteRange, str]]) -> Iterator[list[bytes] | StorageError]:
+    def read_many(self, ranges: Iterable[tuple[ByteRange, Version]]) -> Iterator[list[bytes] | StorageError]:
         """For each ``(range, version)`` in order, its bytes as a list of blocks — or the
         ``StorageError`` that ended it (so the caller decides; later ranges still come).
 
@@ -298,8 +394,9 @@ class Fetcher:
                     break
                 index, total, block, version = item
                 counts[index] = total
-                pending.append((index, block.length or 0, self._pool.submit(self.read, block, version=version)))
-                in_flight += block.length or 0
+                held = self._held(block, version)
+                pending.append((index, held, self._pool.submit(self.read, block, version=version)))
+                in_flight += held
             if not pending:
                 return
             index, nbytes, fut = pending.popleft()
@@ -317,10 +414,30 @@ class Fetcher:
                 yield error if error is not None else [p for p in parts if isinstance(p, bytes)]
                 next_out += 1
 
-    def _blocks(self, ranges: Iterable[tuple[ByteRange, str]]) -> Iterator[tuple[int, int, ByteRange, str]]:
+    def _held(self, piece: ByteRange, v: ObjectVersion) -> int:
+        """The bytes a read of ``piece`` holds in memory: its cache block, when it comes from
+        one (a few bytes of a range may need a whole block), else itself."""
+        length = piece.length or 0
+        if self._cache is None or not v.tag or v.size is None or piece.stop is None or piece.stop > v.size:
+            return length
+        step = self.config.block_bytes
+        k = piece.start // step
+        return max(length, min((k + 1) * step, v.size) - k * step)
+
+    def _blocks(self, ranges: Iterable[tuple[ByteRange, Version]]) -> Iterator[tuple[int, int, ByteRange, ObjectVersion]]:
+        """Each range cut into requests of at most ``block_bytes``: on the cache's grid when
+        the range is cached by it, else from the range's start. A range to the end of an
+        object of unknown size costs one ``info()`` here (its size and identity)."""
         step = self.config.block_bytes
         for index, (r, version) in enumerate(ranges):
-            stop = self.size(r.url) if r.stop is None else r.stop
-            starts = list(range(r.start, stop, step)) or [r.start]
-            for s in starts:
-                yield index, len(starts), ByteRange(r.url, s, min(s + step, stop)), version
+            v = as_version(version)
+            if r.stop is None and v.size is None:
+                v = self._whole(r.url, v)
+            stop = v.size if r.stop is None else r.stop
+            assert stop is not None, "known from the range or the version"
+            if self._cache is not None and v.tag and v.size is not None and r.start < stop <= v.size:
+                starts = [r.start] + list(range((r.start // step + 1) * step, stop, step))
+            else:
+                starts = list(range(r.start, stop, step)) or [r.start]
+            for s, e in zip(starts, starts[1:] + [stop]):
+                yield index, len(starts), ByteRange(r.url, s, max(s, e)), v

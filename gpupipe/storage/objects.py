@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 
 from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.storage.fetch import Fetcher
+from gpupipe.storage.fetch import Fetcher, Version
 
 __all__ = ["fetch_objects", "read_object_fresh"]
 
@@ -48,7 +48,7 @@ def _is_async(fetcher: Fetcher) -> bool:
         and not fetcher.config.cache_dir
 
 
-def fetch_objects(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], *, in_flight: int | None = None
+def fetch_objects(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, Version]], *, in_flight: int | None = None
                   ) -> Iterator[bytes | StorageError]:
     """For each ``(range, version)`` in order: its bytes, or the ``StorageError`` that
     ended it (later ranges still come). Every range needs a ``stop``."""
@@ -59,7 +59,7 @@ def fetch_objects(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], *, 
     yield from _window(fetcher, ranges, max(1, in_flight or fetcher.config.concurrency))
 
 
-def read_object_fresh(fetcher: Fetcher, r: ByteRange, version: str = "") -> bytes | StorageError:
+def read_object_fresh(fetcher: Fetcher, r: ByteRange, version: Version = "") -> bytes | StorageError:
     """``r`` once more from storage (bytes that failed their checksum), retried as usual
     and counted in ``stats.refetches``."""
     if not _is_async(fetcher):
@@ -69,7 +69,7 @@ def read_object_fresh(fetcher: Fetcher, r: ByteRange, version: str = "") -> byte
     return next(_window(fetcher, [(r, version)], 1))
 
 
-def _window(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, str]], in_flight: int
+def _window(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, Version]], in_flight: int
             ) -> Iterator[bytes | StorageError]:
     cfg, loop = fetcher.config, fetcher.fs.loop
     source = iter(ranges)

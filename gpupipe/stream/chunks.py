@@ -30,7 +30,7 @@ from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources.source import ResolvedSource
-from gpupipe.storage.fetch import FetchConfig, Fetcher
+from gpupipe.storage.fetch import FetchConfig, Fetcher, ObjectVersion
 from gpupipe.stream.batch import IMAGE_EXTENSIONS, image_field, label_of
 from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
 
@@ -115,7 +115,7 @@ def _parse_span(blocks: list[bytes] | GpupipeError, url: str, start_byte: int, e
     return ReadSpan(samples + [None] * (expected - len(samples)), problems)
 
 
-def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRange, version: str,
+def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRange, version: ObjectVersion,
                offsets: np.ndarray, crcs: np.ndarray | None) -> ReadSpan:
     """Parse and check a fetched byte range (``offsets``: its samples' starts and end).
 
@@ -198,23 +198,25 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
 
 
 def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) -> Iterator[ReadSpan]:
-    """Tar shards: each span is one byte range, from the manifest's offsets."""
+    """Tar shards: each span is one byte range, from the manifest's offsets; the cache knows
+    the shard by its SHA-256 in the manifest and keeps it in blocks of a fixed grid, so the
+    spans of another epoch, which start elsewhere, find them."""
     assert source.manifest is not None, "iter_chunks checked it"
     entries = source.manifest.shards
     pending: deque[Span] = deque()
 
-    def ranges() -> Iterator[tuple[ByteRange, str]]:
+    def ranges() -> Iterator[tuple[ByteRange, ObjectVersion]]:
         for s in spans:
             pending.append(s)
             a, b = entries[s.shard].byte_range(s.start, s.stop)
-            yield ByteRange(source.shard_urls[s.shard], a, b), entries[s.shard].sha256
+            yield ByteRange(source.shard_urls[s.shard], a, b), source.unit_version(s.shard)
 
     for blocks in fetcher.read_many(ranges()):
         s = pending.popleft()
         entry, url = entries[s.shard], source.shard_urls[s.shard]
         crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
         yield _read_span(fetcher, blocks, ByteRange(url, *entry.byte_range(s.start, s.stop)),
-                         entry.sha256, entry.offsets[s.start:s.stop + 1], crcs)
+                         source.unit_version(s.shard), entry.offsets[s.start:s.stop + 1], crcs)
 
 
 _READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}

@@ -35,7 +35,7 @@ from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.folder import object_sample
 from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.plan import Span
-from gpupipe.storage.fetch import Fetcher
+from gpupipe.storage.fetch import Fetcher, ObjectVersion
 from gpupipe.storage.objects import fetch_objects, read_object_fresh
 
 __all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
@@ -60,17 +60,14 @@ def object_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[Re
     table = source.manifest.objects
     urls = source.shard_urls
     ahead, mine = itertools.tee(spans)
-    fetched = fetch_objects(fetcher, ((ByteRange(urls[s.shard], 0, int(table.sizes[s.shard])), _version(table, s.shard))
-                                      for s in ahead), in_flight=fetcher.config.object_concurrency)
+    fetched = fetch_objects(fetcher, ((ByteRange(urls[s.shard], 0, int(table.sizes[s.shard])),
+                                       source.unit_version(s.shard)) for s in ahead),
+                            in_flight=fetcher.config.object_concurrency)
     for s, got in zip(mine, fetched):
-        yield _object(fetcher, table, s.shard, urls[s.shard], got)
+        yield _object(fetcher, table, s.shard, urls[s.shard], got, source.unit_version(s.shard))
 
 
-def _version(table, i: int) -> str:
-    return f"{table.sizes[i]}:{'' if table.crc32 is None else table.crc32[i]}"
-
-
-def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError) -> ReadSpan:
+def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError, version: ObjectVersion) -> ReadSpan:
     name = table.names[i]
     expected = None if table.crc32 is None else int(table.crc32[i])
     for attempt in range(fetcher.config.refetch + 1):
@@ -82,7 +79,7 @@ def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError
             except ShardFormatError as exc:  # an empty file
                 return ReadSpan([None], {0: exc})
         if attempt < fetcher.config.refetch:
-            got = read_object_fresh(fetcher, ByteRange(url, 0, int(table.sizes[i])), _version(table, i))
+            got = read_object_fresh(fetcher, ByteRange(url, 0, int(table.sizes[i])), version)
     return ReadSpan([None], {0: ShardFormatError(
         "object fails its checksum on every read (it changed after index.json was written: rerun `gpupipe index`)",
         shard=url)})
@@ -106,13 +103,13 @@ def rowgroup_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[
     order: deque = deque()  # (group, requests for it), in request order
     footers: OrderedDict = OrderedDict()  # file -> parsed footer, most recent last
 
-    def requests() -> Iterator[tuple[ByteRange, str]]:
+    def requests() -> Iterator[tuple[ByteRange, ObjectVersion]]:
         last = None
         for s in ahead:
             if s.shard != last:  # consecutive spans of one row group read it once
                 last, ranges = s.shard, table.byte_ranges(s.shard)
                 order.append((s.shard, len(ranges)))  # before its first request is yielded
-                yield from ((ByteRange(urls[s.shard], a, b), "") for a, b in ranges)
+                yield from ((ByteRange(urls[s.shard], a, b), source.unit_version(s.shard)) for a, b in ranges)
 
     fetched = fetcher.read_many(requests())
     group: _Group | None = None
@@ -121,7 +118,8 @@ def rowgroup_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[
             first = next(fetched)  # pulls the group's requests, so its entry is in `order` now
             g, n = order.popleft()
             got = [first] + [next(fetched) for _ in range(n - 1)]
-            group = _decode(fetcher, table, classes, urls[g], g, _footer(table, urls[g], footers, g), got)
+            group = _decode(fetcher, table, classes, urls[g], g, _footer(table, urls[g], footers, g), got,
+                            source.unit_version(g))
         yield ReadSpan(group.samples[s.start:s.stop],
                        {i - s.start: e for i, e in group.problems.items() if s.start <= i < s.stop})
 
@@ -144,7 +142,8 @@ def _footer(table, url: str, footers: OrderedDict, g: int):
     return meta
 
 
-def _decode(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, meta, got: list) -> _Group:
+def _decode(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, meta, got: list,
+            version: ObjectVersion) -> _Group:
     """Decode row group ``g`` from its fetched ranges; bytes that fail their checksum or
     do not decode are read again (past the cache) up to ``fetch.refetch`` times."""
     rows, ranges = int(table.rows[g]), table.byte_ranges(g)
@@ -163,7 +162,7 @@ def _decode(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, m
                 problem = exc
                 break
         attempt += 1
-        got = [fetcher.read_fresh(ByteRange(url, a, b)) for a, b in ranges]
+        got = [fetcher.read_fresh(ByteRange(url, a, b), version) for a, b in ranges]
     return _Group(g, [None] * rows, dict.fromkeys(range(rows), problem))
 
 

@@ -99,10 +99,12 @@ def test_cache_files_are_hash_named_complete_and_bounded(tmp_path):
     loader = EncodedLoader(str(src), batch_size=5, num_workers=0, rank=0, world_size=1,
                            stream=StreamConfig(fetch=fetch, shuffle=False))
     first = [i for b in loader for i in ids_of(b)]
-    size = sum(f.stat().st_size for f in cache_dir.iterdir())
+    entries = [f for f in cache_dir.iterdir() if f.name != ".lock"]  # .lock: the entries' total, for all writers
+    size = sum(f.stat().st_size for f in entries)
     assert 0 < size <= 10_000
-    assert not [f for f in cache_dir.iterdir() if f.name.startswith(".tmp-")]  # no half-written files
-    assert all(len(f.name) == 64 + 4 for f in cache_dir.iterdir())  # named by hash
+    assert not [f for f in entries if f.name.startswith(".tmp-")]  # no half-written files
+    assert all(len(f.name) == 64 + 4 for f in entries)  # named by hash
+    assert int((cache_dir / ".lock").read_bytes()) == size
     assert sorted(first) == list(range(90))
     second = [i for b in loader for i in ids_of(b)]  # next epoch, partly from the cache
     assert sorted(second) == list(range(90))
