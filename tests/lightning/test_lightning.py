@@ -34,8 +34,9 @@ def trainer(tmp_path, **kw) -> pl.Trainer:
     kw.setdefault("max_epochs", 2)
     kw.setdefault("logger", False)
     kw.setdefault("enable_checkpointing", False)
+    kw.setdefault("num_sanity_val_steps", 0)
     return pl.Trainer(accelerator="cpu", devices=1, default_root_dir=str(tmp_path), enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, **kw)
+                      enable_model_summary=False, **kw)
 
 
 def test_fit_delivers_every_sample_once_per_epoch_and_validates(data, tmp_path):
@@ -76,6 +77,37 @@ def test_resume_from_a_mid_epoch_lightning_checkpoint_delivers_exactly_the_rest(
     resumed = LedgerModel()
     trainer(tmp_path).fit(resumed, datamodule=GpuDataModule(pipeline(*data)), ckpt_path=str(ckpt))
     assert first.ledger[:checkpoint_step] + resumed.ledger == reference
+
+
+class ValRuns(LedgerModel):
+    """Also records the sample ids of each validation run (the sanity check is one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.val_runs: list[list[int]] = []
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_runs.append([])
+
+    def validation_step(self, batch, batch_idx):
+        self.val_runs[-1] += batch["sample_ids"][batch["valid"]].tolist()
+        return super().validation_step(batch, batch_idx)
+
+
+def test_every_validation_run_sees_the_whole_set_after_a_sanity_check(data, tmp_path):
+    """The sanity check stops the val loader after one batch; the validation after it must
+    still see every validation sample, and every run after that too."""
+    model = ValRuns()
+    trainer(tmp_path, num_sanity_val_steps=1, limit_train_batches=2).fit(model, datamodule=GpuDataModule(pipeline(*data)))
+    every = list(range(N_VAL))  # val sample ids: positions in its own index
+    assert model.val_runs == [every[:4], every, every]
+
+
+def test_limit_val_batches_validates_on_the_same_batches_every_epoch(data, tmp_path):
+    model = ValRuns()
+    trainer(tmp_path, max_epochs=3, limit_train_batches=2, limit_val_batches=2).fit(
+        model, datamodule=GpuDataModule(pipeline(*data)))
+    assert model.val_runs == [list(range(8))] * 3  # not batches 0-1, then 2, then 0-1 ...
 
 
 def test_checkpoint_and_hparams_never_hold_the_secret(data, tmp_path):
