@@ -110,6 +110,33 @@ def test_limit_val_batches_validates_on_the_same_batches_every_epoch(data, tmp_p
     assert model.val_runs == [list(range(8))] * 3  # not batches 0-1, then 2, then 0-1 ...
 
 
+@pytest.mark.parametrize("saved, change", [("epoch_end", "batch_size"), ("epoch_end", "more_data"),
+                                           ("last_step", "batch_size")])
+def test_a_checkpoint_at_the_end_of_an_epoch_cut_by_limit_train_batches_resumes(data, tmp_path, saved, change):
+    """Lightning resumes such a checkpoint at the next epoch, where any change of the plan is
+    allowed: the loader must start that epoch afresh, not refuse the cut epoch as mid-epoch."""
+    ckpt_dir = tmp_path / "ckpt"
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), filename="last", save_top_k=-1,
+                                         **({"every_n_train_steps": 3} if saved == "last_step" else {}))
+    first = LedgerModel()
+    trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0, callbacks=[saver],
+            enable_checkpointing=True).fit(first, datamodule=GpuDataModule(pipeline(*data)))
+    assert len(first.ledger) == 3
+    if change == "batch_size":
+        cfg, n, batch = pipeline(*data, batch_size=5), N_TRAIN, 5
+    else:
+        cfg, n, batch = pipeline(write_split(str(tmp_path / "more"), N_TRAIN + 8, shard_size=12), data[1]), N_TRAIN + 8, 4
+    # saved after the last step's batch, Lightning resumes at the next epoch only with the same
+    # limit (else it counts the 3 steps done into the next epoch); at the epoch's end, always
+    limit = 3 if saved == "last_step" else None
+    resumed = LedgerModel()
+    trainer(tmp_path, max_epochs=2, limit_val_batches=0, limit_train_batches=limit).fit(
+        resumed, datamodule=GpuDataModule(cfg), ckpt_path=str(ckpt_dir / "last.ckpt"))
+    ids = [i for _, step in resumed.ledger for i in step]
+    assert [e for e, _ in resumed.ledger] == [1] * (limit or n // batch)
+    assert len(ids) == len(set(ids)) == (limit or n // batch) * batch and set(ids) <= set(range(n))
+
+
 def test_checkpoint_and_hparams_never_hold_the_secret(data, tmp_path):
     secret = "SENTINEL-7f3a9c-SECRET"
     cfg = pipeline(*data)
