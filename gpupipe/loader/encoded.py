@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
-from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold
+from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
 from gpupipe.loader.epoch import EpochLedger
 from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
@@ -134,6 +134,7 @@ class EncodedLoader:
                              seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
                              chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size))
         self.num_workers = default_num_workers(self.world) if split.num_workers is None else split.num_workers
+        warn_if_more_workers_than_cores(self.num_workers, self.world)
         self.pin_memory, self.prefetch_factor = False, 2
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()

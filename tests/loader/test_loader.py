@@ -132,6 +132,32 @@ def test_load_state_dict_continues_the_saved_pass_once(dataset_url):
     assert epoch_ids(other) == e1
 
 
+def test_more_workers_than_cores_is_warned_once_naming_the_default(tmp_path, monkeypatch, caplog):
+    """num_workers=4 on 2 cores ran 18x slower than 0, without a word."""
+    import os
+
+    from gpupipe.core import machine
+    from gpupipe.loader.gpu import GpuLoader
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(machine, "_WARNED", set(), raising=False)
+    url = str(tmp_path / "ds")
+    write_dataset(url, [8])
+    with caplog.at_level("WARNING", logger="gpupipe"):
+        EncodedLoader(url, batch_size=4, num_workers=2, rank=0, world_size=1)  # as many as the cores: no warning
+        EncodedLoader(url, batch_size=4, num_workers=4, rank=0, world_size=1)
+        EncodedLoader(url, batch_size=4, num_workers=4, rank=0, world_size=1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "num_workers=4" in lines[0] and "2 cores" in lines[0] and "the default picks 1" in lines[0], lines[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpupipe"):  # decoding on the CPU: the default is 0, and says why
+        GpuLoader(url, batch_size=4, image_size=8, decode="pil", device="cpu", num_workers=3, rank=0, world_size=1)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "num_workers=3" in line and "the default picks 0" in line and "decod" in line, line
+
+
 def test_resume_with_other_world_size_mid_epoch_fails_clearly(dataset_url):
     a = EncodedLoader(dataset_url, batch_size=4, num_workers=0, rank=0, world_size=2)
     next(iter(a))
