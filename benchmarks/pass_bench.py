@@ -51,13 +51,18 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=1000)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--shuffle-buffer", type=int, default=1024,
+                    help="stream.shuffle_buffer: 1024 makes the 15 batches one chunk (one worker reads it); "
+                         "128 makes 8 chunks, for that many workers")
     ap.add_argument("--root", default=".bench/passes")
     a = ap.parse_args()
     url = f"{a.root}/{a.images}"
     build(url, a.images)
-    print(f"cores usable: {len(os.sched_getaffinity(0))}, images: {a.images}")
+    print(f"cores usable: {len(os.sched_getaffinity(0))}, images: {a.images}, load average: "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     for w in a.workers:
-        loader = GpuLoader(url, batch_size=64, image_size=16, num_workers=w, device="cpu", decode="pil")
+        loader = GpuLoader(url, batch_size=64, image_size=16, num_workers=w, device="cpu", decode="pil",
+                           shuffle_buffer=a.shuffle_buffer)
         first, n = timed(loader)
         full = [timed(loader) for _ in range(a.passes)]
         peeks = [timed(loader, stop=3)[0] for _ in range(a.passes)]
