@@ -92,20 +92,17 @@ def test_resume_counts_delivered_batches_not_decoded_ahead(shards, backend):
 
 
 def test_every_iter_starts_a_fresh_pass_and_only_a_loaded_state_continues_one(shards):
-    full = make(shards, "pil", seed=4)
-    e0 = [b.sample_ids.tolist() for b in full]
-    e1 = [b.sample_ids.tolist() for b in full]
     loader = make(shards, "pil", seed=4, prefetch=3)
+    e0 = [b.sample_ids.tolist() for b in loader]
+    e1 = [b.sample_ids.tolist() for b in loader]
+    loader.set_epoch(0)
     for n, _ in enumerate(loader):
-        if n == 1:
+        if n == 2:
+            state = loader.state_dict()
             break  # decoded ahead further than that by now
     assert [b.sample_ids.tolist() for b in loader] == e0  # the whole epoch again, not its rest
-    state = make(shards, "pil", seed=4)
-    for n, _ in enumerate(state):
-        if n == 2:
-            break
     resumed = make(shards, "pil", seed=4)
-    resumed.load_state_dict(state.state_dict())
+    resumed.load_state_dict(state)
     assert [b.sample_ids.tolist() for b in resumed] == e0[3:]
     assert [b.sample_ids.tolist() for b in resumed] == e1
 
