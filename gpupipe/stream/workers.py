@@ -99,18 +99,25 @@ def stop_workers(it, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def _tell_workers_to_stop(it, grace_s: float) -> None:
-    """What torch's ``_shutdown_workers`` does first — set the done event, send each worker
-    ``None`` — then join with a short deadline and terminate the workers still running, so
-    that its own join (5 s each) finds them ended."""
+    """What torch's ``_shutdown_workers`` does first — stop the pin-memory thread, set the
+    workers' done event, send each worker ``None`` — then join with a short deadline and
+    terminate the workers still running, so that its own join (5 s each) finds them ended.
+    The pin-memory thread goes first, as in torch: it must not read what a worker leaves
+    in the result queue as it exits (a batch whose shared memory lived in that worker)."""
     done, queues = getattr(it, "_workers_done_event", None), getattr(it, "_index_queues", None)
     busy = [p for p in getattr(it, "_workers", []) if p.is_alive()]
     if not busy or done is None or queues is None or getattr(it, "_shutdown", True):
         return
     try:
+        pin = getattr(it, "_pin_memory_thread", None)
+        if pin is not None:  # torch's own steps, bar closing the queue: its shutdown puts to it again
+            it._pin_memory_thread_done_event.set()
+            it._worker_result_queue.put((None, None))
+            pin.join()
         done.set()  # a worker skips what it was asked for and takes the None that follows
         for q in queues:
             q.put(None)
-    except (OSError, ValueError):  # a queue already closed: leave it to torch's shutdown
+    except (OSError, ValueError, AttributeError):  # a queue closed, another torch: leave it to torch's shutdown
         return
     deadline = time.monotonic() + grace_s
     for proc in busy:

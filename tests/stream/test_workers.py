@@ -238,3 +238,33 @@ def test_a_shutdown_error_is_swallowed_only_when_a_worker_died():
     healthy = SimpleNamespace(_shutdown_workers=shutdown, _workers=[FakeProc(0)])
     with pytest.raises(RuntimeError, match="killed by signal"):
         stop_workers(healthy)  # not a death: a real error, not hidden
+
+
+def test_the_pin_memory_thread_stops_before_the_workers_are_told():
+    """torch's order (a CUDA run pins in a thread): the pin-memory thread must not read what
+    an exiting worker leaves in the result queue, so it stops first; a worker still alive after
+    its grace is terminated; torch's own shutdown runs last."""
+    events: list[str] = []
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def set(self) -> None:
+            events.append(f"set {self.name}")
+
+        def put(self, item) -> None:
+            events.append(f"put {self.name}")
+
+        def join(self, timeout=None) -> None:
+            events.append(f"join {self.name}")
+
+    worker = FakeProc(None)
+    it = SimpleNamespace(_shutdown=False, _workers=[worker], _workers_done_event=Named("workers done"),
+                         _index_queues=[Named("index")], _pin_memory_thread=Named("pin thread"),
+                         _pin_memory_thread_done_event=Named("pin done"), _worker_result_queue=Named("results"),
+                         _shutdown_workers=lambda: events.append("torch shutdown"))
+    stop_workers(it, grace_s=0.01)
+    assert events == ["set pin done", "put results", "join pin thread", "set workers done", "put index",
+                      "torch shutdown"]
+    assert worker.terminated == 1
