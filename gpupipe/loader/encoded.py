@@ -107,10 +107,12 @@ class EncodedDataset(IterableDataset):
 class EncodedLoader:
     """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
 
-    ``for batch in loader`` runs one epoch; the next ``for`` runs the next epoch
-    unless ``set_epoch`` says otherwise. ``state_dict()`` taken mid-epoch and given
-    to ``load_state_dict()`` of a new loader continues with exactly the batches
-    not yet delivered (the worker count may differ; the world size may not).
+    Every ``for batch in loader`` is a pass over the current epoch from its first batch, as
+    with torch's DataLoader; after a complete pass the next ``for`` runs the next epoch
+    (``set_epoch`` chooses one), after a pass broken off the same epoch again. ``state_dict()``
+    taken mid-epoch and given to ``load_state_dict()`` of a new loader makes its next pass
+    continue with exactly the batches not yet delivered (the worker count may differ; the
+    world size may not).
     """
 
     def __init__(self, split: SplitConfig | str | list[str], world: World | None = None, **options):
@@ -155,7 +157,7 @@ class EncodedLoader:
         return steps_per_rank(self.spec)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
+        """Start epoch ``epoch`` next (a position loaded for this very epoch is kept)."""
         self.ledger.set_epoch(epoch)
 
     # -- iteration -------------------------------------------------------------------------

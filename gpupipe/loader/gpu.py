@@ -64,7 +64,8 @@ class GpuLoader:
     ``rank``/``world_size``). ``world`` is detected when not given; ``device`` defaults to
     the split's, else CUDA (this rank's local GPU) when present, else the CPU.
 
-    ``len(loader)`` is exact and the same on every rank; ``set_epoch``, ``state_dict`` and
+    ``len(loader)`` is exact and the same on every rank; passes (every ``for`` starts the
+    current epoch afresh, a complete one moves to the next), ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` work as on :class:`EncodedLoader`. The split's augmentation runs
     in the decode thread (:class:`~gpupipe.augment.stage.AugmentStage`: a ``gpupipe.transforms``
     pipeline keyed by seed, epoch and sample ids, or any callable on the image batch);
