@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -26,6 +26,9 @@ from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
 from gpupipe.plan import steps_per_rank
 from gpupipe.sources.classes import agreed_classes, describe
+
+if TYPE_CHECKING:
+    from gpupipe.loader.gpu import GpuLoader
 
 __all__ = ["GpuDataModule"]
 
@@ -72,9 +75,6 @@ class GpuDataModule(pl.LightningDataModule):
             if split not in self._loaders and getattr(self.config.source, split) is not None:
                 self._loaders[split] = _SplitLoader(self, split)
         self._classes = self._check_classes()
-        if "train" in self._loaders and self._pending_state is not None:
-            self._loaders["train"].gpu.load_state_dict(self._pending_state)
-            self._pending_state = None
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -129,19 +129,36 @@ class GpuDataModule(pl.LightningDataModule):
         return loader.augment_after_transfer(batch)
 
     # -- resume ----------------------------------------------------------------------------------
+    # Lightning restores the DataModule before its loops: which epoch it resumes in is known
+    # only when the training epoch starts. A checkpoint written at the end of an epoch cut
+    # short (``limit_train_batches``, ``max_steps``) holds a position inside that epoch, and
+    # Lightning goes on with the next: the saved position is then dropped, not checked
+    # against the new plan (any change is allowed at an epoch boundary). So the state waits
+    # here until the training loader's first pass (``_SplitLoader.__iter__``).
     def state_dict(self) -> dict:
+        if self._pending_state is not None:  # restored, not yet resumed: the position is the saved one
+            return {STATE_KEY: self._pending_state}
         if "train" in self._loaders:
             return {STATE_KEY: self._loaders["train"].gpu.state_dict()}
-        return {STATE_KEY: self._pending_state} if self._pending_state is not None else {}
+        return {}
 
     def load_state_dict(self, state_dict: Mapping) -> None:
         state = state_dict.get(STATE_KEY)
+        if state is not None:
+            self._pending_state = state  # applied when the training loader's next pass starts
+
+    def _resume_into(self, loader: GpuLoader, epoch: int | None) -> None:
+        """Give the training loader the restored state if its pass continues the saved one:
+        ``epoch`` (the trainer's; None without a trainer) is the saved epoch, unfinished."""
+        state, self._pending_state = self._pending_state, None
         if state is None:
             return
-        if "train" in self._loaders:
-            self._loaders["train"].gpu.load_state_dict(state)
-        else:
-            self._pending_state = state  # applied when setup() builds the training loader
+        try:
+            continues = epoch is None or (int(state["epoch"]) == epoch and not state["complete"])
+        except (KeyError, TypeError, ValueError):
+            continues = True  # not a state this version reads: the loader says why
+        if continues:
+            loader.load_state_dict(state)
 
     def _trainer_or_none(self):
         try:
@@ -220,8 +237,10 @@ class _SplitLoader:
 
     def __iter__(self) -> Iterator[Any]:
         trainer = self.dm._trainer_or_none()
-        if self.split == "train" and trainer is not None:
-            self.gpu.set_epoch(trainer.current_epoch)
+        if self.split == "train":
+            self.dm._resume_into(self.gpu, trainer.current_epoch if trainer is not None else None)
+            if trainer is not None:
+                self.gpu.set_epoch(trainer.current_epoch)
         for batch in self.gpu:
             yield self._format(batch)
 

@@ -3,12 +3,17 @@ thread's own torch threads, and the allocator setting that keeps long-running wo
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 
 from gpupipe.core.types import World
 
-__all__ = ["default_num_workers", "limit_this_threads_intraop", "this_threads_intraop", "fix_malloc_mmap_threshold"]
+__all__ = ["default_num_workers", "warn_if_more_workers_than_cores", "limit_this_threads_intraop",
+           "this_threads_intraop", "fix_malloc_mmap_threshold"]
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[int, int]] = set()  # (num_workers, cores per rank) already warned about
 
 
 def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
@@ -23,14 +28,43 @@ def default_num_workers(world: World, *, decode_on_cpu: bool = False) -> int:
     training process (2 cores: 2,050 images/s with 0 workers against 1,376 with 1;
     docs/benchmarks.md, benchmarks/probes.py fork).
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    per_rank = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    per_rank = _cores()[0] // _local_ranks()
     if decode_on_cpu and per_rank <= 4:
         return 0
     return max(1, min(8, per_rank - 1))
+
+
+def warn_if_more_workers_than_cores(num_workers: int, world: World, *, decode_on_cpu: bool = False) -> None:
+    """Log one warning line (once per count and machine) when ``num_workers`` exceeds the cores
+    this rank may use: the workers then take turns on the cores with decoding and the training
+    step, and a pass gets no faster, often slower. The line says what the default would pick,
+    and why."""
+    cores, how = _cores()
+    ranks = _local_ranks()
+    per_rank = cores // ranks
+    if num_workers <= max(1, per_rank) or (num_workers, per_rank) in _WARNED:
+        return
+    _WARNED.add((num_workers, per_rank))
+    default = default_num_workers(world, decode_on_cpu=decode_on_cpu)
+    share = f", {per_rank} per rank for the {ranks} ranks of this node (LOCAL_WORLD_SIZE)" if ranks > 1 else ""
+    why = ("images are decoded on the CPU and a rank has 4 cores or fewer, so the stream runs in the decode "
+           "thread: worker processes would take cores from the decoder" if decode_on_cpu and per_rank <= 4 else
+           "one core stays with the training process, the others stream, at most 8")
+    log.warning("gpupipe: num_workers=%d, but this process may use %d cores (%s)%s: the workers take turns on "
+                "them with decoding and the training step, so a pass gets no faster, and often slower. Leave "
+                "num_workers unset: the default picks %d here (%s).", num_workers, cores, how, share, default, why)
+
+
+def _cores() -> tuple[int, str]:
+    """The cores this process may run on, and where that number comes from."""
+    try:
+        return len(os.sched_getaffinity(0)), "os.sched_getaffinity"
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1, "os.cpu_count"
+
+
+def _local_ranks() -> int:
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 @contextlib.contextmanager

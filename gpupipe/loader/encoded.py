@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
-from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold
+from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
 from gpupipe.loader.agree import start_in_agreement
 from gpupipe.loader.epoch import EpochLedger
@@ -129,13 +129,14 @@ class _WholeChunks(IterableDataset):
 class EncodedLoader:
     """Batches of still-encoded images for this rank: exact ``len``, ``set_epoch``, resumable.
 
-    ``for batch in loader`` runs one epoch; the next ``for`` runs the next epoch
-    unless ``set_epoch`` says otherwise. ``state_dict()`` taken mid-epoch and given
-    to ``load_state_dict()`` of a new loader continues with exactly the batches
-    not yet delivered. The batches and their order do not depend on the number of
-    workers. Under another world size, batch size, shuffle window or ``drop_last``
-    (rank 0's state, loaded on every rank) it continues with exactly the samples of the
-    epoch not yet delivered, in a new order (:func:`gpupipe.plan.resume_plan`).
+    Every ``for batch in loader`` is a pass over the current epoch from its first batch, as
+    with torch's DataLoader; after a complete pass the next ``for`` runs the next epoch
+    (``set_epoch`` chooses one), after a pass broken off the same epoch again. ``state_dict()``
+    taken mid-epoch and given to ``load_state_dict()`` of a new loader makes its next pass
+    continue with exactly the batches not yet delivered. The batches and their order do not
+    depend on the number of workers. Under another world size, batch size, shuffle window or
+    ``drop_last`` (rank 0's state, loaded on every rank) it continues with exactly the samples
+    of the epoch not yet delivered, in a new order (:func:`gpupipe.plan.resume_plan`).
     """
 
     def __init__(self, split: SplitConfig | str | list[str], world: World | None = None, **options):
@@ -163,6 +164,7 @@ class EncodedLoader:
                              seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
                              chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size))
         self.num_workers = default_num_workers(self.world) if split.num_workers is None else split.num_workers
+        warn_if_more_workers_than_cores(self.num_workers, self.world)
         # prefetch_factor counts items per worker, and with a manifest an item is a whole chunk
         self.pin_memory, self.prefetch_factor = False, 1
         self.ledger = EpochLedger(self.spec)
@@ -185,7 +187,7 @@ class EncodedLoader:
         return self.ledger.steps
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
+        """Start epoch ``epoch`` next (a position loaded for this very epoch is kept)."""
         self.ledger.set_epoch(epoch)
 
     # -- iteration -------------------------------------------------------------------------

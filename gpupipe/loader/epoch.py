@@ -14,12 +14,17 @@ The whole story, in one place:
   runs, so a checkpoint saved in that step must not count i+1. After :meth:`defer`,
   yielded batches wait in a queue, and :meth:`commit` — called by the DataModule's
   ``on_after_batch_transfer`` when a batch reaches a training step — delivers the
-  oldest. Batches yielded but never committed when an iteration stops (an interrupted
-  epoch) are dropped from the queue at the next :meth:`begin`: they will be read again.
+  oldest. Batches yielded but never committed when an iteration stops are dropped from
+  the queue at the next :meth:`begin`.
+* Every iteration is a **pass**, as with torch's DataLoader: :meth:`begin` starts the
+  current epoch from its first batch, whatever an earlier pass delivered (a ``break``
+  after a few batches — Lightning's sanity check, ``limit_val_batches`` — is not
+  continued by the next ``for``). Only :meth:`load_state_dict` continues a pass: the
+  next :meth:`begin` after it starts where the saved state stopped, once.
 * The epoch is **complete** when its last batch was delivered: after the iteration ran
   to its end and the queue is empty, or as soon as the plan's progress says every batch
   was delivered (a consumer may stop at ``len()`` without running the iteration out).
-  The next :meth:`begin` then moves on to the next epoch.
+  The next :meth:`begin` then moves on to the next epoch; so does :meth:`set_epoch`.
 * The saved state is rank 0's, and it is every rank's: ranks take their steps in lockstep and
   deliver the plan's batches in order. Loaded under the settings it was saved with, it
   continues the same plan. Loaded under another world size, batch size, shuffle window or
@@ -56,13 +61,15 @@ class EpochLedger:
         self.progress = Progress.for_rank(spec)
         self._pending: collections.deque[tuple[int, int]] | None = None
         self._ended = False
+        self._resume = False  # a loaded mid-epoch position: the next begin() continues it
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` next (keeps mid-epoch progress if it is the current epoch)."""
+        """Start epoch ``epoch`` next (a position loaded for this very epoch is kept)."""
         if epoch != self.epoch or self.complete:
             self.epoch, self.complete = epoch, False
             self.plan = self.spec
             self.progress = Progress.for_rank(self.spec)
+            self._resume = False
 
     @property
     def steps(self) -> int:
@@ -70,10 +77,14 @@ class EpochLedger:
         return epoch_steps(self.plan)
 
     def begin(self) -> None:
-        """An iteration starts: move on if the epoch is complete; forget batches yielded
-        but never used by the last iteration."""
+        """A pass starts: over the next epoch if this one is complete, else over this one
+        from its first batch — or from the position :meth:`load_state_dict` loaded, once;
+        forget batches yielded but never used by the last pass."""
         if self.complete:
             self.set_epoch(self.epoch + 1)
+        elif not self._resume:  # a fresh pass over the whole epoch, under the current settings
+            self.plan, self.progress = self.spec, Progress.for_rank(self.spec)
+        self._resume = False
         if self._pending is not None:
             self._pending.clear()
         self._ended = False
@@ -131,3 +142,4 @@ class EpochLedger:
             plan, progress = self.spec, Progress.for_rank(self.spec)
         self.epoch, self.plan, self.progress = epoch, plan, progress
         self.complete = complete or (mid_epoch and progress.complete)  # nothing of it left to deliver
+        self._resume = mid_epoch  # the next pass continues it; any later one starts afresh

@@ -22,7 +22,7 @@ import torch
 from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError
-from gpupipe.core.machine import default_num_workers
+from gpupipe.core.machine import default_num_workers, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
 from gpupipe.decode import DecodedBatch, Decoder, make_decoder
 from gpupipe.loader.encoded import EncodedLoader
@@ -64,7 +64,8 @@ class GpuLoader:
     ``rank``/``world_size``). ``world`` is detected when not given; ``device`` defaults to
     the split's, else CUDA (this rank's local GPU) when present, else the CPU.
 
-    ``len(loader)`` is exact and the same on every rank; ``set_epoch``, ``state_dict`` and
+    ``len(loader)`` is exact and the same on every rank; passes (every ``for`` starts the
+    current epoch afresh, a complete one moves to the next), ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` work as on :class:`EncodedLoader`. The split's augmentation runs
     in the decode thread (:class:`~gpupipe.augment.stage.AugmentStage`: a ``gpupipe.transforms``
     pipeline keyed by seed, epoch and sample ids, or any callable on the image batch);
@@ -88,9 +89,12 @@ class GpuLoader:
             raise ConfigError(f"GpuLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")
         world = world or World.detect()
         self.device = _device(device if device is not None else split.device, world)
-        if split.num_workers is None:  # decided here: it depends on where decoding runs
-            on_cpu = self.device.type == "cpu" or split.decode.backend == "pil"
-            split = replace(split, num_workers=default_num_workers(world, decode_on_cpu=on_cpu))
+        on_cpu = self.device.type == "cpu" or split.decode.backend == "pil"
+        workers = split.num_workers
+        if workers is None:  # decided here: it depends on where decoding runs
+            workers = default_num_workers(world, decode_on_cpu=on_cpu)
+            split = replace(split, num_workers=workers)
+        warn_if_more_workers_than_cores(workers, world, decode_on_cpu=on_cpu)  # says more than EncodedLoader's would
         split = replace(split, device=str(self.device))  # the ranks' check at start compares GPUs by it
         self.split = split
         self.encoded = EncodedLoader(split, world)

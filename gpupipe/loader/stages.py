@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -156,6 +157,18 @@ class Stages:
 
 _LIVE: weakref.WeakSet[Stages] = weakref.WeakSet()
 _HOOKED = False
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker is forked from the decode thread) inherits ``_LIVE``
+    and the exit hook, but none of the threads: stopping them at its exit would wait for the
+    forking thread, alive in the child, until the join timeout — and the parent, joining the
+    worker, with it (5 s per pass, torch's join timeout). The parent's stages are not the child's."""
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _stop_live() -> None:

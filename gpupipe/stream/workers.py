@@ -1,5 +1,6 @@
 """Supervising the DataLoader worker processes of one iteration: start them safely,
-notice one that died (and say which, and what it was reading), stop them promptly.
+notice one that died (and say which, and what it was reading), stop them promptly: a pass
+ends when its work does, never on a poll or join timeout.
 
 This is the one module that reaches into torch's DataLoader iterator internals
 (``_workers``, ``_shutdown_workers``, the SIGCHLD handler's pid registry): each use is
@@ -13,7 +14,7 @@ import time
 
 from torch.utils.data import DataLoader
 
-__all__ = ["start_workers", "dead_workers", "stop_workers", "describe_dead"]
+__all__ = ["start_workers", "dead_workers", "stop_workers", "describe_dead", "STOP_GRACE_S"]
 
 
 def start_workers(loader: DataLoader):
@@ -69,15 +70,25 @@ def dead_workers(it, wait_s: float = 0.0) -> list:
         time.sleep(0.02)
 
 
-def stop_workers(it) -> None:
+STOP_GRACE_S = 1.0  # a worker told to stop may finish the item in hand this long, then it is terminated
+
+
+def stop_workers(it, grace_s: float = STOP_GRACE_S) -> None:
     """Stop and join the worker processes of a DataLoader iterator now, not when it is
-    garbage (a traceback holding the frame would keep them alive)."""
+    garbage (a traceback holding the frame would keep them alive).
+
+    Workers that ran out of work have exited already (torch shut them down with the
+    iterator's last item); this costs nothing then. Workers still busy — the consumer broke
+    off the pass — are told to stop and given ``grace_s`` to finish the item in hand; one
+    still running after that (inside a slow read) is terminated: its work would be thrown
+    away. torch's own shutdown would wait its status interval (5 s) for each such worker."""
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is None:
         return
     if dead_workers(it):
         _end_taking_no_shared_lock(it)
         return
+    _tell_workers_to_stop(it, grace_s)
     try:
         shutdown()
     except RuntimeError:  # torch's SIGCHLD handler reporting a dead worker again as the others exit
@@ -116,6 +127,35 @@ def _end_taking_no_shared_lock(it) -> None:
     for q in [*getattr(it, "_index_queues", []), getattr(it, "_worker_result_queue", None)]:
         if q is not None:
             q.cancel_join_thread()
+
+
+def _tell_workers_to_stop(it, grace_s: float) -> None:
+    """What torch's ``_shutdown_workers`` does first — stop the pin-memory thread, set the
+    workers' done event, send each worker ``None`` — then join with a short deadline and
+    terminate the workers still running, so that its own join (5 s each) finds them ended.
+    The pin-memory thread goes first, as in torch: it must not read what a worker leaves
+    in the result queue as it exits (a batch whose shared memory lived in that worker)."""
+    done, queues = getattr(it, "_workers_done_event", None), getattr(it, "_index_queues", None)
+    busy = [p for p in getattr(it, "_workers", []) if p.is_alive()]
+    if not busy or done is None or queues is None or getattr(it, "_shutdown", True):
+        return
+    try:
+        pin = getattr(it, "_pin_memory_thread", None)
+        if pin is not None:  # torch's own steps, bar closing the queue: its shutdown puts to it again
+            it._pin_memory_thread_done_event.set()
+            it._worker_result_queue.put((None, None))
+            pin.join()
+        done.set()  # a worker skips what it was asked for and takes the None that follows
+        for q in queues:
+            q.put(None)
+    except (OSError, ValueError, AttributeError):  # a queue closed, another torch: leave it to torch's shutdown
+        return
+    deadline = time.monotonic() + grace_s
+    for proc in busy:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in busy:
+        if proc.is_alive():
+            proc.terminate()
 
 
 def describe_dead(it) -> list[tuple[int, str]]:

@@ -34,8 +34,9 @@ def trainer(tmp_path, **kw) -> pl.Trainer:
     kw.setdefault("max_epochs", 2)
     kw.setdefault("logger", False)
     kw.setdefault("enable_checkpointing", False)
+    kw.setdefault("num_sanity_val_steps", 0)
     return pl.Trainer(accelerator="cpu", devices=1, default_root_dir=str(tmp_path), enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, **kw)
+                      enable_model_summary=False, **kw)
 
 
 def test_fit_delivers_every_sample_once_per_epoch_and_validates(data, tmp_path):
@@ -98,6 +99,64 @@ def test_a_mid_epoch_checkpoint_resumes_with_another_batch_size(data, tmp_path, 
     assert len(epoch0) == 12 + 28 // batch_after * batch_after
     assert sorted(i for e, s in resumed.ledger if e == 1 for i in s) == list(range(N_TRAIN))
     assert [e for e, _ in resumed.ledger].count(1) == N_TRAIN // batch_after
+
+
+class ValRuns(LedgerModel):
+    """Also records the sample ids of each validation run (the sanity check is one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.val_runs: list[list[int]] = []
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_runs.append([])
+
+    def validation_step(self, batch, batch_idx):
+        self.val_runs[-1] += batch["sample_ids"][batch["valid"]].tolist()
+        return super().validation_step(batch, batch_idx)
+
+
+def test_every_validation_run_sees_the_whole_set_after_a_sanity_check(data, tmp_path):
+    """The sanity check stops the val loader after one batch; the validation after it must
+    still see every validation sample, and every run after that too."""
+    model = ValRuns()
+    trainer(tmp_path, num_sanity_val_steps=1, limit_train_batches=2).fit(model, datamodule=GpuDataModule(pipeline(*data)))
+    every = list(range(N_VAL))  # val sample ids: positions in its own index
+    assert model.val_runs == [every[:4], every, every]
+
+
+def test_limit_val_batches_validates_on_the_same_batches_every_epoch(data, tmp_path):
+    model = ValRuns()
+    trainer(tmp_path, max_epochs=3, limit_train_batches=2, limit_val_batches=2).fit(
+        model, datamodule=GpuDataModule(pipeline(*data)))
+    assert model.val_runs == [list(range(8))] * 3  # not batches 0-1, then 2, then 0-1 ...
+
+
+@pytest.mark.parametrize("saved, change", [("epoch_end", "batch_size"), ("epoch_end", "more_data"),
+                                           ("last_step", "batch_size")])
+def test_a_checkpoint_at_the_end_of_an_epoch_cut_by_limit_train_batches_resumes(data, tmp_path, saved, change):
+    """Lightning resumes such a checkpoint at the next epoch, where any change of the plan is
+    allowed: the loader must start that epoch afresh, not refuse the cut epoch as mid-epoch."""
+    ckpt_dir = tmp_path / "ckpt"
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(ckpt_dir), filename="last", save_top_k=-1,
+                                         **({"every_n_train_steps": 3} if saved == "last_step" else {}))
+    first = LedgerModel()
+    trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0, callbacks=[saver],
+            enable_checkpointing=True).fit(first, datamodule=GpuDataModule(pipeline(*data)))
+    assert len(first.ledger) == 3
+    if change == "batch_size":
+        cfg, n, batch = pipeline(*data, batch_size=5), N_TRAIN, 5
+    else:
+        cfg, n, batch = pipeline(write_split(str(tmp_path / "more"), N_TRAIN + 8, shard_size=12), data[1]), N_TRAIN + 8, 4
+    # saved after the last step's batch, Lightning resumes at the next epoch only with the same
+    # limit (else it counts the 3 steps done into the next epoch); at the epoch's end, always
+    limit = 3 if saved == "last_step" else None
+    resumed = LedgerModel()
+    trainer(tmp_path, max_epochs=2, limit_val_batches=0, limit_train_batches=limit).fit(
+        resumed, datamodule=GpuDataModule(cfg), ckpt_path=str(ckpt_dir / "last.ckpt"))
+    ids = [i for _, step in resumed.ledger for i in step]
+    assert [e for e, _ in resumed.ledger] == [1] * (limit or n // batch)
+    assert len(ids) == len(set(ids)) == (limit or n // batch) * batch and set(ids) <= set(range(n))
 
 
 def test_checkpoint_and_hparams_never_hold_the_secret(data, tmp_path):

@@ -69,20 +69,33 @@ def test_a_plain_loop_delivers_on_yield_and_the_last_batch_completes_the_epoch()
     assert (ledger.epoch, ledger.complete, ledger.progress.batches_done) == (1, False, 0)
 
 
-def test_an_interrupted_iteration_continues_the_same_epoch_at_the_next_batch():
+def test_an_interrupted_pass_is_not_continued_the_next_starts_the_same_epoch_afresh():
+    """torch's rule: every iteration is a new pass. A ``break`` (Lightning's sanity check,
+    ``limit_val_batches``) neither moves the epoch on nor leaves a position for the next pass."""
     ledger = EpochLedger(SMALL)
     ledger.begin()
     deliver_in_order(ledger, 3)  # chunk 0 whole, chunk 1 batch 0
+    assert ledger.state_dict()["progress"] == {"done_below": 1, "partial": {"1": 1}}  # what a checkpoint saves
     ledger.begin()  # the loop broke out; a new iteration starts
-    assert ledger.epoch == 0 and ledger.progress.batches_done == 3
-    assert ledger.state_dict()["progress"] == {"done_below": 1, "partial": {"1": 1}}
-    with pytest.raises(PlanError, match="out of order"):
-        ledger.yielded(1, 0)  # already delivered: it would count twice
-    ledger.yielded(1, 1)
-    ledger.yielded(2, 0)
+    assert (ledger.epoch, ledger.complete, ledger.progress.batches_done) == (0, False, 0)
+    deliver_in_order(ledger)  # the whole epoch, from its first batch
     ledger.finished()
     ledger.begin()
     assert ledger.epoch == 1
+
+
+def test_only_a_loaded_state_is_continued_and_only_by_the_next_pass():
+    ledger = EpochLedger(SMALL)
+    ledger.begin()
+    deliver_in_order(ledger, 3)
+    again = restored(ledger)
+    again.begin()
+    assert again.progress.batches_done == 3  # continues at chunk 1, batch 1
+    with pytest.raises(PlanError, match="out of order"):
+        again.yielded(1, 0)  # already delivered: it would count twice
+    again.yielded(1, 1)
+    again.begin()  # that pass broke off too: the next is a fresh pass over epoch 0
+    assert (again.epoch, again.progress.batches_done) == (0, 0)
 
 
 def test_finished_completes_an_epoch_streamed_without_a_manifest():
@@ -102,19 +115,23 @@ def test_finished_completes_an_epoch_streamed_without_a_manifest():
     assert ledger.epoch == 1 and not ledger.complete
 
 
-def test_set_epoch_keeps_mid_epoch_progress_only_for_the_current_epoch():
+def test_set_epoch_keeps_a_loaded_position_only_for_its_own_epoch():
     ledger = EpochLedger(SMALL)
     ledger.begin()
     deliver_in_order(ledger, 2)
-    ledger.set_epoch(0)  # Lightning sets the epoch it is in: the position stays
-    assert ledger.progress.batches_done == 2
-    ledger.set_epoch(4)
-    assert (ledger.epoch, ledger.complete, ledger.progress.batches_done) == (4, False, 0)
-    deliver_in_order(ledger)
-    assert ledger.complete
-    ledger.set_epoch(5)  # the next epoch, named after the last one completed
-    ledger.begin()
-    assert ledger.epoch == 5, "begin() must not move past an epoch that set_epoch() just started"
+    again = restored(ledger)
+    again.set_epoch(0)  # Lightning sets the epoch it resumes in: the position stays
+    again.begin()
+    assert again.progress.batches_done == 2
+    other = restored(ledger)
+    other.set_epoch(4)  # another epoch: the position is dropped
+    other.begin()
+    assert (other.epoch, other.complete, other.progress.batches_done) == (4, False, 0)
+    deliver_in_order(other)
+    assert other.complete
+    other.set_epoch(5)  # the next epoch, named after the last one completed
+    other.begin()
+    assert other.epoch == 5, "begin() must not move past an epoch that set_epoch() just started"
 
 
 # ------------------------------------------------------------------------------ defer and commit
@@ -131,7 +148,7 @@ def test_deferred_batches_count_only_when_committed():
     assert ledger.state_dict()["progress"] == {"done_below": 1, "partial": {}}
 
 
-def test_uncommitted_batches_are_read_again_by_the_next_iteration():
+def test_uncommitted_batches_are_forgotten_by_the_next_pass():
     ledger = EpochLedger(SMALL)
     ledger.defer()
     ledger.begin()
@@ -139,10 +156,24 @@ def test_uncommitted_batches_are_read_again_by_the_next_iteration():
     ledger.commit()
     ledger.begin()  # interrupted: three batches were yielded but never used
     ledger.commit()  # nothing is pending any more: nothing moves
-    assert ledger.progress.batches_done == 1
-    ledger.yielded(0, 1)  # the next batch to deliver is the first uncommitted one
+    assert ledger.progress.batches_done == 0  # a new pass, from the epoch's first batch
+    ledger.yielded(0, 0)
     ledger.commit()
-    assert ledger.progress.batches_done == 2
+    assert ledger.progress.batches_done == 1
+
+
+def test_a_resumed_deferring_consumer_continues_at_the_first_uncommitted_batch():
+    ledger = EpochLedger(SMALL)
+    ledger.defer()
+    ledger.begin()
+    deliver_in_order(ledger, 4)
+    ledger.commit()
+    again = restored(ledger)  # a checkpoint saved now, loaded by a new process
+    again.defer()
+    again.begin()
+    again.yielded(0, 1)  # the next batch to deliver is the first uncommitted one
+    again.commit()
+    assert again.progress.batches_done == 2
 
 
 def test_an_epoch_with_batches_pending_completes_at_its_last_commit():
@@ -331,8 +362,8 @@ def test_a_state_whose_progress_does_not_fit_the_plan_is_refused():
 @given(spec=specs, data=st.data())
 def test_saving_and_loading_anywhere_keeps_the_position_of_an_uninterrupted_run(spec, data):
     """Any interleaving of chunks (workers deliver them round-robin, each in order), broken
-    iterations and save → load cycles, over three epochs: after every step the resumed
-    ledger is where a ledger that was never interrupted is."""
+    passes and save → load cycles, over three epochs: after every step the resumed ledger is
+    where a ledger that was never saved and loaded is (a broken pass restarts both)."""
     reference, ledger = EpochLedger(spec), EpochLedger(spec)
     sizes = Progress.for_rank(spec).chunk_sizes
     for epoch in range(3):
@@ -347,11 +378,13 @@ def test_saving_and_loading_anywhere_keeps_the_position_of_an_uninterrupted_run(
                 reference.yielded(c, nxt[c])
                 ledger.yielded(c, nxt[c])
                 nxt[c] += 1
-            elif op == "save_load":
+            elif op == "save_load":  # a new process loads the state and starts its pass: it continues
                 ledger = restored(ledger)
-            else:  # the loop broke out and a new iteration starts
+                ledger.begin()
+            else:  # the loop broke out and a new pass starts: from the epoch's first batch
                 ledger.begin()
                 reference.begin()
+                nxt = [0] * len(sizes)
             assert position(ledger) == position(reference)
         if data.draw(st.booleans()):
             ledger = restored(ledger)  # saved between the last batch and the end of the iteration

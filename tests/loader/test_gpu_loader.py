@@ -91,6 +91,38 @@ def test_resume_counts_delivered_batches_not_decoded_ahead(shards, backend):
     assert sorted(got) == expected
 
 
+def test_every_iter_starts_a_fresh_pass_and_only_a_loaded_state_continues_one(shards):
+    loader = make(shards, "pil", seed=4, prefetch=3)
+    e0 = [b.sample_ids.tolist() for b in loader]
+    e1 = [b.sample_ids.tolist() for b in loader]
+    loader.set_epoch(0)
+    for n, _ in enumerate(loader):
+        if n == 2:
+            state = loader.state_dict()
+            break  # decoded ahead further than that by now
+    assert [b.sample_ids.tolist() for b in loader] == e0  # the whole epoch again, not its rest
+    resumed = make(shards, "pil", seed=4)
+    resumed.load_state_dict(state)
+    assert [b.sample_ids.tolist() for b in resumed] == e0[3:]
+    assert [b.sample_ids.tolist() for b in resumed] == e1
+
+
+def test_a_pass_with_a_worker_ends_when_its_batches_do(shards):
+    """No fixed cost per pass: after the last batch (or a ``break``) the worker process ends at
+    once, not after a poll or join timeout (it was 5 s per pass: torch's status interval)."""
+    loader = make(shards, "pil")  # one worker
+    for _ in range(2):
+        last = time.monotonic()
+        for _ in loader:
+            last = time.monotonic()
+        assert time.monotonic() - last < 2.0
+    it = iter(loader)
+    next(it)
+    t0 = time.monotonic()
+    it.close()  # what a break does
+    assert time.monotonic() - t0 < 2.0
+
+
 def test_same_seed_same_pixels_and_epochs_differ(shards):
     a = [b.images.clone() for b in make(shards, "pil", seed=1, resize="random_resized_crop")]
     b = [b.images.clone() for b in make(shards, "pil", seed=1, resize="random_resized_crop")]

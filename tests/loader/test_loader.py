@@ -85,6 +85,78 @@ def test_resume_mid_epoch_delivers_exactly_the_rest(dataset_url, stop_after, wor
     assert len(seen) + len(rest) == len(expected)
 
 
+def _peek(loader, batches: int) -> list[int]:
+    """``for b in loader: ...; break`` after ``batches`` batches (Lightning's sanity check,
+    ``limit_val_batches``)."""
+    seen = []
+    for n, b in enumerate(loader):
+        seen += ids_of(b)
+        if n + 1 == batches:
+            break
+    return seen
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_every_iter_starts_a_fresh_pass_over_the_current_epoch(dataset_url, workers):
+    """torch's rule: a new ``for`` is a new pass. A pass broken off does not move the epoch and is
+    not continued; the pass after it is the whole epoch, in the same order; a complete pass moves on."""
+    reference = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=5, rank=0, world_size=1)
+    e0, e1 = epoch_ids(reference), epoch_ids(reference)
+    loader = EncodedLoader(dataset_url, batch_size=4, num_workers=workers, seed=5, rank=0, world_size=1)
+    assert _peek(loader, 3) == e0[:12]
+    assert epoch_ids(loader) == e0  # the whole epoch, not the batches after the peek
+    assert loader.epoch == 0
+    assert epoch_ids(loader) == e1  # the complete pass moved the epoch on
+    loader.set_epoch(0)
+    assert _peek(loader, 1) == e0[:4] and _peek(loader, 1) == e0[:4]
+
+
+def test_load_state_dict_continues_the_saved_pass_once(dataset_url):
+    """Only ``load_state_dict`` continues a pass, and only for the next ``iter()``."""
+    reference = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=5, rank=0, world_size=1)
+    e0, e1 = epoch_ids(reference), epoch_ids(reference)
+    first = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=5, rank=0, world_size=1)
+    seen = _peek(first, 5)
+    resumed = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=5, rank=0, world_size=1)
+    resumed.load_state_dict(first.state_dict())
+    resumed.set_epoch(0)  # Lightning sets the epoch it resumes in: the saved position stays
+    assert seen + _peek(resumed, 2) == e0[:28]  # continues at batch 6 ...
+    assert epoch_ids(resumed) == e0  # ... once: the next iter() is a fresh pass over epoch 0
+    again = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=5, rank=0, world_size=1)
+    again.load_state_dict(first.state_dict())
+    assert seen + epoch_ids(again) == e0 and epoch_ids(again) == e1  # run to its end: epoch 1 next
+    other = EncodedLoader(dataset_url, batch_size=4, num_workers=0, seed=5, rank=0, world_size=1)
+    other.load_state_dict(first.state_dict())
+    other.set_epoch(1)  # another epoch: the saved position is dropped
+    assert epoch_ids(other) == e1
+
+
+def test_more_workers_than_cores_is_warned_once_naming_the_default(tmp_path, monkeypatch, caplog):
+    """num_workers=4 on 2 cores ran 18x slower than 0, without a word."""
+    import os
+
+    from gpupipe.core import machine
+    from gpupipe.loader.gpu import GpuLoader
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(machine, "_WARNED", set(), raising=False)
+    url = str(tmp_path / "ds")
+    write_dataset(url, [8])
+    with caplog.at_level("WARNING", logger="gpupipe"):
+        EncodedLoader(url, batch_size=4, num_workers=2, rank=0, world_size=1)  # as many as the cores: no warning
+        EncodedLoader(url, batch_size=4, num_workers=4, rank=0, world_size=1)
+        EncodedLoader(url, batch_size=4, num_workers=4, rank=0, world_size=1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "num_workers=4" in lines[0] and "2 cores" in lines[0] and "the default picks 1" in lines[0], lines[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpupipe"):  # decoding on the CPU: the default is 0, and says why
+        GpuLoader(url, batch_size=4, image_size=8, decode="pil", device="cpu", num_workers=3, rank=0, world_size=1)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "num_workers=3" in line and "the default picks 0" in line and "decod" in line, line
+
+
 def test_resume_with_another_seed_mid_epoch_fails_clearly(dataset_url):
     """Another world size or batch size resumes (tests/loader/test_elastic.py); another seed
     would put other samples at the positions already delivered."""
