@@ -224,7 +224,10 @@ class _SplitLoader:
         # Lightning reads len() once (after restoring a checkpoint) and takes it as every epoch's
         # length for the whole fit; an epoch ends earlier when the loader runs out. An epoch resumed
         # under another world size or batch size has a length of its own: the larger of the two.
-        return max(len(self.gpu), steps_per_rank(self.gpu.ledger.spec))
+        # A restored state waits in the DataModule until the first pass: count its epoch too.
+        pending = self.dm._pending_state if self.split == "train" else None
+        resumed = self.gpu.ledger.steps_if_loaded(pending) if pending is not None else 0
+        return max(len(self.gpu), steps_per_rank(self.gpu.ledger.spec), resumed)
 
     # Lightning saves a loader's state_dict as of when *it* asks, which may be after it fetched
     # ahead; the exact position rides in GpuDataModule.state_dict instead. These two tell

@@ -76,6 +76,16 @@ class EpochLedger:
         """Batches of the current epoch on every rank, those delivered before a resume included."""
         return epoch_steps(self.plan)
 
+    def steps_if_loaded(self, state: Mapping) -> int:
+        """:attr:`steps` of the epoch ``state`` would continue (0 where it would be refused): what
+        Lightning must be told as ``len()`` before the state is loaded at the first pass."""
+        trial = EpochLedger(self.spec)
+        try:
+            trial.load_state_dict(state)
+        except PlanError:
+            return 0
+        return trial.steps
+
     def begin(self) -> None:
         """A pass starts: over the next epoch if this one is complete, else over this one
         from its first batch — or from the position :meth:`load_state_dict` loaded, once;
