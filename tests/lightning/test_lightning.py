@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from gloo_ranks import free_port
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -209,18 +209,12 @@ def test_datamodule_errors_name_the_config_key(data):
         GpuDataModule("x.yaml", loader={"batch_size": 2})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_ddp_gloo_equal_steps_exactly_once(tmp_path):
     """2 ranks (Lightning's ddp launcher re-runs the script for rank 1), uneven shards with one
     empty: equal step counts, and each epoch's samples split exactly once between ranks."""
     script = TESTS / "lightning_ddp_script.py"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
                          timeout=240)

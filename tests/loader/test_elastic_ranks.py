@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 from datagen import write_dataset
+from gloo_ranks import run_ranks
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
 
@@ -47,27 +45,12 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(tmp_path, name: str, world: int, url: str, *, batch: int = 4, workers: int = 0, stop: int = -1,
          state_in: str = "", state_out: str = "") -> list[dict]:
     script = tmp_path / f"{name}.py"
     script.write_text(_RANK_SCRIPT.format(paths=[os.getcwd(), TESTS], url=url, batch=batch, workers=workers,
                                           stop=stop, state_in=state_in, state_out=state_out))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
-    try:
-        outs = [p.communicate(timeout=180) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), outs
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return json.loads(run_ranks(script, world, timeout=180))
 
 
 @pytest.mark.slow

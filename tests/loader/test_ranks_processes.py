@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -16,18 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from datagen import write_dataset
+from gloo_ranks import free_port
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/: the helpers a subprocess imports
 SCRIPT = TESTS / "ranks_script.py"
 COUNTS = [13, 0, 21, 8, 1]  # 43 samples, one shard empty; batch 4 on 4 ranks: 3 steps, 5 padded positions
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                       "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clean_env() -> dict[str, str]:
@@ -71,7 +65,7 @@ def torchrun_cases(tmp_path_factory) -> dict[str, list[dict]]:
     out.mkdir()
     config = tmp / "config.json"
     config.write_text(json.dumps({"cases": cases, "out": str(out), "timeout": 20}))
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
                                f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
                                str(SCRIPT), str(config)],
@@ -173,7 +167,7 @@ def test_two_ranks_of_one_host_on_one_gpu_are_refused(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"cases": [{"name": "gpu", "urls": {"default": url}, "device": "cuda"}],
                                   "out": str(out), "timeout": 20}))
-    env = {**_clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    env = {**_clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), str(config)], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     ranks = _outcomes(out, ["gpu"], 2, procs)["gpu"]

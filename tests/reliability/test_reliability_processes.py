@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 from datagen import write_dataset
+from gloo_ranks import run_ranks
 
 from gpupipe.core.errors import WorkerError
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
@@ -103,26 +101,11 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_two_ranks(tmp_path, url: str, workers: int, drop_last: bool) -> list:
     script = tmp_path / f"rank_{workers}_{drop_last}.py"
     paths = [os.getcwd(), TESTS]
     script.write_text(_RANK_SCRIPT.format(paths=paths, url=url, workers=workers, drop_last=drop_last))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), outs
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return json.loads(run_ranks(script, 2))
 
 
 @pytest.mark.slow

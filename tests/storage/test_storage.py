@@ -4,14 +4,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import subprocess
-import sys
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from datagen import ids_of, write_dataset
+from gloo_ranks import run_ranks
 
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange, World
@@ -157,20 +156,8 @@ def test_world_from_torch_distributed_two_gloo_ranks(tmp_path):
         "dist.all_gather_object(out, (len(ld), ids))\n"
         "if dist.get_rank() == 0: print(repr(out))\n"
         "dist.destroy_process_group()\n")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    (len0, ids0), (len1, ids1) = eval(outs[0][0].strip().splitlines()[-1])
+    (len0, ids0), (len1, ids1) = eval(run_ranks(script, 2))
     assert len0 == len1 == 42 // 8 and not set(ids0) & set(ids1) and len(ids0) == len(ids1) == 20
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- secrets ----------------------------------------------------------------------------------

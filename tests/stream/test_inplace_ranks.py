@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
+from gloo_ranks import run_ranks
 from inplace_data import write_class_folder, write_parquet
 
 from gpupipe.tools.indexer import index_in_place
@@ -40,12 +38,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_gloo_ranks_take_equal_steps_over_folder_and_parquet(tmp_path):
     folder, table = str(tmp_path / "imgs"), str(tmp_path / "table")
@@ -56,16 +48,7 @@ def test_two_gloo_ranks_take_equal_steps_over_folder_and_parquet(tmp_path):
     urls = [folder, table, str(tmp_path / "indexed")]
     script = tmp_path / "ranks.py"
     script.write_text(_RANK_SCRIPT.format(paths=[os.getcwd(), TESTS], urls=urls))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), outs
-    r0, r1 = json.loads(outs[0][0].strip().splitlines()[-1])
+    r0, r1 = json.loads(run_ranks(script, 2))
     for url, n in zip(urls, (23, 27, 27)):
         a, b = r0[url], r1[url]
         assert a["steps"] == b["steps"] == a["len"] == b["len"] == -(-n // 8)  # 2 ranks x batch 4, tail padded
