@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 
-from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config, split_classes
+from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
 from gpupipe.plan import steps_per_rank
@@ -91,7 +91,7 @@ class GpuDataModule(pl.LightningDataModule):
 
     def _check_classes(self) -> tuple[str, ...]:
         """One class list across the splits built so far; a mix must have as many classes."""
-        found = {split: split_classes(loader.gpu) for split, loader in self._loaders.items()}
+        found = {split: loader.gpu.classes for split, loader in self._loaders.items()}
         classes = agreed_classes(found, self.config.source.classes, self.config.split_urls())
         mix = self.config.mix
         if mix is not None and classes and mix.args.get("num_classes") != len(classes):

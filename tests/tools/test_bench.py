@@ -54,12 +54,27 @@ def test_bytes_per_pixel_and_spectrum_are_photo_like():
     assert flat.std() > 10  # never a flat field
 
 
-def test_per_sample_steps_match_the_config_presets():
+# The docs' sets (docs/configuration.md, "The presets"), written out here: augment/presets.py is their one
+# home, so comparing its readers with each other could not fail; comparing them with the docs can.
+DOCUMENTED = {"none": [],
+              "simple": ["RandomAffine", "RandomHorizontalFlip", "ToDtype", "RepeatChannels", "Normalize"],
+              "complex": ["RandomAffine", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective", "ToDtype",
+                          "ColorJitter", "RepeatChannels", "Normalize"]}
+
+
+def test_every_offer_of_the_transform_sets_is_the_documented_steps():
+    import torch
+
+    import gpupipe.transforms as T
     from gpupipe.config.schema import preset
     from gpupipe.tools.bench.steps import SETS, steps_of
 
-    for name in ("none", "simple", "complex"):
+    for name, steps in DOCUMENTED.items():
+        assert [s.name for s in preset(name)] == [n for n, _ in SETS[name]] == steps
         assert steps_of(preset(name)) == SETS[name]
+    for name, built in (("simple", T.simple_set(torch.bfloat16)), ("complex", T.complex_set(torch.bfloat16))):
+        assert [type(m).__name__ for m in built.transforms] == DOCUMENTED[name]
+        assert [m.dtype for m in built.transforms if type(m).__name__ == "ToDtype"] == [torch.bfloat16]
 
 
 @pytest.fixture(scope="module")
