@@ -36,13 +36,22 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ shr(z, 31)
 
 
+def _mix_int(z: int) -> int:
+    """:func:`_mix` on one Python int (unsigned 64-bit): the same bits, without a tensor."""
+    z &= _MASK
+    z = ((z ^ (z >> 30)) * _M1) & _MASK
+    z = ((z ^ (z >> 27)) * _M2) & _MASK
+    return z ^ (z >> 31)
+
+
 def _bits(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, count: int) -> torch.Tensor:
-    """(B, count) int64 of 64 random bits each, keyed by (seed, epoch, sample id, tag, index)."""
-    base = _mix(torch.tensor([_i64(seed * _GOLDEN + epoch)], dtype=torch.int64, device=sample_ids.device))
-    base = _mix(base ^ _i64(tag * _M2))
+    """(B, count) int64 of 64 random bits each, keyed by (seed, epoch, sample id, tag, index).
+    The per-draw part is hashed on the host and enters the kernels as a scalar: a one-element
+    tensor built from it would be a host-to-device copy, which synchronises on CUDA."""
+    base = _i64(_mix_int(_mix_int(seed * _GOLDEN + epoch) ^ (tag * _M2 & _MASK)))
     ids = sample_ids.to(torch.int64).reshape(-1, 1)
     index = torch.arange(count, dtype=torch.int64, device=sample_ids.device).reshape(1, -1)
-    return _mix(_mix(base ^ ids * _i64(_GOLDEN)) + index * _i64(_M1))
+    return _mix(_mix(ids * _i64(_GOLDEN) ^ base) + index * _i64(_M1))
 
 
 def uniform(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, count: int = 1,
@@ -60,7 +69,9 @@ def bernoulli(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, p: floa
 def randint(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, high: torch.Tensor | int) -> torch.Tensor:
     """(B,) int64 uniform in [0, high) (``high`` per sample or shared; >= 1)."""
     u = uniform(seed, epoch, sample_ids, tag)[:, 0].to(torch.float64)
-    high_t = torch.as_tensor(high, device=sample_ids.device).to(torch.float64)
+    if isinstance(high, int):  # a scalar: no host-to-device copy (it would synchronise on CUDA)
+        return (u * high).floor().clamp_max(high - 1).to(torch.int64)
+    high_t = high.to(torch.float64)
     return torch.minimum((u * high_t).floor(), high_t - 1).to(torch.int64)
 
 

@@ -48,7 +48,8 @@ def _log_gamma_sample(key: AugKey, ids: torch.Tensor, alpha: float) -> torch.Ten
     ok = (v > 0) & (torch.log(u) < 0.5 * x * x + d - d * v + d * log_v)
     first = ok.to(torch.int8).argmax()
     # No candidate accepted (probability < 1e-20): fall back to the mode, d.
-    log_g = torch.where(ok.any(), math.log(d) + log_v[first], math.log(d))
+    chosen = log_v.gather(0, first.reshape(1))[0]  # not log_v[first]: a tensor index is read on the host (a sync)
+    log_g = torch.where(ok.any(), math.log(d) + chosen, math.log(d))
     if alpha < 1.0:
         boost = keys.uniform(k_b.seed, k_b.epoch, ids, k_b.tag)[0, 0].clamp_min(1e-7)
         log_g = log_g + torch.log(boost) / alpha

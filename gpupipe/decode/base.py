@@ -45,6 +45,7 @@ class DecodeConfig:
     max_pixels: int | None = MAX_PIXELS
     num_threads: int | None = None
     hw_decoder_load: float = 0.9
+    fancy_upsampling: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

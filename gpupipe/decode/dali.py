@@ -86,7 +86,8 @@ class DaliDecoder:
             enc = fn.external_source(name="enc", dtype=uint8, no_copy=False)
             kwargs: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": rgb,
                                       "adjust_orientation": True,
-                                      **({"hw_decoder_load": cfg.hw_decoder_load} if gpu else {})}
+                                      **({"hw_decoder_load": cfg.hw_decoder_load,  # libjpeg's chroma filter:
+                                          "jpeg_fancy_upsampling": cfg.fancy_upsampling} if gpu else {})}
             if window:  # upright (y, x) relative to the image; see gpupipe.decode.roi
                 img = fn.decoders.image_slice(enc, rel_start=fn.external_source(name="win_start", dtype=f32),
                                               rel_end=fn.external_source(name="win_end", dtype=f32),

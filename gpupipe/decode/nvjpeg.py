@@ -2,10 +2,16 @@
 
 For machines with torchvision and a GPU but no DALI. The JPEGs DALI would get
 (:func:`gpupipe.decode.gate.native_decodable`) are decoded in one batched nvJPEG call
-(EXIF orientation applied), then cropped and resized on the GPU (bilinear,
+(EXIF orientation applied here: torchvision's ``apply_exif_orientation`` is not applied by its
+CUDA decode, seen on an H200 with torchvision 0.26), then cropped and resized on the GPU (bilinear,
 antialiased) in one interpolation. Other formats, and JPEGs nvJPEG refuses, are
 decoded by Pillow on the CPU (the same path, and the same orientation handling, as
 under the DALI backend) and moved over.
+
+torchvision runs nvJPEG with its default flags: JPEG chroma is upsampled by nearest neighbour,
+not libjpeg's filter (``DecodeConfig.fancy_upsampling`` cannot be honoured here), so colour edges
+differ from Pillow's (docs/configuration.md gives what was measured); DALI's ``mixed`` decoder does
+the filter.
 """
 from __future__ import annotations
 
@@ -19,7 +25,18 @@ from gpupipe.decode.common import StandIn, account, assemble, prepare
 from gpupipe.decode.gate import route
 from gpupipe.decode.pil import decode_many, pool
 
-__all__ = ["NvjpegDecoder"]
+__all__ = ["NvjpegDecoder", "upright"]
+
+
+def upright(chw: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A (C, H, W) image as displayed under EXIF ``orientation`` 1..8: the transpose Pillow's
+    ``ImageOps.exif_transpose`` applies (other values: unchanged). Views, no copy."""
+    h, w = 1, 2
+    if orientation in (5, 6, 7, 8):  # the four that swap the sides: a transpose first
+        chw = chw.transpose(h, w)
+        orientation = {5: 1, 6: 2, 7: 3, 8: 4}[orientation]
+    flips = {2: (w,), 3: (h, w), 4: (h,)}.get(orientation, ())
+    return chw.flip(flips) if flips else chw
 
 
 class NvjpegDecoder:
@@ -36,7 +53,7 @@ class NvjpegDecoder:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         data = [torch.frombuffer(bytearray(batch.image(i)), dtype=torch.uint8) for i in jpegs]
-        kwargs = {"mode": ImageReadMode.RGB, "device": self.device, "apply_exif_orientation": True}
+        kwargs = {"mode": ImageReadMode.RGB, "device": self.device, "apply_exif_orientation": False}
         try:
             return dict(zip(jpegs, decode_jpeg(data, **kwargs))), {}
         except RuntimeError:  # isolate the ones it refuses
@@ -58,6 +75,7 @@ class NvjpegDecoder:
         chw, refused = self._nvjpeg(batch, jpegs) if jpegs else ({}, {})
         hwc.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         for i, img in chw.items():
+            img = upright(img, checked.headers[i].orientation)
             if cfg.resize is not ResizeMode.NONE:
                 top, left, h, w = (int(v) for v in boxes[i])
                 crop = img[None, :, top:top + h, left:left + w].float()

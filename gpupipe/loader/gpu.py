@@ -106,6 +106,7 @@ class GpuLoader:
         self.overlap = True  # decode and augment in two threads; False: one thread does both (for A/B runs)
         self.augment_threads: int | None = None  # torch threads in the augment stage's thread (None: torch's)
         self._decoder: Decoder | None = None  # built on first use, in this (the training) process
+        self._side: torch.cuda.Stream | None = None  # the decode stage's stream, made on first use
 
     # -- delegated -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -139,6 +140,15 @@ class GpuLoader:
             log.info("gpupipe: decoding with %s on %s", self._decoder.name, self.device)
         return self._decoder
 
+    def _side_stream(self) -> torch.cuda.Stream | None:
+        """The decode stage's CUDA stream: one per loader, kept across passes (a new one per
+        pass walks PyTorch's stream pool, and the caching allocator keeps blocks per stream)."""
+        if self.device.type != "cuda":
+            return None
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
+
     def time_epochs(self, epochs: int) -> float:
         """Run one warm-up epoch (worker start, decoder build), reset ``stats``, then time
         ``epochs`` epochs; returns their wall seconds (``stats`` holds their stages)."""
@@ -158,7 +168,7 @@ class GpuLoader:
         ledger = self.ledger
         ledger.begin()
         decoder = self.decoder
-        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        side = self._side_stream()
         timeline = self.timeline is not None
         stages = [Stage("decode", functools.partial(self._decode, decoder, side), timeline=timeline)]
         augment = self.augment
