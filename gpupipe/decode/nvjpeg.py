@@ -75,7 +75,8 @@ class NvjpegDecoder:
         chw, refused = self._nvjpeg(batch, jpegs) if jpegs else ({}, {})
         hwc.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
         for i, img in chw.items():
-            img = upright(img, checked.headers[i].orientation)
+            header = checked.headers[i]  # read for every image routed to nvJPEG
+            img = upright(img, header.orientation if header is not None else 1)
             if cfg.resize is not ResizeMode.NONE:
                 top, left, h, w = (int(v) for v in boxes[i])
                 crop = img[None, :, top:top + h, left:left + w].float()
