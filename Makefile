@@ -7,10 +7,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml .ci/install-torch.sh
+$(STAMP): pyproject.toml .ci/install-torch.sh .ci/install-torchvision.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	bash .ci/install-torch.sh $(PY)
 	$(PIP) install -q -e '.[test,dali]'
+	bash .ci/install-torchvision.sh $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -17,6 +17,9 @@ import pytest
 import s3util
 import torch
 from fault_proxy import FaultProxy
+from tvshim import import_torchvision
+
+import_torchvision()  # once, before any test module imports it (tvshim.py says why)
 
 # ---------------------------------------------------------------- devices
 

@@ -1,0 +1,31 @@
+"""Import the real torchvision for the comparison tests, on a machine whose torch is a CPU build.
+
+TESTS ONLY — never done in the library. `make test` installs torchvision with ``--no-deps`` at
+the version that matches the torch in use (.ci/install-torchvision.sh). Where the only wheel is a
+CUDA build (this project's CI), its C operators (nms, roi_align, decode_jpeg...) cannot load
+against the CPU torch, and ``import torchvision`` fails while registering meta kernels for them
+(``RuntimeError: operator torchvision::nms does not exist``). The transforms compared here are
+Python on top of torch and need none of those operators, so the failing registration module is
+replaced by an empty one and the import retried. Anything that would call those operators fails
+loudly when called; nothing here does.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+
+def import_torchvision():
+    """The ``torchvision`` module, or None where it is not installed."""
+    try:
+        import torchvision
+    except ImportError:
+        return None
+    except RuntimeError as exc:
+        if "torchvision::" not in str(exc):
+            raise
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import torchvision
+    return torchvision
