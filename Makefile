@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml .ci/install-torch.sh .ci/install-torchvision.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	bash .ci/install-torch.sh $(PY)
 	$(PIP) install -q -e '.[test,dali]'
-	bash .ci/install-torchvision.sh $(PY)
+	bash .ci/install-torchvision.sh $(PY) $(VENV)/torchvision-tests
 	touch $(STAMP)
 
 install: $(STAMP)

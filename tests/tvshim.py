@@ -1,7 +1,10 @@
 """Import the real torchvision for the comparison tests, on a machine whose torch is a CPU build.
 
 TESTS ONLY — never done in the library. `make test` installs torchvision with ``--no-deps`` at
-the version that matches the torch in use (.ci/install-torchvision.sh). Where the only wheel is a
+the version that matches the torch in use into its own folder, ``.venv/torchvision-tests``
+(.ci/install-torchvision.sh), which only this process puts on ``sys.path``: subprocesses of the
+tests (`gpupipe fit`, bench, workers started by exec) see no torchvision, as a user without it
+would. A torchvision installed in the environment itself (a GPU machine) is used first. Where the only wheel is a
 CUDA build (this project's CI), its C operators (nms, roi_align, decode_jpeg...) cannot load
 against the CPU torch, and ``import torchvision`` fails while registering meta kernels for them
 (``RuntimeError: operator torchvision::nms does not exist``). The transforms compared here are
@@ -13,12 +16,21 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
+
+TESTS_ONLY = Path(sys.prefix) / "torchvision-tests"  # where .ci/install-torchvision.sh puts it
 
 
 def import_torchvision():
     """The ``torchvision`` module, or None where it is not installed."""
     try:
-        import torchvision
+        try:
+            import torchvision
+        except ImportError:
+            if not TESTS_ONLY.is_dir():
+                return None
+            sys.path.append(str(TESTS_ONLY))
+            import torchvision
     except ImportError:
         return None
     except RuntimeError as exc:
