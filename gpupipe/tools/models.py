@@ -38,6 +38,9 @@ def _torchvision(name: str) -> Callable[[int], nn.Module]:
             import torchvision.models
         except ImportError as exc:
             raise ConfigError(f"model.arch: {name!r} needs torchvision (pip install torchvision)") from exc
+        except RuntimeError as exc:  # installed, but built for another torch (its C operators do not load)
+            raise ConfigError(f"model.arch: {name!r} needs a torchvision built for this torch "
+                              f"({torch.__version__}): {exc}") from exc
         return getattr(torchvision.models, name)(num_classes=num_classes)
     return build
 
