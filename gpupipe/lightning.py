@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 
-from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, load_config
+from gpupipe.config.keywords import python_transforms
+from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, eval_transforms, load_config
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
 from gpupipe.plan import steps_per_rank
 from gpupipe.sources.classes import agreed_classes, describe
+from gpupipe.sources.splits import split_folders
 
 if TYPE_CHECKING:
     from gpupipe.loader.gpu import GpuLoader
@@ -41,16 +43,30 @@ class GpuDataModule(pl.LightningDataModule):
 
     Pass a config (a ``PipelineConfig``, a YAML path or a mapping) or its sections as
     keyword arguments — the form LightningCLI fills from a file's ``data:`` section.
+
+    ``augment`` (the training split) and ``eval_augment`` (val, test, predict) also take
+    transforms given in Python, as ``GpuLoader(augment=...)`` does: a ``gpupipe.transforms``
+    pipeline, ``gpupipe.transforms.from_torchvision(...)``'s result, a list of transforms, or any
+    callable on the image batch — beside a config too, when it leaves that section unset.
+    Without ``eval_augment`` the evaluation splits run the deterministic steps of a gpupipe
+    ``augment`` (resize, crop, cast, normalize), as they do for a config's.
+
+    ``source`` naming a dataset's root that holds ``train/`` and ``val/`` (``valid/``,
+    ``validation/``; and ``test/``) folders, and no other split, reads each split from its
+    folder (:func:`~gpupipe.sources.splits.split_folders`), instead of taking the split folders
+    for classes.
     """
 
     def __init__(self, config: str | dict | None = None, *, source: str | dict | None = None,
                  stream: dict | None = None, decode: dict | None = None,
-                 augment: str | list | None = None, eval_augment: str | list | None = None,
+                 augment: str | list | Any | None = None, eval_augment: str | list | Any | None = None,
                  loader: dict | None = None, seed: int = 0) -> None:
         super().__init__()
+        built = {"augment": python_transforms(augment), "eval_augment": python_transforms(eval_augment)}
+        objects = {name: value for name, value in built.items() if value is not None}  # given in Python
         sections = {"source": source, "stream": stream, "decode": decode, "augment": augment,
                     "eval_augment": eval_augment, "loader": loader}
-        given = {k: v for k, v in sections.items() if v is not None}
+        given = {k: v for k, v in sections.items() if v is not None and k not in objects}
         if config is not None and given:
             raise ConfigError(f"GpuDataModule: pass a config or sections ({', '.join(given)}), not both")
         self.config: PipelineConfig
@@ -60,6 +76,8 @@ class GpuDataModule(pl.LightningDataModule):
             self.config = load_config(config)
         else:
             self.config = load_config({**given, "seed": seed})
+        self.config = _with_split_folders(self.config)
+        self._transforms = _transform_objects(self.config, objects)
         self.save_hyperparameters(self.config.to_dict())  # storage option values redacted
         self._loaders: dict[str, _SplitLoader] = {}
         self._pending_state: Mapping | None = None
@@ -167,6 +185,39 @@ class GpuDataModule(pl.LightningDataModule):
             return None
 
 
+def _with_split_folders(config: PipelineConfig) -> PipelineConfig:
+    """``config`` reading each split from its folder when its one source is a dataset's root
+    holding ``train/``, ``val/``, ... (:func:`~gpupipe.sources.splits.split_folders`)."""
+    src = config.source
+    if any(getattr(src, s) is not None for s in SPLITS if s != "train"):
+        return config
+    found: dict[str, Any] = dict(split_folders(src.train, src.storage_options))
+    if not found:
+        return config
+    log.info("gpupipe: %s holds the splits %s; each is read from its folder", src.train, ", ".join(found))
+    return replace(config, source=replace(src, **found))
+
+
+def _transform_objects(config: PipelineConfig, objects: Mapping[str, Any]) -> dict[str, Any]:
+    """Each split's transforms given in Python (``train``: ``augment``; the others: ``eval_augment``,
+    else the deterministic steps of ``augment``); a section set in the config too raises."""
+    for name in objects:
+        if getattr(config, name):
+            raise ConfigError(f"{name}: given twice, in the config and as a Python transform; give it once")
+    out: dict[str, Any] = {}
+    if "augment" in objects:
+        out["train"] = objects["augment"]
+    evaluation = objects.get("eval_augment")
+    if evaluation is None and "augment" in objects and config.eval_augment is None and \
+            any(getattr(config.source, s) is not None for s in SPLITS if s != "train"):
+        evaluation = eval_transforms(objects["augment"])
+        if evaluation is None:  # nothing deterministic in it: the evaluation splits run no transforms
+            out.update({s: () for s in SPLITS if s != "train"})
+    if evaluation is not None:
+        out.update({s: evaluation for s in SPLITS if s != "train"})
+    return out
+
+
 class _Unset:
     """The loader hook of a split the config does not set. Lightning takes a hook it sees
     through ``__wrapped__`` as the base class's for "not defined", so it runs no loop for the
@@ -208,6 +259,8 @@ class _SplitLoader:
             world = World(rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank)
             device = trainer.strategy.root_device
         settings = cfg.split(split)
+        if split in dm._transforms:  # transforms given in Python
+            settings = replace(settings, augment=dm._transforms[split])
         self.after_transfer = cfg.loader.augment_in is AugmentPlace.AFTER_TRANSFER
         self.stage = None
         if self.after_transfer:  # the loader decodes only; the stage runs in on_after_batch_transfer

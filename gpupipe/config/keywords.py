@@ -30,7 +30,7 @@ from gpupipe.storage.fetch import FetchConfig
 from gpupipe.stream.chunks import StreamConfig
 
 __all__ = ["Keyword", "KEYWORDS", "split_from_options", "keyword_form", "keyword_signature", "keyword_help",
-           "check_keywords"]
+           "check_keywords", "python_transforms"]
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> 
             if value is not None:
                 mapping[name] = plain(value)
         else:
-            objects[name] = _composed(value) if name == "augment" else value
+            objects[name] = python_transforms(value) if name == "augment" else value
     split = parse_config(mapping, origin=caller).split("train")
     if given_source is not None:
         objects["source"] = given_source
@@ -227,9 +227,13 @@ def _normal(name: str, value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _composed(value: Any) -> Any:
-    """A list of transform objects (``augment=[T.RandomHorizontalFlip(), ...]``) as the
-    ``Compose`` a torchvision user would have wrapped it in; anything else as given."""
+def python_transforms(value: Any) -> Any:
+    """``augment`` given as Python objects, ready for a :class:`SplitConfig`: a transform or any
+    callable as it is, a list of transform objects (``augment=[T.RandomHorizontalFlip(), ...]``)
+    as the ``Compose`` a torchvision user would have wrapped it in; ``None`` when ``value`` is
+    the config's form (a preset name, specs, mappings), which the YAML parser reads."""
+    if _yaml_able(value, TransformSpec):
+        return None
     if not isinstance(value, (list, tuple)):
         if value is not None and not callable(value):
             raise ConfigError("augment: expected a transform, a list of transforms, a preset name or specs; "

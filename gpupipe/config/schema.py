@@ -31,7 +31,7 @@ from gpupipe.stream.chunks import StreamConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
            "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "plain", "preset",
-           "split_classes"]
+           "split_classes", "eval_transforms"]
 
 SPLITS = ("train", "val", "test", "predict")
 LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
@@ -196,6 +196,24 @@ class PipelineConfig:
 def split_classes(loader) -> tuple[str, ...]:
     """The class list in a :class:`~gpupipe.loader.gpu.GpuLoader`'s index (``()``: none listed)."""
     return loader.classes
+
+
+def eval_transforms(transforms: Any) -> Any:
+    """What the evaluation splits run by default when ``augment`` is a transform given in Python,
+    as :meth:`PipelineConfig.split` does for specs: the deterministic steps (resize, crop, cast,
+    normalize) of a ``gpupipe.transforms`` pipeline (``from_torchvision``'s too); ``None`` when
+    it has none. Other callables cannot be read: a ``ConfigError`` asks for ``eval_augment``."""
+    from gpupipe.augment.base import Transform
+    from gpupipe.augment.compose import Compose
+
+    if isinstance(transforms, Compose):
+        steps = [t for t in transforms.transforms if type(t).__name__ in _EVAL_SAFE]
+        return Compose(steps, fuse=transforms.fuse) if steps else None
+    if isinstance(transforms, Transform):
+        return transforms if type(transforms).__name__ in _EVAL_SAFE else None
+    raise ConfigError(f"eval_augment: not given, and augment ({type(transforms).__name__}) is not a gpupipe.transforms "
+                      "pipeline whose deterministic steps could be taken for validation; give eval_augment too "
+                      "(e.g. gpupipe.transforms.from_torchvision(your_val_transforms))")
 
 
 def _check_split(split: str) -> None:

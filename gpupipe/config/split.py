@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupipe.config.augment import TransformSpec
+from gpupipe.config.checks import warn_repeated_resizes
 from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig
 from gpupipe.sources.source import Source
@@ -76,4 +77,5 @@ class SplitConfig:
             mix = mix.build()
         if transforms is None and mix is None:
             return None
+        warn_repeated_resizes(transforms, self.decode)  # once per loader: each builds its stage once
         return AugmentStage(transforms, mix, self.seed)

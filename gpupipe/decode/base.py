@@ -113,6 +113,8 @@ class DecodeStats:
     skipped: int = 0
     seconds: float = 0.0
     skipped_keys: list[str] = field(default_factory=list)
+    stretched: int = 0  # images whose aspect ratio resize "fixed" changed (common.count_stretched)
+    worst_stretch: float = 1.0  # the largest such change: 1.33 is a 4:3 image made square
 
 
 class Decoder(Protocol):

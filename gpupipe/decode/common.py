@@ -22,10 +22,15 @@ from gpupipe.decode.base import DecodedBatch, ResizeMode
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
-           "random_resized_crop_box", "replacements", "record_bad", "upright_size"]
+           "random_resized_crop_box", "replacements", "record_bad", "upright_size", "count_stretched",
+           "STRETCH_TOLERANCE"]
 
 log = logging.getLogger(__name__)
 _TAG_CROP = 3
+# resize "fixed" changes an image's aspect ratio by more than this (a factor of 1.05) before it is
+# called a stretch: sizes a pixel or two off square (256x250: 2.4%) stay under it, every photo
+# format is far over it (4:3 is 33%, 3:2 50%, 16:9 78% from square)
+STRETCH_TOLERANCE = 0.05
 
 
 @dataclass
@@ -90,7 +95,42 @@ def prepare(batch, config, stats) -> tuple[Checked, np.ndarray]:
     rejected ones, and place each crop box."""
     checked = check_batch(batch, config.max_pixels)
     enforce(checked, batch, config.on_error, stats)
+    count_stretched(checked.headers, config, stats)
     return checked, crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, config)
+
+
+def count_stretched(headers: Sequence[ImageHeader | None], config, stats) -> None:
+    """Under resize ``fixed``, count in ``stats`` the images whose aspect ratio the resize changes
+    by more than :data:`STRETCH_TOLERANCE` (``stats.stretched``, ``stats.worst_stretch``), and
+    warn the first time some are (a decoder is one loader's: once per loader). A division per
+    header already read: nothing next to a decode."""
+    if config.resize is not ResizeMode.FIXED or config.image_size is None:
+        return
+    out_h, out_w = config.image_size
+    found, worst, worst_hw, seen = 0, 1.0, (0, 0), 0
+    for header in headers:
+        if header is None:
+            continue
+        h, w = upright_size(header)
+        seen += 1
+        stretch = (w * out_h) / (h * out_w)
+        stretch = max(stretch, 1 / stretch)
+        if stretch > 1 + STRETCH_TOLERANCE:
+            found += 1
+            if stretch > worst:
+                worst, worst_hw = stretch, (h, w)
+    if not found:
+        return
+    first = stats.stretched == 0
+    stats.stretched += found
+    stats.worst_stretch = max(stats.worst_stretch, worst)
+    if first:
+        log.warning("decode: resize 'fixed' (the default) changes the aspect ratio of %d of %d images of this batch "
+                    "by more than %d%% (the most: width x height %dx%d to %dx%d, %.2fx); torchvision's "
+                    "Resize(size) with one number keeps it. To keep it: resize='shorter' (Resize + CenterCrop) or, "
+                    "for training, resize='random_resized_crop'. Said once per loader; decoder.stats.stretched "
+                    "counts them all", found, seen, round(STRETCH_TOLERANCE * 100),
+                    worst_hw[1], worst_hw[0], out_w, out_h, worst)
 
 
 def account(stats, batch, started: float) -> None:

@@ -45,7 +45,7 @@ from gpupipe.core.types import Sample, StringTable
 from gpupipe.formats.imageheader import field_name
 from gpupipe.formats.tar import MAX_MEMBER_BYTES, safe_key, sample_fields
 
-__all__ = ["IMAGE_EXTENSIONS", "LABEL_FILES", "NameList", "ObjectTable", "FolderListing", "extension",
+__all__ = ["IMAGE_EXTENSIONS", "LABEL_FILES", "SPLIT_FOLDERS", "NameList", "ObjectTable", "FolderListing", "extension",
            "classify_listing", "parse_label_file", "class_numbering", "label_problem", "folder_table", "object_key",
            "object_sample"]
 
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif"})
 LABEL_FILES = ("labels.csv", "labels.json")
+# folder names of a dataset's splits under its root, in the order the splits are named in messages
+SPLIT_FOLDERS = ("train", "val", "valid", "validation", "test")
 _FILE_COLUMNS = ("file", "filename", "path", "image", "name", "id")
 _LABEL_COLUMNS = ("label", "class", "cls", "target")
 _EXPECTED = frozenset({"index.json", "classes.txt", *LABEL_FILES})  # never reported as skipped
@@ -244,7 +246,8 @@ def class_numbering(found: Iterable[str], given: Sequence[str] | None, where: st
     if unknown:
         shown = ", ".join(given[:8]) + (", ..." if len(given) > 8 else "")
         raise ConfigError(f"classes: {where} has class(es) {unknown[:5]} that the class list ({len(given)} classes "
-                          f"[{shown}]) does not name; add them to it (source.classes, ingest --classes), or leave "
+                          f"[{shown}]) does not name; add them to it (classes= in Python, source.classes in YAML, "
+                          "ingest --classes), or leave "
                           "them out of the data")
     return tuple(given)
 
@@ -297,6 +300,8 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
                           "is for a flat folder of images. Leave source.labels out.")
     if deep:
         _refuse_a_parent_of_datasets(root, listing.files)
+        if classes is None:
+            _refuse_a_root_of_splits(root, deep)
     keep, rejected = [], []
     for path in sorted(listing.files):
         reason = _reject(rel[path], listing.files[path], flat=not deep)
@@ -370,6 +375,24 @@ def _refuse_a_parent_of_datasets(root: str, listing: Iterable[str]) -> None:
                           f"or an index.json), so read as an image folder its sub-folders "
                           f"({', '.join(sorted(index | tars | images)[:5])}) would be the classes; give one "
                           f"dataset's folder, e.g. {root}/{folders[0]}/")
+
+
+def _refuse_a_root_of_splits(root: str, images: list[str]) -> None:
+    """Images only under split-named folders (``train/``, ``val/``, ...), in class sub-folders
+    or in two or more splits: ``root`` is a dataset's root, and read as an image folder its
+    splits would be the classes (train and val, 2 classes, every label wrong), as torchvision's
+    ``ImageFolder(root)`` makes them. A class list given by hand (``classes=``) says they are classes."""
+    tops = {r.partition("/")[0] for r in images}
+    nested = all(r.count("/") >= 2 for r in images)
+    if not tops <= set(SPLIT_FOLDERS) or not (nested or len(tops) > 1):
+        return
+    splits = sorted(tops, key=lambda t: (SPLIT_FOLDERS.index(t), t))
+    raise ConfigError(
+        f"source: {root}/ holds the splits {', '.join(t + '/' for t in splits)} of a dataset; read as one image "
+        f"folder they would be its {len(splits)} classes and every label wrong. Give one split's folder: "
+        f"GpuLoader('{root}/{splits[0]}/'), source: {{train: {root}/{splits[0]}/, val: ...}} in YAML; "
+        f"GpuDataModule(source='{root}/') reads the split folders itself. (If they really are classes, "
+        "name them: classes=[...], source.classes in YAML)")
 
 
 def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None, given: Sequence[str] | None,

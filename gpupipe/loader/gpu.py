@@ -108,6 +108,15 @@ class GpuLoader:
         self._decoder: Decoder | None = None  # built on first use, in this (the training) process
         self._side: torch.cuda.Stream | None = None  # the decode stage's stream, made on first use
 
+    # -- pickling ---------------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """Everything but what lives in this process: the decoder (a DALI pipeline, a thread pool)
+        and the CUDA stream are left out and built again on first use; the stage threads live in
+        a pass, not on the loader. The epoch and resume position travel (``ledger``)."""
+        state = self.__dict__.copy()
+        state["_decoder"], state["_side"] = None, None
+        return state
+
     # -- delegated -------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.encoded)

@@ -63,7 +63,8 @@ def agreed_classes(found: Mapping[str, Sequence[str]], declared: Sequence[str] |
                 raise ConfigError(
                     f"source.classes lists {describe(declared)} but the {split} index lists {describe(classes)}"
                     f"{_first_difference(declared, classes)}: its labels would mean other classes. "
-                    f"{_way_out(split, urls, '--classes ' + ','.join(declared))} (or correct source.classes)")
+                    f"{_way_out(split, urls, '--classes ' + ','.join(declared))} (or correct the list: classes= in "
+                    "Python, source.classes in YAML)")
         return declared
     splits = sorted(known, key=lambda s: (s != "train", s))  # train's list is the reference
     for split in splits[1:]:
@@ -72,8 +73,16 @@ def agreed_classes(found: Mapping[str, Sequence[str]], declared: Sequence[str] |
             raise ConfigError(
                 f"the {first} and {split} indexes list different classes: {first} {describe(known[first])}, "
                 f"{split} {describe(known[split])}{_first_difference(known[first], known[split])}; label numbers "
-                f"mean different classes in each. {_way_out(split, urls, '--classes-from ' + _index_of(first, urls))}")
+                f"mean different classes in each. {_one_list(first, split, known[first])} For tar shards: "
+                f"{_way_out(split, urls, '--classes-from ' + _index_of(first, urls))}")
     return known[splits[0]] if splits else ()
+
+
+def _one_list(first: str, other: str, classes: tuple[str, ...]) -> str:
+    """The way out for splits read in place (image folders, Parquet): number them all with one list."""
+    shown = ", ".join(classes[:_SHOWN]) + (", ..." if len(classes) > _SHOWN else "")
+    return (f"Number every split with the {first} split's list: GpuLoader(<{other} url>, "
+            f"classes={first}_loader.classes) in Python, source.classes: [{shown}] in YAML.")
 
 
 def _first_difference(a: tuple[str, ...], b: tuple[str, ...]) -> str:

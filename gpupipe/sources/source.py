@@ -255,7 +255,8 @@ def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
             tuple(manifest.classes) != tuple(source.classes):
         raise ConfigError(f"source.classes: {where}{MANIFEST_NAME} numbers {len(manifest.classes)} classes "
                           f"{list(manifest.classes[:4])}..., not as the {len(source.classes)} given "
-                          f"{list(source.classes[:4])}...; rerun `gpupipe index` with this class list")
+                          f"{list(source.classes[:4])}... (classes= / source.classes); rerun `gpupipe index` with this class "
+                         "list, or give the index's")
 
 
 def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = True) -> ResolvedSource | None:

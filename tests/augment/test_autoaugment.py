@@ -428,3 +428,25 @@ def test_from_torchvision_maps_the_policies():
     assert (ra.num_ops, ra.magnitude, ra.num_magnitude_bins) == (3, 5, 11)
     assert aa.policy.value == "cifar10" and aa.fill == (7.0,)
     assert (am.severity, am.mixture_width, am.chain_depth, am.alpha, am.all_ops) == (4, 2, 1, 0.5, False)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_from_torchvision_maps_the_real_policies_with_every_argument(version):
+    """docs/migration.md's table of the policies, against the installed torchvision."""
+    import torchvision.transforms as v1
+    from torchvision.transforms import v2
+
+    from gpupipe.transforms import from_torchvision
+
+    tv = v1 if version == "v1" else v2
+    bilinear = tv.InterpolationMode.BILINEAR
+    aa, ra, ta, am = from_torchvision(tv.Compose([
+        tv.AutoAugment(tv.AutoAugmentPolicy.SVHN, fill=[128, 128, 128]),
+        tv.RandAugment(num_ops=3, magnitude=5, num_magnitude_bins=21, interpolation=bilinear),
+        tv.TrivialAugmentWide(num_magnitude_bins=11),
+        tv.AugMix(severity=2, mixture_width=4, chain_depth=2, alpha=0.5, all_ops=False)])).transforms
+    assert aa.policy.value == "svhn" and aa.fill == (128.0,) * 3 and aa.interpolation == "nearest"
+    assert (ra.num_ops, ra.magnitude, ra.num_magnitude_bins, ra.interpolation) == (3, 5, 21, "bilinear")
+    assert isinstance(ta, TrivialAugmentWide) and ta.num_magnitude_bins == 11 and ta.fill == (0.0,)
+    assert (am.severity, am.mixture_width, am.chain_depth, am.alpha, am.all_ops, am.interpolation) == \
+        (2, 4, 2, 0.5, False, "bilinear")
