@@ -102,7 +102,9 @@ TOL: dict[str, Tol] = {
     "RandomRotation": Tol(1, 0.01, 0.001, _WARP + " (measured 1 / 0.002)" + _TIE),
     "RandomHorizontalFlip": Tol(0, 0.001, why="pixels copied (measured 0 / 0.0002)"),
     "RandomVerticalFlip": Tol(0, 0.001, why="pixels copied (measured 0 / 0.0002)"),
-    "RandomPerspective": Tol(1, 0.01, 0.001, _WARP + ", and a division (measured 1 / 0.003)" + _TIE),
+    "RandomPerspective": Tol(1, 0.01, 0.005, _WARP + ", and a division (measured 1 / 0.003; nearest: 1 to 3 "
+                                             "isolated pixels of a warped 41x23 sample, 0.10% of the case, take the "
+                                             "other neighbour of a tie within float32 rounding)"),
     "ColorJitter": Tol(2, 0.001, why="float32 blends in another order; uint8 truncates after each op, so a "
                                      "1-level truncation difference can grow through a later factor > 1 "
                                      "(measured 2 / 0.0002)"),
