@@ -108,7 +108,7 @@ class TransformList(nn.ModuleList):
 def check_probability(p: float, name: str = "p") -> float:
     """torchvision's message for a probability outside [0, 1]."""
     if not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"{name} should be a float in [0, 1] (got {p})")
+        raise ValueError(f"`{name}` should be a floating point value in the interval [0.0, 1.0] (got {p}).")
     return float(p)
 
 

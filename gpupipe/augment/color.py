@@ -241,7 +241,7 @@ def _check_jitter(value, name: str, center: float = 1.0, bound: tuple[float, flo
     else:
         raise TypeError(f"{name}={value} should be a single number or a sequence with length 2.")
     if not bound[0] <= value[0] <= value[1] <= bound[1]:
-        raise ValueError(f"{name} values should be between {bound}, but got {value}.")
+        raise ValueError(f"{name} values should be between {bound} and increasing, but got {value}.")
     return None if value[0] == value[1] == center else (value[0], value[1])
 
 

@@ -116,7 +116,7 @@ class RandomChoice(Transform):
         elif not isinstance(p, Sequence):
             raise TypeError(f"RandomChoice: argument p should be a sequence (got {type(p).__name__})")
         elif len(p) != len(self.transforms):
-            raise ValueError(f"The number of p doesn't match the number of transforms: "
+            raise ValueError(f"Length of p doesn't match the number of transforms: "
                              f"{len(p)} != {len(self.transforms)}")
         if not self.transforms or any(float(v) < 0 for v in p) or not sum(p) > 0:
             raise ValueError(f"RandomChoice needs at least one transform and non-negative p with a positive sum "

@@ -41,7 +41,7 @@ class Resize(GeometricTransform):
         if isinstance(size, str) or not isinstance(size, (numbers.Real, Sequence)):
             raise TypeError(f"Size should be int or sequence. Got {type(size)}")
         if isinstance(size, Sequence) and len(size) not in (1, 2):
-            raise ValueError("If size is a sequence, it should have 1 or 2 values")
+            raise ValueError(f"size can be an integer or a sequence of one or two integers, but got {size} instead.")
         self.size = _int(size) if isinstance(size, numbers.Real) else tuple(int(s) for s in size)
         if min((self.size,) if isinstance(self.size, int) else self.size) <= 0:
             raise ValueError(f"size should be positive (got {size})")
@@ -94,10 +94,9 @@ def crop_padding(padding) -> tuple[int, int, int, int]:
     (left, top, right, bottom) → (left, top, right, bottom)."""
     if padding is None:
         return (0, 0, 0, 0)
-    if isinstance(padding, bool) or not isinstance(padding, (numbers.Real, tuple, list)):
-        raise TypeError("Got inappropriate padding arg")
-    if isinstance(padding, (tuple, list)) and len(padding) not in (1, 2, 4):
-        raise ValueError(f"Padding must be an int or a 1, 2, or 4 element tuple, not a {len(padding)} element tuple")
+    if (isinstance(padding, bool) or not isinstance(padding, (numbers.Real, tuple, list))
+            or isinstance(padding, (tuple, list)) and len(padding) not in (1, 2, 4)):
+        raise ValueError(f"Padding must be an int or a 1, 2, or 4 element of tuple or list, got {padding}.")
     values = [_int(padding)] if isinstance(padding, numbers.Real) else [int(p) for p in padding]
     if min(values) < 0:
         raise ValueError(f"padding should be non-negative, got {padding}")

@@ -34,14 +34,16 @@ class GaussianBlur(Transform):
             if k <= 0 or k % 2 == 0:
                 raise ValueError("Kernel size value should be an odd and positive number.")
         if isinstance(sigma, (int, float)):
-            if sigma <= 0:
-                raise ValueError("If sigma is a single number, it must be positive.")
             sigma = (float(sigma), float(sigma))
-        elif isinstance(sigma, Sequence) and len(sigma) == 2:
-            if not 0.0 < sigma[0] <= sigma[1]:
-                raise ValueError("sigma values should be positive and of the form (min, max).")
-        else:
-            raise TypeError("sigma should be a single int or float or a list/tuple with length 2 floats.")
+        elif not isinstance(sigma, Sequence):
+            raise TypeError(f"sigma should be a number or a sequence of numbers. Got {type(sigma)}")
+        elif len(sigma) not in (1, 2):
+            raise ValueError(f"If sigma is a sequence its length should be 1 or 2. Got {len(sigma)}")
+        elif bad := [v for v in sigma if isinstance(v, bool) or not isinstance(v, (int, float))]:
+            raise ValueError(f"sigma should be a sequence of numbers. Got {type(bad[0])}")
+        sigma = (float(sigma[0]), float(sigma[-1]))
+        if not 0.0 < sigma[0] <= sigma[1]:
+            raise ValueError(f"sigma values should be positive and of the form (min, max). Got {list(sigma)}")
         self.kernel_size = (int(ks[0]), int(ks[1]))  # (x, y) as torchvision
         self.sigma = (float(sigma[0]), float(sigma[1]))
 
@@ -82,7 +84,7 @@ class RandomErasing(Transform):
         if scale[0] < 0 or scale[1] > 1:
             raise ValueError("Scale should be between 0 and 1")
         if not 0 <= p <= 1:
-            raise ValueError("Random erasing probability should be between 0 and 1")
+            raise ValueError(f"`p` should be a floating point value in the interval [0.0, 1.0] (got {p}).")
         self.p, self.scale, self.ratio, self.value = float(p), tuple(scale), tuple(ratio), value
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
