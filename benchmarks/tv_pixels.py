@@ -159,14 +159,14 @@ def decode_table() -> None:
     from gpupipe.decode import DecodeConfig, make_decoder
     from gpupipe.stream.batch import pack
 
-    print("decode resize: shorter at 224 against torchvision Resize(224) + CenterCrop(224) of Pillow's decode")
+    print("decode resize: shorter at 224, 112, 56 against torchvision Resize(s) + CenterCrop(s) of Pillow's decode")
     for backend in ("pil", "dali"):
         rows = []
         for size in SHAPES:
             jpegs, images = photos(size, n=6)
             batch = pack([Sample(key=f"s{i}", fields={"jpg": j}, sample_id=i, label=0) for i, j in enumerate(jpegs)],
                          [True] * len(jpegs))
-            for s in (224, 112):
+            for s in (224, 112, 56):
                 decoder = make_decoder(DecodeConfig(backend=backend, image_size=(s, s), resize="shorter",
                                                     num_threads=2), "cpu")
                 try:
