@@ -136,6 +136,9 @@ def _chains(H: int, W: int):
                                                        T.RandomPerspective(0.3, p=1.0)],
          lambda x, ps: TF.perspective(TF.rotate(x, float(ps[0]["angle"]), v2.InterpolationMode.BILINEAR, fill=0),
                                       _corners(H, W), ps[1]["end"].round().int().tolist(), fill=0)),
+        ("Resize(300) + RandomRotation(15, bilinear) + HFlip", [T.Resize(300), T.RandomRotation(15, interpolation="bilinear"),
+                                                              T.RandomHorizontalFlip(1.0)],
+         lambda x, ps: flip(TF.rotate(v2.Resize(300)(x), float(ps[1]["angle"]), v2.InterpolationMode.BILINEAR, fill=0))),
     ]
 
 
