@@ -80,7 +80,13 @@ def _preset(name: str, dtype) -> Compose:
 
 def _size(t) -> Any:
     size = t.size
-    return size if isinstance(size, int) else tuple(size)
+    return size if size is None or isinstance(size, int) else tuple(size)
+
+
+def _antialias(t) -> bool:
+    """``antialias``: True (the default since torchvision 0.17); None, and 0.15-0.16's "warn",
+    mean False for tensors."""
+    return getattr(t, "antialias", True) is True
 
 
 def _fill(t) -> Any:
@@ -109,6 +115,7 @@ _READ: dict[str, Callable[[Any], Any]] = {  # attributes that need more than get
     "size": _size,
     "fill": _fill,
     "interpolation": lambda t: getattr(t, "interpolation", "bilinear"),
+    "antialias": _antialias,
     "padding": _padding,
     "value": lambda t: "random" if t.value is None else t.value,  # v2 stores "random" as None
 }
@@ -151,10 +158,10 @@ def _to_dtype(t) -> Transform | None:
 
 
 TORCHVISION: dict[str, Callable[[Any], Transform | None]] = {
-    "Resize": _same("Resize", "size", "interpolation", max_size=None),
+    "Resize": _same("Resize", "size", "interpolation", "max_size", "antialias"),
     "CenterCrop": _same("CenterCrop", "size"),
     "RandomCrop": _same("RandomCrop", "size", "padding", "pad_if_needed", "fill", "padding_mode"),
-    "RandomResizedCrop": _same("RandomResizedCrop", "size", "scale", "ratio", "interpolation"),
+    "RandomResizedCrop": _same("RandomResizedCrop", "size", "scale", "ratio", "interpolation", "antialias"),
     "RandomAffine": _same("RandomAffine", "degrees", "translate", "scale", "shear", "interpolation", "fill",
                           center=None),
     "RandomRotation": _same("RandomRotation", "degrees", "interpolation", "fill", expand=False, center=None),

@@ -11,6 +11,25 @@ boundary it crosses costs a pixel of edge; composing a run of homographies into 
 matrix per sample resamples once, so the fused result is closer to the ideal
 (continuous) transform than the sequential reference, and costs one kernel instead
 of several.
+
+What fuses (:func:`_runs`), so that the fused result is the sequential one within
+interpolation rounding:
+
+* only a transform that IS its matrix warped at its input size
+  (:meth:`~gpupipe.augment.warp.GeometricTransform.fuses`): not an antialiased reduction
+  (``Resize`` / ``RandomResizedCrop`` with ``antialias=True`` that scale down: a low-pass
+  filter wider than a bilinear tap, which no single ``grid_sample`` does), not bicubic
+  with antialias, not a nearest ``Resize``; those run alone, as torchvision's
+  ``F.interpolate``, and end the run;
+* a transform that reads outside its input (a rotation, an affine, a perspective, a
+  padded crop) joins only a run of transforms that each map their whole input onto their
+  whole output (``Resize``, flips): after a crop or another fill, the composed warp would
+  read the original image where the sequential path shows the fill;
+* interpolations and fills must agree, as before.
+
+A run of one ``Resize`` / ``RandomResizedCrop`` runs as torchvision's ``F.interpolate``
+(``warps_alone``), whatever the sizes. The tolerances measured against torchvision, each op
+alone and fused chains: tests/augment/test_tv_pixels.py.
 """
 from __future__ import annotations
 
@@ -97,7 +116,7 @@ class Compose(Transform):
         self.output_dtype(images.dtype)  # a pipeline that cannot work raises before any work
         if not self.fuse:
             return self.apply_reference(images, params)
-        source, runs = images, _runs(self.transforms)
+        source, runs = images, _runs(self.transforms, (int(images.shape[-2]), int(images.shape[-1])))
         holds = images.dtype  # the dtype whose values ``images`` holds (a float32 buffer may hold uint8 values)
         for n, (kind, run) in enumerate(runs):
             if kind == "pointwise":
@@ -139,63 +158,73 @@ class Compose(Transform):
         ``keep_float``: an integer batch comes back as rounded float32 (see :func:`warp`)."""
         hw = (int(images.shape[-2]), int(images.shape[-1]))
         matrix: torch.Tensor | None = None
-        members: list[GeometricTransform] = []
+        members: list[tuple[GeometricTransform, HW]] = []
         for i in run:
             t = self.transforms[i]
             assert isinstance(t, GeometricTransform), "_runs puts only these in a geometric run"
             m = t.matrix(self._child_params(params, i), hw)
             matrix = m if matrix is None else m @ matrix
+            members.append((t, hw))
             hw = t.output_size(hw)
-            members.append(t)
         assert matrix is not None, "a run is never empty"
         padding, fill, interpolation = _sampling(members)
-        return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t in members),
+        return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t, _ in members),
                     keep_float=keep_float)
 
 
-def _kind(t: Transform) -> str | None:
-    if isinstance(t, GeometricTransform) and t.fusable:
+HW = tuple[int, int]
+
+
+def _kind(t: Transform, hw: HW) -> str | None:
+    if isinstance(t, GeometricTransform) and t.fuses(hw):
         return "geometric"
     return "pointwise" if isinstance(t, PointwiseTransform) and t.fusable else None
 
 
-def _sampling(members) -> tuple[str, tuple[float, ...] | None, str]:
-    """(padding mode, fill, interpolation) of one warp for ``members``: the mode of
-    those that read outside their input ("border" if none does: it only guards the
-    rounding at the edge), the interpolation of those that interpolate (bilinear if none)."""
-    outside = [(t.warp_padding, t.fill) for t in members if t.samples_outside]
-    interpolations = [t.interpolation for t in members if t.interpolation is not None]
+def _sampling(members: list[tuple[GeometricTransform, HW]]) -> tuple[str, tuple[float, ...] | None, str]:
+    """(padding mode, fill, interpolation) of one warp for ``members`` (each with its input
+    size): the mode of the one that reads outside its input ("border" if none does: it only
+    guards the rounding at the edge), the interpolation of those that interpolate (bilinear
+    if none)."""
+    outside = [(t.warp_padding, t.fill) for t, hw in members if t.reads_outside(hw)]
+    interpolations = [t.interpolation for t, _ in members if t.interpolation is not None]
     padding, fill = outside[0] if outside else ("border", None)
     return padding, fill, interpolations[0] if interpolations else "bilinear"
 
 
-def _joins(members, t: GeometricTransform) -> bool:
-    """Whether ``t`` can share one warp with ``members``: the same padding mode and fill
-    where both read outside their input, the same interpolation where both interpolate."""
-    padding, fill, interpolation = _sampling(members)
-    if t.samples_outside and any(m.samples_outside for m in members):
-        if t.warp_padding != padding or (padding != "zeros" and t.fill != fill):
-            return False
-    if t.interpolation is not None and any(m.interpolation is not None for m in members):
+def _joins(members: list[tuple[GeometricTransform, HW]], t: GeometricTransform, hw: HW) -> bool:
+    """Whether ``t`` (on an ``hw`` input) can share one warp with ``members``: if it reads
+    outside its input, every member maps its whole input onto its whole output (so outside
+    ``t``'s input is outside the original image too); the same interpolation where both
+    interpolate."""
+    if t.reads_outside(hw) and not all(m.covers_frame and not m.reads_outside(mhw) for m, mhw in members):
+        return False
+    interpolation = _sampling(members)[2]
+    if t.interpolation is not None and any(m.interpolation is not None for m, _ in members):
         return t.interpolation == interpolation
     return True
 
 
-def _runs(transforms) -> list[tuple[str | None, list[int]]]:
-    """Consecutive geometric / pointwise transforms grouped: [(kind, indices)]; any
-    other transform is a run of its own, and a geometric one that cannot share the
-    run's warp (:func:`_joins`) starts the next run."""
+def _runs(transforms, hw: HW) -> list[tuple[str | None, list[int]]]:
+    """Consecutive geometric / pointwise transforms grouped: [(kind, indices)] for an
+    ``hw`` input; any other transform is a run of its own, a geometric one that cannot
+    share the run's warp (:func:`_joins`) starts the next run, and a geometric run of one
+    transform whose own path is not a warp (``warps_alone``) runs that path."""
     runs: list[tuple[str | None, list[int]]] = []
+    sizes: list[HW] = []
     for i, t in enumerate(transforms):
-        kind = _kind(t)
+        sizes.append(hw)
+        kind = _kind(t, hw)
         same = bool(runs) and kind is not None and runs[-1][0] == kind
         if same and kind == "geometric":
-            same = _joins([transforms[j] for j in runs[-1][1]], t)
+            same = _joins([(transforms[j], sizes[j]) for j in runs[-1][1]], t, hw)
         if same:
             runs[-1][1].append(i)
         else:
             runs.append((kind, [i]))
-    return runs
+        hw = t.output_size(hw)
+    return [(None if kind == "geometric" and len(run) == 1 and not transforms[run[0]].warps_alone else kind, run)
+            for kind, run in runs]
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

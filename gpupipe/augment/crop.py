@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import resample
 from .keys import draw
 from .warp import (
     HW,
@@ -28,31 +29,60 @@ _PADDING_MODES = {"constant": "zeros", "edge": "border", "reflect": "reflection"
 
 
 class Resize(GeometricTransform):
-    """torchvision ``Resize(size)``: an int resizes the shorter side to ``size``
-    (longer side ``int(size * long / short)``), an (h, w) pair resizes to it.
-    ``interpolation``: bilinear (default), nearest or bicubic; no antialias (see
-    :mod:`gpupipe.augment.geometry`)."""
+    """torchvision ``Resize(size, interpolation, max_size, antialias)``: an int (or a
+    1-sequence) resizes the shorter side to ``size`` (longer side ``int(size * long /
+    short)``, then capped at ``max_size``), ``None`` the longer side to ``max_size``, an
+    (h, w) pair resizes to it. ``interpolation``: bilinear (default), nearest or bicubic;
+    ``antialias`` (default True) low-pass filters a reduction, as torchvision's.
+
+    Applied, it is torchvision's resize, one ``F.interpolate`` on the batch
+    (:func:`gpupipe.augment.resample.resize`). In a ``Compose`` it joins its neighbours'
+    warp only where a bilinear warp gives the same pixels within rounding: bilinear and
+    enlarging (or ``antialias=False``); an antialiased reduction, bicubic with antialias
+    (Pillow's a=-0.5 cubic) and nearest (``floor(i * in / out)``) run on their own."""
 
     samples_outside = False
+    covers_frame = True
+    warps_alone = False
 
-    def __init__(self, size, interpolation="bilinear"):
+    def __init__(self, size, interpolation="bilinear", max_size=None, antialias=True):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
-        if isinstance(size, str) or not isinstance(size, (numbers.Real, Sequence)):
+        if size is None:
+            if max_size is None:
+                raise ValueError("If size is None, then max_size must be set")
+        elif isinstance(size, str) or not isinstance(size, (numbers.Real, Sequence)):
             raise TypeError(f"Size should be int or sequence. Got {type(size)}")
-        if isinstance(size, Sequence) and len(size) not in (1, 2):
-            raise ValueError(f"size can be an integer or a sequence of one or two integers, but got {size} instead.")
-        self.size = _int(size) if isinstance(size, numbers.Real) else tuple(int(s) for s in size)
-        if min((self.size,) if isinstance(self.size, int) else self.size) <= 0:
+        elif isinstance(size, Sequence) and len(size) not in (1, 2):
+            raise ValueError(f"size can be an integer, a sequence of one or two integers, or None, but got {size} instead.")
+        self.size = (None if size is None else _int(size) if isinstance(size, numbers.Real)
+                     else tuple(int(s) for s in size))
+        if self.size is not None and min((self.size,) if isinstance(self.size, int) else self.size) <= 0:
             raise ValueError(f"size should be positive (got {size})")
+        if max_size is not None and isinstance(self.size, tuple) and len(self.size) == 2:
+            raise ValueError("max_size should only be passed if size is None or specifies the length of the "
+                             "smaller edge, i.e. size should be an int or a sequence of length 1")
+        self.max_size = None if max_size is None else int(max_size)
+        self.antialias = bool(antialias)  # torchvision: None means False for tensors
 
     def output_size(self, in_hw: HW) -> HW:
+        """torchvision's ``_compute_resized_output_size``."""
         if isinstance(self.size, tuple) and len(self.size) == 2:
             return self.size
-        requested = self.size if isinstance(self.size, int) else self.size[0]
         h, w = in_hw
         short, long = min(h, w), max(h, w)
-        new_short, new_long = requested, int(requested * long / short)
+        if self.size is None:
+            assert self.max_size is not None, "__init__ requires one of them"
+            new_short, new_long = int(self.max_size * short / long), self.max_size
+        else:
+            requested = self.size if isinstance(self.size, int) else self.size[0]
+            new_short, new_long = requested, int(requested * long / short)
+            if self.max_size is not None:
+                if self.max_size <= requested:
+                    raise ValueError(f"max_size = {self.max_size} must be strictly greater than the requested "
+                                     f"size for the smaller edge size = {self.size}")
+                if new_long > self.max_size:
+                    new_short, new_long = int(self.max_size * new_short / new_long), self.max_size
         return (new_short, new_long) if h <= w else (new_long, new_short)
 
     def make_params(self, images, key):
@@ -61,6 +91,23 @@ class Resize(GeometricTransform):
     def matrix(self, params, in_hw):
         ones = params["ones"]
         return box_matrix(0 * ones, 0 * ones, in_hw[0] * ones, in_hw[1] * ones, self.output_size(in_hw))
+
+    def fuses(self, in_hw: HW) -> bool:
+        out_hw = self.output_size(in_hw)  # the same size: nothing to do, an identity matrix
+        return out_hw == tuple(in_hw) or _warp_resizes(self.interpolation, self.antialias, in_hw, out_hw)
+
+    def transform(self, images, params):
+        in_hw = (int(images.shape[-2]), int(images.shape[-1]))
+        return resample.resize(images, self.output_size(in_hw), self.interpolation or "bilinear", self.antialias)
+
+
+def _warp_resizes(interpolation: str | None, antialias: bool, box_hw: tuple[float, float], out_hw: HW) -> bool:
+    """Whether a bilinear warp resizes a ``box_hw`` region to ``out_hw`` as torchvision's
+    ``F.interpolate`` would: bilinear and no antialiased reduction (an antialiased bilinear
+    enlargement is plain bilinear interpolation; bicubic's antialias filter is another cubic)."""
+    if interpolation == "bilinear":
+        return not (antialias and resample.reduces(box_hw, out_hw))
+    return interpolation == "bicubic" and not antialias
 
 
 class _Crop(GeometricTransform):
@@ -78,14 +125,17 @@ class _Crop(GeometricTransform):
 
 class CenterCrop(_Crop):
     """torchvision ``CenterCrop(size)``: top = round((H - h) / 2); a crop larger than
-    the image pads with zeros, as torchvision does."""
+    the image pads with zeros, as torchvision does (``(h - H) // 2`` rows above)."""
 
     def make_params(self, images, key):
         return {"ones": _ones(key)}
 
+    def reads_outside(self, in_hw: HW) -> bool:
+        return self.size[0] > in_hw[0] or self.size[1] > in_hw[1]
+
     def matrix(self, params, in_hw):
         ones = params["ones"]
-        top, left = round((in_hw[0] - self.size[0]) / 2.0), round((in_hw[1] - self.size[1]) / 2.0)
+        top, left = (-((c - n) // 2) if c > n else round((n - c) / 2.0) for n, c in zip(in_hw, self.size))
         return box_matrix(top * ones, left * ones, self.size[0] * ones, self.size[1] * ones, self.size)
 
 
@@ -185,18 +235,35 @@ def _symmetric(start: torch.Tensor, length: int, size: int, device) -> torch.Ten
 
 
 class RandomResizedCrop(GeometricTransform):
-    """torchvision ``RandomResizedCrop(size, scale, ratio)``: its 10-attempt rule,
-    vectorised: 10 candidate boxes per sample drawn at once, the first valid one kept,
-    else the central fallback crop. Params: ``top``, ``left``, ``height``, ``width`` (B,) float32."""
+    """torchvision ``RandomResizedCrop(size, scale, ratio, interpolation, antialias)``: its
+    10-attempt rule, vectorised: 10 candidate boxes per sample drawn at once, the first valid
+    one kept, else the central fallback crop. Params: ``top``, ``left``, ``height``, ``width``
+    (B,) float32, whole pixels.
+
+    Applied, it is torchvision's ``resized_crop``: each box cut out and resized with
+    ``antialias`` (default True), one ``F.interpolate`` a sample
+    (:func:`gpupipe.augment.resample.resized_crop`). In a ``Compose`` it joins its
+    neighbours' warp only where no box can be reduced (``size`` at least the input's) or
+    ``antialias=False`` (see :class:`Resize`)."""
 
     samples_outside = False
+    warps_alone = False
 
-    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), interpolation="bilinear"):
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), interpolation="bilinear",
+                 antialias=True):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
         self.size = _setup_size(size)
         self.scale = _check_range(scale, "scale")
         self.ratio = _check_range(ratio, "ratio")
+        self.antialias = bool(antialias)
+
+    def fuses(self, in_hw: HW) -> bool:
+        return _warp_resizes(self.interpolation, self.antialias, in_hw, self.size)  # a box is at most in_hw
+
+    def transform(self, images, params):
+        return resample.resized_crop(images, params["top"], params["left"], params["height"], params["width"],
+                                     self.size, self.interpolation or "bilinear", self.antialias)
 
     def output_size(self, in_hw):
         return self.size

@@ -2,22 +2,20 @@
 random parameters per sample, each transform a 3×3 homography (coordinates, dtypes
 and the warp: :mod:`gpupipe.augment.warp`; Resize and the crops: :mod:`gpupipe.augment.crop`).
 
-Differences from torchvision, all deliberate:
+Defaults, interpolation and fill are torchvision v2's (``inspect.signature`` of each, checked
+by tests/augment/test_tv_pixels.py): nearest for ``RandomAffine`` and ``RandomRotation``,
+bilinear for ``RandomPerspective``, ``Resize`` and ``RandomResizedCrop`` (those two with
+``antialias=True``); ``fill=0``. Each op alone gives torchvision's pixels within interpolation
+rounding (the tolerances, and what was measured, are in that test). Differences, all deliberate:
 
-* ``interpolation`` is bilinear by default everywhere (torchvision's RandomAffine and
-  RandomRotation default to nearest); bilinear, nearest and bicubic are available;
-* the warp does NOT antialias: a strong downscale (more than ~2×) aliases where
-  torchvision's ``antialias=True`` resize would not; ``Resize`` has no ``max_size``;
+* bicubic is also offered for the affine ops and the perspective (torchvision takes nearest and
+  bilinear there);
 * no ``center`` / ``expand`` arguments: rotation about the image centre, output size =
   input size;
-* ``RandomPerspective`` maps corner pixel centres (torchvision maps pixel corners,
-  half a pixel apart);
-* ``RandomResizedCrop`` raises (torchvision warns) when scale or ratio is not (min, max);
-* in a fused run (``Compose``) the composed warp reads the ORIGINAL image wherever a
-  point's preimage lands in it, so e.g. a crop followed by a rotation shows image
-  content where the sequential path shows the fill; the padding mode / fill applies
-  outside the original image. Transforms that read outside their input with
-  different padding modes, fills or interpolations are not fused together.
+* ``RandomResizedCrop`` raises (torchvision warns) when scale or ratio is not (min, max).
+
+``Compose`` folds consecutive geometric transforms into one warp only where that gives the
+sequential result within interpolation rounding (:mod:`gpupipe.augment.compose` says when).
 """
 from __future__ import annotations
 
@@ -64,13 +62,13 @@ class RandomAffine(GeometricTransform):
     in ``degrees`` (a number d means (-d, d)), translation a whole number of pixels up
     to ``translate`` × (W, H), scale uniform in ``scale``, shear a number / 2-tuple
     (x only) / 4-tuple (x and y) in degrees; about the image centre; ``interpolation``
-    and ``fill`` as torchvision's (default bilinear where torchvision's is nearest).
+    (default nearest) and ``fill`` (default 0) as torchvision's.
     Params: ``angle``, ``tx``, ``ty``, ``scale``, ``shear_x``, ``shear_y`` (B,) float32."""
 
-    def __init__(self, degrees, translate=None, scale=None, shear=None, interpolation="bilinear", fill=0):
+    def __init__(self, degrees, translate=None, scale=None, shear=None, interpolation="nearest", fill=0):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
-        self.set_fill(fill)
+        self.set_fill(fill, blend=True)
         self.degrees = _setup_angle(degrees, "degrees")
         if translate is not None:
             check_sequence(translate, "translate")
@@ -108,13 +106,13 @@ class RandomAffine(GeometricTransform):
 
 class RandomRotation(GeometricTransform):
     """torchvision ``RandomRotation(degrees)``: counter-clockwise angle uniform in
-    ``degrees`` about the image centre, same output size; ``interpolation`` and ``fill``
-    as torchvision's (default bilinear where torchvision's is nearest). Params: ``angle`` (B,)."""
+    ``degrees`` about the image centre, same output size; ``interpolation`` (default
+    nearest) and ``fill`` (default 0) as torchvision's. Params: ``angle`` (B,)."""
 
-    def __init__(self, degrees, interpolation="bilinear", fill=0):
+    def __init__(self, degrees, interpolation="nearest", fill=0):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
-        self.set_fill(fill)
+        self.set_fill(fill, blend=True)
         self.degrees = _setup_angle(degrees, "degrees")
 
     def make_params(self, images, key):
@@ -128,6 +126,7 @@ class RandomRotation(GeometricTransform):
 
 class _RandomFlip(GeometricTransform):
     samples_outside = False
+    covers_frame = True
     interpolation = None  # samples pixel centres exactly
     _axis = 1  # 1: x (horizontal flip), 0: y
 
@@ -160,14 +159,16 @@ class RandomPerspective(GeometricTransform):
     each corner moves inwards by a whole number of pixels below
     ``int(distortion_scale * half_size) + 1``. Params: ``apply`` (B,) float32 0/1 and
     ``end`` (B, 4, 2) float32 output corners (TL, TR, BR, BL; x, y). ``interpolation``
-    and ``fill`` as torchvision's."""
+    (default bilinear) and ``fill`` (default 0) as torchvision's. As torchvision's, the
+    corners are the corner pixels' indices, mapped onto each other in a frame whose origin
+    is the image's top-left corner (pixel centres at i + 0.5)."""
 
     affine = False
 
     def __init__(self, distortion_scale: float = 0.5, p: float = 0.5, interpolation="bilinear", fill=0):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
-        self.set_fill(fill)
+        self.set_fill(fill, blend=True)
         if not 0.0 <= distortion_scale <= 1.0:
             raise ValueError("Argument distortion_scale value should be between 0 and 1")
         self.distortion_scale = float(distortion_scale)
@@ -199,4 +200,9 @@ class RandomPerspective(GeometricTransform):
 
         start = self._start(in_hw, params["end"])
         end = torch.lerp(start, params["end"], params["apply"][:, None, None])  # not applied: end = start
-        return get_perspective_transform(start, end).to(torch.float32)
+        corner_frame = get_perspective_transform(start, end).to(torch.float64)
+        # torchvision fits the map in the frame of pixel corners (centres at i + 0.5); in this
+        # module's pixel-centre frame it is shift(-0.5) @ map @ shift(+0.5)
+        to_corners, to_centres = (torch.tensor([[1.0, 0.0, d], [0.0, 1.0, d], [0.0, 0.0, 1.0]], dtype=torch.float64)
+                                  .to(corner_frame.device, non_blocking=True) for d in (0.5, -0.5))
+        return (to_centres @ corner_frame @ to_corners).to(torch.float32)

@@ -40,7 +40,11 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
     """Warp each sample by its (B, 3, 3) input→output pixel homography.
 
     ``padding_mode``: Kornia's ("zeros", "border", "reflection", or "fill" with
-    ``fill`` one value or one per channel, in the images' units). ``affine``: the
+    ``fill`` one value or one per channel, in the images' units: the input padded with
+    it), or "blend": torchvision's affine / rotate / perspective with a ``fill``, which
+    warp a plane of ones beside the image (zeros outside) and return
+    ``(sampled - fill) * mask + fill``, so an edge pixel is darkened by the mask even for
+    ``fill=0`` (and equal to "zeros" / "fill" under nearest). ``affine``: the
     matrices' last rows are (0, 0, 1), so the sampling grid needs no division.
     Shape: (B, C, H, W) → (B, C, *out_hw), the input's dtype: an integer batch is
     warped in float32, then rounded and clamped to its range (torchvision's integer
@@ -67,11 +71,14 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
         out = _kornia_fill_warp(x, m, hw, interpolation, fill, affine)
     else:
         grid = sampling_grid(m, (int(x.shape[-2]), int(x.shape[-1])), hw, affine)
-        out = torch.nn.functional.grid_sample(x, grid, mode=interpolation, padding_mode=padding_mode,
-                                              align_corners=True)
+        if padding_mode == "blend":
+            out = _blend_fill_warp(x, grid, interpolation, fill)
+        else:
+            out = torch.nn.functional.grid_sample(x, grid, mode=interpolation, padding_mode=padding_mode,
+                                                  align_corners=True)
     if images.is_floating_point():
         return out.to(images.dtype)
-    return to_integer(out, images.dtype, clamp=interpolation == "bicubic" or padding_mode == "fill",
+    return to_integer(out, images.dtype, clamp=interpolation == "bicubic" or padding_mode in ("fill", "blend"),
                       keep_float=keep_float)
 
 
@@ -165,6 +172,17 @@ def _kornia_fill_warp(x: torch.Tensor, m: torch.Tensor, hw: HW, interpolation: s
     fn = warp_affine if affine else warp_perspective
     return fn(x, m[:, :2] if affine else m, dsize=hw, mode=interpolation, padding_mode="fill",
               align_corners=True, fill_value=fill_value)
+
+
+def _blend_fill_warp(x: torch.Tensor, grid: torch.Tensor, interpolation: str,
+                     fill: tuple[float, ...] | None) -> torch.Tensor:
+    """torchvision's ``_apply_grid_transform`` with a fill: the image and a plane of ones
+    sampled in one ``grid_sample`` (zeros outside), then ``(sampled - fill) * mask + fill``."""
+    sampled = torch.nn.functional.grid_sample(torch.cat([x, torch.ones_like(x[:, :1])], dim=1), grid,
+                                              mode=interpolation, padding_mode="zeros", align_corners=True)
+    out, mask = sampled[:, :-1], sampled[:, -1:]
+    fill_value = torch.tensor(fill or (0.0,), dtype=out.dtype).to(out.device, non_blocking=True).view(1, -1, 1, 1)
+    return out.sub_(fill_value).mul_(mask).add_(fill_value)
 
 
 def to_integer(x: torch.Tensor, dtype: torch.dtype, clamp: bool = True, keep_float: bool = False) -> torch.Tensor:
@@ -285,10 +303,14 @@ class GeometricTransform(Transform):
     of the right shape), ``output_size`` and ``matrix``.
 
     How it samples, which ``Compose`` reads to decide what fuses into one warp:
-    ``samples_outside`` (does it read outside its input?), and if so ``warp_padding``
-    (Kornia's padding mode) and ``fill``; ``interpolation`` (None: it samples exactly on pixel
-    centres, flips and integer crops, so any mode gives the same); ``fusable``;
-    ``affine`` (a matrix without perspective).
+    ``samples_outside`` (does it read outside its input? :meth:`reads_outside` for a
+    given size), and if so ``warp_padding`` (Kornia's padding mode, or "blend":
+    torchvision's fill of a grid transform, see :func:`warp`) and ``fill``;
+    ``interpolation`` (None: it samples exactly on pixel centres, flips and integer crops,
+    so any mode gives the same); ``fusable`` (:meth:`fuses` for a given size);
+    ``covers_frame`` (its whole input lands on its whole output, as a resize or a flip);
+    ``warps_alone`` (alone, its ``transform`` is this warp: Resize and RandomResizedCrop
+    are torchvision's ``F.interpolate`` instead); ``affine`` (a matrix without perspective).
     """
 
     samples_outside = True
@@ -296,6 +318,8 @@ class GeometricTransform(Transform):
     fill: tuple[float, ...] | None = None
     interpolation: str | None = "bilinear"
     fusable = True
+    covers_frame = False
+    warps_alone = True
     affine = True  # the matrix's last row is (0, 0, 1)
 
     def output_size(self, in_hw: HW) -> HW:
@@ -304,13 +328,29 @@ class GeometricTransform(Transform):
     def matrix(self, params: dict[str, torch.Tensor], in_hw: HW) -> torch.Tensor:
         raise NotImplementedError
 
+    def fuses(self, in_hw: HW) -> bool:
+        """Whether, on an ``in_hw`` input, this transform is its matrix warped (within
+        interpolation rounding), so that ``Compose`` may fold it into a neighbour's warp."""
+        return self.fusable
+
+    def reads_outside(self, in_hw: HW) -> bool:
+        """Whether, on an ``in_hw`` input, some output pixel is sampled outside the input."""
+        return self.samples_outside
+
     def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         mode = self.warp_padding if self.samples_outside else "border"
         return warp(images, self.matrix(params, in_hw), self.output_size(in_hw), mode,
                     self.interpolation or "bilinear", self.fill, self.affine)
 
-    def set_fill(self, fill) -> None:
-        """torchvision's ``fill`` for the area outside the input: 0 is Kornia's zeros."""
+    def set_fill(self, fill, blend: bool = False) -> None:
+        """torchvision's ``fill`` for the area outside the input: 0 is Kornia's zeros.
+        ``blend``: torchvision's grid transforms (affine, rotate, perspective), whose
+        interpolating modes blend the fill in by a warped mask ("blend" in :func:`warp`);
+        set ``interpolation`` first. Without it (a crop's padding) the fill is a border of
+        padding around the input, interpolated as such."""
         self.fill = check_fill(fill)
-        self.warp_padding = "zeros" if all(v == 0 for v in self.fill) else "fill"
+        if blend and self.interpolation != "nearest":
+            self.warp_padding = "blend"
+        else:
+            self.warp_padding = "zeros" if all(v == 0 for v in self.fill) else "fill"

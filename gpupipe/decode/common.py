@@ -22,8 +22,8 @@ from gpupipe.decode.base import DecodedBatch, ResizeMode
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
-           "random_resized_crop_box", "replacements", "record_bad", "upright_size", "count_stretched",
-           "STRETCH_TOLERANCE"]
+           "random_resized_crop_box", "shorter_geometry", "shorter_box", "crop_first", "replacements", "record_bad",
+           "upright_size", "count_stretched", "STRETCH_TOLERANCE"]
 
 log = logging.getLogger(__name__)
 _TAG_CROP = 3
@@ -183,16 +183,51 @@ def decode_threads(config) -> int:
     return config.num_threads or max(1, min(8, len(os.sched_getaffinity(0))))
 
 
-def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, config) -> np.ndarray:
-    """(B, 4) int boxes (top, left, height, width) in upright image coordinates.
+def shorter_geometry(h: int, w: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """torchvision's ``Resize(s)`` + ``CenterCrop(size)`` of an (h, w) image: (resized height,
+    resized width, crop top, crop left) in the resized image.
 
-    ``fixed``: the whole image; ``shorter``: the largest centred box with the
-    output's aspect ratio; ``random_resized_crop``: torchvision's rule, drawn from
-    a generator keyed by (seed, epoch, sample id) — the same sample gets the same
-    crop whatever the batch, worker count or resume point.
+    ``Resize(s)``: the shorter side to ``s``, the longer to ``int(s * long / short)``; ``s`` is
+    the smallest that makes the resized image cover ``size`` (``s`` = the side of a square
+    ``size``). ``CenterCrop``: top ``int(round((H - h) / 2))``, left likewise."""
+    out_h, out_w = size
+    short, long = min(h, w), max(h, w)
+    need_short, need_long = (out_h, out_w) if h <= w else (out_w, out_h)
+    s = max(need_short, math.ceil(need_long * short / long))
+    while int(s * long / short) < need_long:  # the longer side is truncated: one more may be needed
+        s += 1
+    new_short, new_long = s, int(s * long / short)
+    rh, rw = (new_short, new_long) if h <= w else (new_long, new_short)
+    return rh, rw, int(round((rh - out_h) / 2.0)), int(round((rw - out_w) / 2.0))
+
+
+def shorter_box(h: int, w: int, size: tuple[int, int]) -> tuple[float, float, float, float]:
+    """The ``shorter`` box of an (h, w) image: :func:`shorter_geometry`'s crop carried back to
+    the source, (top, left, height, width) in source pixels, fractional. Resized to ``size``
+    with the filter reading past the box (to the image's edges), it is torchvision's
+    ``Resize(s)`` + ``CenterCrop(size)`` in one interpolation: the same sample positions
+    (source ``(i + 0.5) * h / rh - 0.5``) and the same filter width (``h / rh``)."""
+    rh, rw, top, left = shorter_geometry(h, w, size)
+    sy, sx = h / rh, w / rw
+    return top * sy, left * sx, size[0] * sy, size[1] * sx
+
+
+def crop_first(config) -> bool:
+    """Whether a box is cut out and then resized (torchvision's ``resized_crop``: the filter
+    never reads past the box), as ``random_resized_crop`` does; the other modes resize the
+    whole image and cut the box out of that (``shorter``; ``fixed``'s box is the image)."""
+    return config.resize is ResizeMode.RANDOM_CROP
+
+
+def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, config) -> np.ndarray:
+    """(B, 4) float64 boxes (top, left, height, width) in upright image coordinates.
+
+    ``fixed``: the whole image; ``shorter``: torchvision's ``Resize(s)`` + ``CenterCrop``
+    carried back to the source (:func:`shorter_box`, fractional); ``random_resized_crop``:
+    torchvision's rule (whole pixels), drawn from a generator keyed by (seed, epoch, sample
+    id) — the same sample gets the same crop whatever the batch, worker count or resume point.
     """
-    boxes = np.zeros((len(headers), 4), dtype=np.int64)
-    out_h, out_w = config.image_size or (1, 1)
+    boxes = np.zeros((len(headers), 4), dtype=np.float64)
     for i, header in enumerate(headers):
         if header is None:
             continue
@@ -202,9 +237,7 @@ def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, co
                 [config.seed, epoch, int(sample_ids[i]) & 0xFFFFFFFFFFFF, _TAG_CROP])))
             boxes[i] = random_resized_crop_box(h, w, config.scale, config.ratio, rng)
         elif config.resize is ResizeMode.SHORTER:
-            s = min(h / out_h, w / out_w)
-            ch, cw = max(1, int(round(out_h * s))), max(1, int(round(out_w * s)))
-            boxes[i] = ((h - ch) // 2, (w - cw) // 2, ch, cw)
+            boxes[i] = shorter_box(h, w, config.image_size)
         else:
             boxes[i] = (0, 0, h, w)
     return boxes

@@ -36,7 +36,7 @@ import torch
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import StandIn, account, decode_threads, finish, prepare, upright_size
+from gpupipe.decode.common import StandIn, account, crop_first, decode_threads, finish, prepare, upright_size
 from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
@@ -106,17 +106,31 @@ class DaliDecoder:
         return pipe
 
     def _placement(self, boxes: np.ndarray, checked) -> dict[str, np.ndarray]:
-        """Per-row inputs beside the bytes, each (B, 2) float32 (y, x): the decode window and
-        the box within it (ROI modes, unless every window is its whole image: a whole decode
-        costs less than a full-size slice), else the box in the image; nothing for ``none``."""
+        """Per-row inputs beside the bytes, each (B, 2) (y, x): the decode window (float32,
+        relative) and the box within it (ROI modes, unless every window is its whole image: a
+        whole decode costs less than a full-size slice), else the box in the image; nothing for
+        ``none``. The box is float32 for DALI's resize, float64 pixels for torch's
+        (:attr:`_boxes_in_pixels`)."""
         cfg, size = self.config, self.config.resize_to
         if size is None:
             return {}
+        window = {"past_box": not crop_first(cfg), "from_origin": self._boxes_in_pixels}
         if cfg.resize in _ROI_MODES and self.region_decode:
             images = [None if h is None else upright_size(h) for h in checked.headers]
-            if any_partial(boxes, images, size):
-                return dali_slices(boxes, images, size)
-        return {"roi_start": boxes[:, :2].astype(np.float32), "roi_end": (boxes[:, :2] + boxes[:, 2:]).astype(np.float32)}
+            if any_partial(boxes, images, size, **window):
+                slices = dali_slices(boxes, images, size, **window)
+                if self._boxes_in_pixels:  # the window starts at the image's corner: image pixels are window pixels
+                    slices["roi_start"], slices["roi_end"] = boxes[:, :2], boxes[:, :2] + boxes[:, 2:]
+                return slices
+        dtype = np.float64 if self._boxes_in_pixels else np.float32
+        return {"roi_start": boxes[:, :2].astype(dtype), "roi_end": (boxes[:, :2] + boxes[:, 2:]).astype(dtype)}
+
+    @property
+    def _boxes_in_pixels(self) -> bool:
+        """Whether torch resizes ``shorter`` boxes on the CPU: then they stay float64 image
+        pixels and the window starts at the image's corner (:func:`gpupipe.decode.resize.resize_boxes`,
+        ``past_box``), so a fractional box loses nothing to float32."""
+        return not self._dali_resizes and self.config.resize is ResizeMode.SHORTER
 
     def _run(self, inputs: list[np.ndarray], placement: dict[str, np.ndarray]):
         window = "win_start" in placement
@@ -192,8 +206,8 @@ class DaliDecoder:
             return _to_torch(out, self.device, self.config)
         decoded = [np.asarray(out[i]) for i in range(len(out))]  # views of DALI's buffer, read before the next run
         return resize_boxes(decoded, rows_placement["roi_start"], rows_placement["roi_end"],
-                            relative="win_start" in rows_placement, size=size,
-                            executor=self._pool, parts=decode_threads(self.config))
+                            relative="win_start" in rows_placement and not self._boxes_in_pixels, size=size,
+                            executor=self._pool, parts=decode_threads(self.config), past_box=self._boxes_in_pixels)
 
     def close(self) -> None:
         self._pipes.clear()

@@ -4,7 +4,9 @@ For machines with torchvision and a GPU but no DALI. The JPEGs DALI would get
 (:func:`gpupipe.decode.gate.native_decodable`) are decoded in one batched nvJPEG call
 (EXIF orientation applied here: torchvision's ``apply_exif_orientation`` is not applied by its
 CUDA decode, seen on an H200 with torchvision 0.26), then cropped and resized on the GPU (bilinear,
-antialiased) in one interpolation. Other formats, and JPEGs nvJPEG refuses, are
+antialiased) in one interpolation, as torchvision's ops on a CUDA tensor: ``shorter`` resizes the
+whole image and cuts the centre out (``Resize(s)`` + ``CenterCrop``), the other modes cut the box
+out and resize it. Other formats, and JPEGs nvJPEG refuses, are
 decoded by Pillow on the CPU (the same path, and the same orientation handling, as
 under the DALI backend) and moved over.
 
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import StandIn, account, assemble, prepare
+from gpupipe.decode.common import StandIn, account, assemble, prepare, shorter_geometry
 from gpupipe.decode.gate import route
 from gpupipe.decode.pil import decode_many, pool
 
@@ -37,6 +39,21 @@ def upright(chw: torch.Tensor, orientation: int) -> torch.Tensor:
         orientation = {5: 1, 6: 2, 7: 3, 8: 4}[orientation]
     flips = {2: (w,), 3: (h, w), 4: (h,)}.get(orientation, ())
     return chw.flip(flips) if flips else chw
+
+
+def _resize(img: torch.Tensor, box, mode: ResizeMode, size: tuple[int, int]) -> torch.Tensor:
+    """(C, H, W) uint8 → (C, *size): torchvision's ops on a CUDA tensor (float32, antialiased
+    bilinear, rounded). ``shorter``: ``Resize(s)`` of the whole image, then ``CenterCrop``
+    (:func:`gpupipe.decode.common.shorter_geometry`); otherwise the box cut out, then resized."""
+    if mode is ResizeMode.SHORTER:
+        rh, rw, top, left = shorter_geometry(int(img.shape[-2]), int(img.shape[-1]), size)
+        crop, out_size, cut = img[None].float(), (rh, rw), (top, left)
+    else:
+        top, left, h, w = (int(v) for v in box)
+        crop, out_size, cut = img[None, :, top:top + h, left:left + w].float(), size, (0, 0)
+    out = F.interpolate(crop, size=out_size, mode="bilinear", antialias=True, align_corners=False)
+    out = out[0, :, cut[0]:cut[0] + size[0], cut[1]:cut[1] + size[1]]
+    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 class NvjpegDecoder:
@@ -77,11 +94,8 @@ class NvjpegDecoder:
         for i, img in chw.items():
             header = checked.headers[i]  # read for every image routed to nvJPEG
             img = upright(img, header.orientation if header is not None else 1)
-            if cfg.resize is not ResizeMode.NONE:
-                top, left, h, w = (int(v) for v in boxes[i])
-                crop = img[None, :, top:top + h, left:left + w].float()
-                img = F.interpolate(crop, size=cfg.image_size, mode="bilinear", antialias=True,
-                                    align_corners=False)[0].round_().clamp_(0, 255).to(torch.uint8)
+            if cfg.image_size is not None and cfg.resize is not ResizeMode.NONE:
+                img = _resize(img, boxes[i], cfg.resize, cfg.image_size)
             hwc[i] = img.permute(1, 2, 0)
         out = assemble(hwc, checked, batch, self.device, cfg.image_size, self._stand_in)
         account(self.stats, batch, t0)

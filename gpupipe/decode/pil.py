@@ -2,7 +2,10 @@
 
 Pillow releases the GIL while decoding and resizing, so a few threads use a few
 cores. Resize is bilinear with Pillow's built-in antialiasing, from the crop box
-straight to the output size (one interpolation).
+straight to the output size (one interpolation). Pillow's ``resize(box=...)`` takes a
+fractional box and its filter reads past the box to the image's edges: torchvision's
+``Resize(s)`` + ``CenterCrop`` (``shorter``) in one interpolation. ``random_resized_crop``
+cuts the box out first, as torchvision's ``resized_crop`` does.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import numpy as np
 import torch
 
 from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats
-from gpupipe.decode.common import Checked, StandIn, account, assemble, decode_threads, prepare, record_bad
+from gpupipe.decode.common import Checked, StandIn, account, assemble, crop_first, decode_threads, prepare, record_bad
 from gpupipe.decode.roi import draft_scale, drafted_box
 
 __all__ = ["PilDecoder", "decode_one", "decode_many", "pool"]
@@ -35,28 +38,34 @@ def _to_rgb(img):
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
-def decode_one(data, box, size: tuple[int, int] | None) -> np.ndarray:
-    """Decode one image upright (EXIF applied), crop ``box`` (top, left, h, w) and
-    resize to ``size`` (h, w); HWC uint8. Raises OSError / ValueError on bad data.
+def decode_one(data, box, size: tuple[int, int] | None, crop_first: bool = False) -> np.ndarray:
+    """Decode one image upright (EXIF applied), crop ``box`` (top, left, h, w; fractional
+    allowed) and resize to ``size`` (h, w); HWC uint8. Raises OSError / ValueError on bad data.
+    The filter reads past the box (a resize of the whole image, cut to the box), unless
+    ``crop_first`` (the box, whole pixels, cut out and then resized).
 
     A JPEG whose box is at least twice ``size`` is decoded scaled down in the DCT domain
-    (1/2, 1/4 or 1/8: :func:`gpupipe.decode.roi.draft_scale`) and the scaled box resized."""
+    (1/2, 1/4 or 1/8: :func:`gpupipe.decode.roi.draft_scale`) and the scaled box resized (past
+    the box: a scaled box is fractional)."""
     from PIL import Image, ImageOps
 
     with Image.open(io.BytesIO(bytes(data))) as raw:
         ltrb = None if size is None else _draft(raw, box, size)
         raw.load()
         img = _to_rgb(ImageOps.exif_transpose(raw))
+    if ltrb is not None and crop_first and all(float(v).is_integer() for v in ltrb):
+        img, ltrb = img.crop(tuple(int(v) for v in ltrb)), None
     if size is not None:
         img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=ltrb)
     return np.array(img)  # a writable copy the batch can take
+
 
 
 def _draft(raw, box, size: tuple[int, int]) -> tuple[float, float, float, float]:
     """Ask the decoder of ``raw`` (opened, not loaded) for the smallest DCT scale that keeps
     ``box`` at least ``size``; return the box as (left, top, right, bottom) of the upright
     image it will then decode to. Formats without DCT scaling decode at full size."""
-    top, left, h, w = (int(v) for v in box)
+    top, left, h, w = (float(v) for v in box)
     scale = draft_scale(box, size)
     stored = raw.size
     drafted = raw.draft(None, (stored[0] // scale, stored[1] // scale)) if scale > 1 else None
@@ -77,7 +86,7 @@ def decode_many(executor: ThreadPoolExecutor, batch, indices, boxes, checked: Ch
     Pillow cannot decode are handed to ``on_error``; ``earlier[i]`` (why another decoder
     refused image i) goes in front of Pillow's reason."""
     size = config.resize_to
-    futures = {i: executor.submit(decode_one, batch.image(i), boxes[i], size) for i in indices}
+    futures = {i: executor.submit(decode_one, batch.image(i), boxes[i], size, crop_first(config)) for i in indices}
     pixels = {}
     for i, fut in futures.items():
         try:

@@ -3,9 +3,14 @@
 Crop boxes (:func:`gpupipe.decode.common.crop_boxes`) are (top, left, height, width) in
 upright image coordinates, the image as a viewer shows it after its EXIF orientation.
 
-* **DALI** decodes a *window* with ``decoders.image_slice``: the box grown on every side by
-  the reach of the resize filter (so the pixels at the box's edges are interpolated from the
-  same neighbours as in a whole-image decode), clipped to the image. DALI's slice, with
+* **DALI** decodes a *window* with ``decoders.image_slice``. For ``shorter`` (torchvision's
+  resize of the whole image, then a centre crop: the filter reads past the box) it is the box
+  grown on every side by the reach of the resize filter (so the pixels at the box's edges are
+  interpolated from the same neighbours as in a whole-image decode), clipped to the image;
+  where torch resizes on the CPU, it starts at the image's top-left corner too (torch's resize
+  of a fractional box needs the image's pixel grid: :mod:`gpupipe.decode.resize`). For
+  ``random_resized_crop`` (torchvision's ``resized_crop``: the box cut out, then resized) the
+  window is the box itself, so even DALI's resize, which reads past its ROI, cannot. DALI's slice, with
   ``adjust_orientation``, is taken in the upright frame too (tested for orientations 1..8).
   The window goes in *relative* coordinates: a window DALI reads in another frame (an image
   whose orientation DALI reads differently from the header check) stays inside the image,
@@ -29,40 +34,48 @@ __all__ = ["filter_reach", "decode_window", "any_partial", "dali_slices", "draft
 _EDGE = 0.25
 
 
-def filter_reach(box: Sequence[int], size: tuple[int, int]) -> int:
+def filter_reach(box: Sequence[float], size: tuple[int, int]) -> int:
     """How many source pixels beyond ``box`` an antialiased bilinear resize of it to ``size``
     (h, w) reads: the filter's radius (the scale factor when reducing, 1 when enlarging), plus one."""
     return math.ceil(max(box[2] / size[0], box[3] / size[1], 1.0)) + 1
 
 
-def decode_window(box: Sequence[int], image: tuple[int, int], size: tuple[int, int]) -> tuple[int, int, int, int]:
-    """(top, left, height, width) to decode for ``box`` in an ``image`` of (h, w): the box
-    grown by :func:`filter_reach`, clipped to the image."""
-    reach = filter_reach(box, size)
-    top, left = max(0, int(box[0]) - reach), max(0, int(box[1]) - reach)
-    bottom = min(image[0], int(box[0]) + int(box[2]) + reach)
-    right = min(image[1], int(box[1]) + int(box[3]) + reach)
+def decode_window(box: Sequence[float], image: tuple[int, int], size: tuple[int, int], *, past_box: bool = True,
+                  from_origin: bool = False) -> tuple[int, int, int, int]:
+    """(top, left, height, width) to decode for ``box`` in an ``image`` of (h, w). ``past_box``
+    (a resize that reads past the box): the box, rounded out to whole pixels, grown by
+    :func:`filter_reach`, clipped to the image; else the box (whole pixels) itself.
+    ``from_origin``: the window starts at (0, 0)."""
+    reach = filter_reach(box, size) if past_box else 0
+    top, left = max(0, math.floor(box[0]) - reach), max(0, math.floor(box[1]) - reach)
+    bottom = min(image[0], math.ceil(box[0] + box[2]) + reach)
+    right = min(image[1], math.ceil(box[1] + box[3]) + reach)
+    if from_origin:
+        top = left = 0
     return top, left, bottom - top, right - left
 
 
-def any_partial(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int]) -> bool:
+def any_partial(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int],
+                **window) -> bool:
     """Whether the window of any row is smaller than its image (``images[i]``: upright (h, w),
-    None for a row not decoded as itself)."""
-    return any(image is not None and decode_window(box, image, size) != (0, 0, *image)
+    None for a row not decoded as itself); ``window``: :func:`decode_window`'s options."""
+    return any(image is not None and decode_window(box, image, size, **window) != (0, 0, *image)
                for box, image in zip(boxes, images))
 
 
-def dali_slices(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int]) -> dict[str, np.ndarray]:
+def dali_slices(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int],
+                **window) -> dict[str, np.ndarray]:
     """Per-row inputs of the ROI pipeline, each (B, 2) float32 in (y, x) order:
     ``win_start``/``win_end``, the window relative to the upright image (for ``image_slice``);
     ``roi_start``/``roi_end``, the box relative to the window (for ``fn.resize``).
-    ``images[i]`` is the upright (h, w) of row i, None for a row never decoded as itself."""
+    ``images[i]`` is the upright (h, w) of row i, None for a row never decoded as itself;
+    ``window``: :func:`decode_window`'s options."""
     out = {k: np.zeros((len(boxes), 2), np.float32) for k in ("win_start", "win_end", "roi_start", "roi_end")}
     out["win_end"][:] = out["roi_end"][:] = 1.0
     for i, (box, image) in enumerate(zip(boxes, images)):
         if image is None:
             continue
-        top, left, h, w = decode_window(box, image, size)
+        top, left, h, w = decode_window(box, image, size, **window)
         extent = np.array(image, np.float64)
         out["win_start"][i] = (np.array([top, left]) + _EDGE) / extent
         out["win_end"][i] = np.minimum(1.0, (np.array([top + h, left + w]) + _EDGE) / extent)
@@ -72,7 +85,7 @@ def dali_slices(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], siz
     return out
 
 
-def draft_scale(box: Sequence[int], size: tuple[int, int]) -> int:
+def draft_scale(box: Sequence[float], size: tuple[int, int]) -> int:
     """The DCT scale denominator (1, 2, 4 or 8) for resizing ``box`` to ``size`` (h, w): the
     largest that leaves at least a 2x reduction to the antialiased resize.
 

@@ -94,23 +94,25 @@ def test_symmetric_crop_runs_alone(monkeypatch):
     real, calls = compose_mod.warp, []
     monkeypatch.setattr(compose_mod, "warp", lambda *a, **k: calls.append(1) or real(*a, **k))
     pipe = Compose([RandomCrop(8, padding=3, padding_mode="symmetric"), RandomHorizontalFlip(), Resize((16, 16))])
-    assert [kind for kind, _ in compose_mod._runs(pipe.transforms)] == [None, "geometric"]
+    assert [kind for kind, _ in compose_mod._runs(pipe.transforms, (9, 11))] == [None, "geometric"]
     out = pipe(_uint8(), _key(6))
     assert out.shape == (6, 3, 16, 16) and len(calls) == 1  # the crop gathers; flip + resize are one warp
 
 
-@pytest.mark.parametrize("interpolation, torch_mode", [("nearest", "nearest-exact"), ("bicubic", "bicubic"),
+@pytest.mark.parametrize("interpolation, torch_mode", [("nearest", "nearest"), ("bicubic", "bicubic"),
                                                        (InterpolationMode.BICUBIC, "bicubic"), (2, "bilinear")])
-def test_resize_interpolations_match_interpolate(interpolation, torch_mode):
-    """NEAREST samples the pixel whose centre is closest: torchvision's NEAREST_EXACT
-    (its tensor NEAREST uses floor(dst * scale), up to a pixel off at non-integer
-    scales); on an exact tie grid_sample rounds half to even where NEAREST_EXACT rounds
-    up, so the sizes here have no ties (x2 and x3)."""
+@pytest.mark.parametrize("antialias", [True, False])
+def test_resize_interpolations_are_torchvisions_interpolate(interpolation, torch_mode, antialias):
+    """Resize alone is torchvision's resize: ``F.interpolate`` with legacy "nearest"
+    (``floor(dst * in / out)``) for NEAREST, which never antialiases, and ``antialias``
+    for bilinear / bicubic (whose antialiased cubic is Pillow's a=-0.5, enlarging too)."""
     x = torch.rand(2, 3, 10, 12, generator=torch.Generator().manual_seed(0)) * 255
-    for size in ((20, 24), (30, 36)):
-        out = Resize(size, interpolation=interpolation)(x, _key(2))
-        ref = F.interpolate(x, size=size, mode=torch_mode, align_corners=None if "nearest" in torch_mode else False)
-        torch.testing.assert_close(out, ref, atol=1e-3, rtol=0)
+    for size in ((20, 24), (15, 17), (7, 9)):
+        out = Resize(size, interpolation=interpolation, antialias=antialias)(x, _key(2))
+        nearest = torch_mode == "nearest"
+        ref = F.interpolate(x, size=size, mode=torch_mode, align_corners=None if nearest else False,
+                            antialias=antialias and not nearest)
+        assert torch.equal(out, ref)
 
 
 def test_bicubic_on_uint8_stays_in_range():
@@ -145,14 +147,22 @@ def test_fill_outside_the_image():
 @pytest.mark.parametrize("ts, runs", [
     ([RandomCrop(8, padding=2, padding_mode="reflect"), RandomHorizontalFlip(), Resize(12)], [[0, 1, 2]]),
     ([RandomCrop(8, padding=2, padding_mode="reflect"), RandomAffine(10)], [[0], [1]]),
-    ([RandomAffine(10), RandomCrop(8, padding=2, fill=0), RandomHorizontalFlip()], [[0, 1, 2]]),
+    # the crop's padding, after a rotation's fill, would read the original image in one warp
+    ([RandomAffine(10), RandomCrop(8, padding=2, fill=0), RandomHorizontalFlip()], [[0], [1, 2]]),
     ([RandomAffine(10), RandomCrop(8, padding=2, fill=9)], [[0], [1]]),
     ([RandomAffine(10, interpolation="nearest"), RandomHorizontalFlip(), RandomPerspective()], [[0, 1], [2]]),
+    ([Resize(12, interpolation="bicubic", antialias=False), CenterCrop(8),
+      RandomResizedCrop(6, interpolation="bicubic", antialias=False)], [[0, 1, 2]]),
+    # antialiased reductions run alone; an enlargement joins; a resize to the input's size is none
+    ([Resize(6), RandomHorizontalFlip(), Resize(24), RandomResizedCrop(6)], [[0], [1, 2], [3]]),
     ([Resize(12, interpolation="bicubic"), CenterCrop(8), RandomResizedCrop(6, interpolation="bicubic")],
-     [[0, 1, 2]]),
+     [[0, 1], [2]]),
+    ([RandomRotation(10, interpolation="bilinear"), Resize(24)], [[0, 1]]),
+    ([RandomHorizontalFlip(), CenterCrop(16)], [[0, 1]]),  # pads, after a transform that covers the frame
+    ([RandomCrop(8), CenterCrop(10)], [[0], [1]]),  # pads what the first crop cut off
 ])
 def test_compose_fuses_only_what_samples_alike(ts, runs):
-    assert [run for _, run in compose_mod._runs(ts)] == runs
+    assert [run for _, run in compose_mod._runs(ts, (12, 12))] == runs
     x = _uint8(n=3, h=12, w=12)
     assert Compose(ts)(x, _key(3)).dtype == torch.uint8
 

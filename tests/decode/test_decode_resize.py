@@ -63,7 +63,9 @@ def test_a_box_of_the_output_size_is_copied_and_a_box_past_the_edge_is_clipped()
 @pytest.mark.parametrize("resize", ["fixed", "shorter", "random_resized_crop"])
 def test_dali_on_the_cpu_resizes_its_decode_with_torch(resize):
     """DALI decodes (whole image or window), torch resizes: each row is within a level of
-    Pillow's resize of DALI's own full-size decode, cropped to the row's box."""
+    Pillow's resize of DALI's own full-size decode: cropped to the row's box (``fixed``,
+    ``random_resized_crop``), or the whole decode resized by Pillow's fractional ``box``, which
+    reads past it (``shorter``: torchvision's Resize + CenterCrop)."""
     pytest.importorskip("nvidia.dali")
     from gpupipe.decode.common import crop_boxes
     from gpupipe.formats.imageheader import probe
@@ -82,7 +84,10 @@ def test_dali_on_the_cpu_resizes_its_decode_with_torch(resize):
         full.close()
     boxes = crop_boxes([probe(j) for j in jpegs], list(range(len(jpegs))), 0, config)
     for i, (top, left, h, w) in enumerate(boxes):
-        want = _pillow(whole[i], (top, left, top + h, left + w), (48, 64))
+        if resize == "shorter":  # a resize of the whole image cut to the fractional box: Pillow's box reads past it
+            want = np.asarray(Image.fromarray(whole[i]).resize((64, 48), Image.BILINEAR, box=(left, top, left + w, top + h)))
+        else:
+            want = _pillow(whole[i], tuple(int(v) for v in (top, left, top + h, left + w)), (48, 64))
         assert np.abs(got[i].astype(int) - want).max() <= 1, (resize, i)
 
 

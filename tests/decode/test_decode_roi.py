@@ -167,10 +167,12 @@ def test_dali_decodes_only_the_window_in_crop_modes(dali_calls, resize):
     assert dali_calls["built"] == ["image_slice"]
     (start,), (end,) = dali_calls["win_start"], dali_calls["win_end"]
     extent = np.array(end) - np.array(start)
-    if resize is ResizeMode.RANDOM_CROP:  # at most 30% of the area, plus the filter's reach
-        assert (extent.prod(axis=1) < 0.5).all(), extent
-    else:  # the centred 157x157 of 157x203, and 11 px either side: the full height, 179 of 203 px wide
-        assert np.allclose(extent * (157, 203), (157, 179), atol=0.5), extent
+    if resize is ResizeMode.RANDOM_CROP:  # at most 30% of the area: the box itself
+        assert (extent.prod(axis=1) < 0.3).all(), extent
+    else:  # torchvision's Resize(16) of 157x203 is 16x20, its CenterCrop starts 2 px in: the box is
+        # x 20.3..182.7 of the source; torch's resize on the CPU needs the window to start at the image's
+        # corner (gpupipe.decode.roi), and it reaches 12 px past the box: full height, 195 of 203 px wide
+        assert np.allclose(extent * (157, 203), (156.75, 195), atol=0.01), extent
 
 
 @pytest.mark.dali
