@@ -242,9 +242,8 @@ class RandomResizedCrop(GeometricTransform):
 
     Applied, it is torchvision's ``resized_crop``: each box cut out and resized with
     ``antialias`` (default True), one ``F.interpolate`` a sample
-    (:func:`gpupipe.augment.resample.resized_crop`). In a ``Compose`` it joins its
-    neighbours' warp only where no box can be reduced (``size`` at least the input's) or
-    ``antialias=False`` (see :class:`Resize`)."""
+    (:func:`gpupipe.augment.resample.resized_crop`). In a ``Compose`` it runs on its own
+    (see :meth:`fuses`); the ops after it may share a warp."""
 
     samples_outside = False
     warps_alone = False
@@ -259,7 +258,10 @@ class RandomResizedCrop(GeometricTransform):
         self.antialias = bool(antialias)
 
     def fuses(self, in_hw: HW) -> bool:
-        return _warp_resizes(self.interpolation, self.antialias, in_hw, self.size)  # a box is at most in_hw
+        """Never: torchvision resizes the box as an image of its own, so an enlarged box's edge
+        pixels repeat the box's edge; a warp of the whole image reads past the box there (its
+        neighbours' pixels: up to 148 levels on the outer ring, measured in a Compose with flip)."""
+        return False
 
     def transform(self, images, params):
         return resample.resized_crop(images, params["top"], params["left"], params["height"], params["width"],
