@@ -13,6 +13,7 @@ from . import resample
 from .keys import draw
 from .warp import (
     HW,
+    RESIZE_INTERPOLATIONS,
     GeometricTransform,
     _check_range,
     _int,
@@ -47,7 +48,7 @@ class Resize(GeometricTransform):
 
     def __init__(self, size, interpolation="bilinear", max_size=None, antialias=True):
         super().__init__()
-        self.interpolation = check_interpolation(interpolation)
+        self.interpolation = check_interpolation(interpolation, RESIZE_INTERPOLATIONS)
         if size is None:
             if max_size is None:
                 raise ValueError("If size is None, then max_size must be set")
@@ -144,10 +145,11 @@ def crop_padding(padding) -> tuple[int, int, int, int]:
     (left, top, right, bottom) → (left, top, right, bottom)."""
     if padding is None:
         return (0, 0, 0, 0)
-    if (isinstance(padding, bool) or not isinstance(padding, (numbers.Real, tuple, list))
-            or isinstance(padding, (tuple, list)) and len(padding) not in (1, 2, 4)):
+    values = list(padding) if isinstance(padding, (tuple, list)) else [padding]
+    if (isinstance(padding, bool) or not isinstance(padding, (numbers.Integral, tuple, list)) or len(values) not in (1, 2, 4)
+            or not all(isinstance(v, numbers.Integral) for v in values)):  # floats too, as torchvision
         raise ValueError(f"Padding must be an int or a 1, 2, or 4 element of tuple or list, got {padding}.")
-    values = [_int(padding)] if isinstance(padding, numbers.Real) else [int(p) for p in padding]
+    values = [int(v) for v in values]
     if min(values) < 0:
         raise ValueError(f"padding should be non-negative, got {padding}")
     if len(values) == 1:
@@ -251,7 +253,7 @@ class RandomResizedCrop(GeometricTransform):
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), interpolation="bilinear",
                  antialias=True):
         super().__init__()
-        self.interpolation = check_interpolation(interpolation)
+        self.interpolation = check_interpolation(interpolation, RESIZE_INTERPOLATIONS)
         self.size = _setup_size(size)
         self.scale = _check_range(scale, "scale")
         self.ratio = _check_range(ratio, "ratio")

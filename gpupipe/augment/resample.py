@@ -23,7 +23,7 @@ HW = tuple[int, int]
 def uint8_kernel(device: torch.device, interpolation: str) -> bool:
     """Whether torchvision hands a uint8 image on ``device`` to ``F.interpolate`` as uint8
     (its ``_do_native_uint8_resize_on_cpu``, and nearest anywhere)."""
-    if interpolation == "nearest":
+    if interpolation in ("nearest", "nearest-exact"):
         return True
     if device.type != "cpu":
         return False
@@ -49,7 +49,7 @@ def resize(images: torch.Tensor, size: HW, interpolation: str = "bilinear", anti
     dtype = images.dtype
     native = dtype in (torch.float32, torch.float64) or (dtype == torch.uint8 and uint8_kernel(images.device, interpolation))
     x = images if native else images.to(torch.float32)
-    nearest = interpolation == "nearest"
+    nearest = interpolation in ("nearest", "nearest-exact")
     out = F.interpolate(x, size=size, mode=interpolation, align_corners=None if nearest else False,
                         antialias=antialias and not nearest)
     if native:

@@ -27,10 +27,11 @@ import torch
 from .base import AugKey, Transform
 
 __all__ = ["HW", "GeometricTransform", "warp", "sampling_grid", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
-           "check_fill", "INTERPOLATIONS"]
+           "check_fill", "INTERPOLATIONS", "RESIZE_INTERPOLATIONS"]
 
 HW = tuple[int, int]
-INTERPOLATIONS = ("bilinear", "nearest", "bicubic")
+INTERPOLATIONS = ("bilinear", "nearest", "bicubic")  # what a warp does
+RESIZE_INTERPOLATIONS = (*INTERPOLATIONS, "nearest-exact")  # and torchvision's resize besides
 _PIL_CODES = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # Pillow's constants, which torchvision accepts
 
 
@@ -269,10 +270,11 @@ def _check_range(x, name: str) -> tuple[float, float]:
     return float(x[0]), float(x[1])
 
 
-def check_interpolation(interpolation) -> str:
+def check_interpolation(interpolation, modes: tuple[str, ...] = INTERPOLATIONS) -> str:
     """torchvision's ``interpolation`` argument (an ``InterpolationMode``, i.e. anything
     with a ``.value`` string, the string itself, or a Pillow integer constant) → the
-    mode name; the modes a warp can do are bilinear, nearest and bicubic."""
+    mode name, one of ``modes``: a warp does bilinear, nearest and bicubic; a resize
+    (:data:`RESIZE_INTERPOLATIONS`) also nearest-exact, as torchvision's tensor ops."""
     value = getattr(interpolation, "value", interpolation)
     if isinstance(value, int) and not isinstance(value, bool):
         if value not in _PIL_CODES:
@@ -281,9 +283,11 @@ def check_interpolation(interpolation) -> str:
         value = _PIL_CODES[value]
     if not isinstance(value, str):
         raise TypeError(f"Argument interpolation should be an InterpolationMode or a string, got {interpolation!r}")
-    if value.lower() not in INTERPOLATIONS:
+    if value.lower() == "nearest-exact" and value.lower() not in modes:  # torchvision's words
+        raise ValueError("Interpolation mode 'nearest-exact' is unsupported with Tensor input")
+    if value.lower() not in modes:
         raise ValueError(f"interpolation {value!r} is not supported by gpupipe's warp; "
-                         f"choose from {', '.join(INTERPOLATIONS)}")
+                         f"choose from {', '.join(modes)}")
     return value.lower()
 
 

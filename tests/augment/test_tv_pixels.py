@@ -249,3 +249,34 @@ def test_from_torchvision_reads_antialias_and_max_size():
     assert (resize.size, resize.max_size, resize.antialias) == ((30,), 40, False)  # v2 keeps size as [30]
     crop = T.from_torchvision(v2.RandomResizedCrop(16, antialias=False)).transforms[0]
     assert crop.antialias is False and T.from_torchvision(v2.RandomResizedCrop(16)).transforms[0].antialias
+
+
+@pytest.mark.parametrize("op", ["Resize", "RandomResizedCrop"])
+def test_nearest_exact_resizes_as_torchvision(op):
+    """torchvision resizes with ``InterpolationMode.NEAREST_EXACT`` (its warps refuse it)."""
+    from torchvision.transforms import InterpolationMode
+
+    x = torch.randint(0, 256, (4, 3, 23, 37), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    if op == "Resize":
+        ours, theirs = T.Resize(9, interpolation="nearest-exact"), v2.Resize(9, interpolation=InterpolationMode.NEAREST_EXACT)
+        expected = torch.stack([theirs(img) for img in x])
+        assert torch.equal(ours(x, _key(4, 'cpu')), expected)
+    else:
+        ours = T.RandomResizedCrop((11, 13), interpolation=InterpolationMode.NEAREST_EXACT)
+        key = _key(4, 'cpu')
+        params = ours.make_params(x, key)
+        boxes = torch.stack([params[k] for k in ("top", "left", "height", "width")], 1).long().tolist()
+        expected = torch.stack([TF.resized_crop(img, *box, size=[11, 13],
+                                                          interpolation=InterpolationMode.NEAREST_EXACT)
+                                for img, box in zip(x, boxes)])
+        assert torch.equal(ours.apply(x, params), expected)
+    with pytest.raises(ValueError, match="'nearest-exact' is unsupported with Tensor input"):
+        T.RandomRotation(10, interpolation=InterpolationMode.NEAREST_EXACT)
+
+
+@pytest.mark.parametrize("padding", [4.0, (4.0, 2.0), [4.5], "4"])
+def test_crop_padding_refuses_what_torchvision_refuses(padding):
+    with pytest.raises(ValueError, match="Padding must be an int or a 1, 2, or 4 element of tuple or list"):
+        v2.RandomCrop(16, padding=padding)(torch.zeros(3, 20, 20, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="Padding must be an int or a 1, 2, or 4 element of tuple or list"):
+        T.RandomCrop(16, padding=padding)
