@@ -62,17 +62,27 @@ def sample_beta(key: AugKey, alpha: float) -> torch.Tensor:
     return torch.sigmoid(_log_gamma_sample(key.child(0), ids, alpha) - _log_gamma_sample(key.child(1), ids, alpha))
 
 
-def _check_args(alpha: float, num_classes: int) -> tuple[float, int]:
+def _check_args(alpha: float, num_classes: int | None) -> tuple[float, int | None]:
     if not float(alpha) > 0:
         raise ValueError(f"alpha should be a positive float, got {alpha}")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1):
         raise ValueError(f"num_classes should be a positive integer, got {num_classes!r}")
     return float(alpha), num_classes
 
 
-def _check_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> None:
+def _check_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int | None) -> None:
+    """Labels as torchvision takes them: (B,) int64 class indices (``num_classes`` needed), or
+    (B, C) per-class weights (one-hot or already mixed; C = ``num_classes`` where given)."""
     if images.ndim != 4:
         raise ValueError(f"Expected a batched input with 4 dims, but got {images.ndim} dimensions instead.")
+    if labels.ndim == 2:
+        if labels.shape[0] != images.shape[0] or num_classes is not None and labels.shape[1] != num_classes:
+            raise ValueError(f"labels should be tensor of shape (batch_size, num_classes) = ({images.shape[0]}, "
+                             f"{num_classes if num_classes is not None else 'C'}) but got shape "
+                             f"{tuple(labels.shape)} instead.")
+        return
+    if num_classes is None:
+        raise ValueError("num_classes must be passed if the labels are index-based (1D)")
     if labels.shape != (images.shape[0],):
         raise ValueError(f"labels should be tensor of shape (batch_size,) = ({images.shape[0]},) "
                          f"but got shape {tuple(labels.shape)} instead.")
@@ -80,8 +90,12 @@ def _check_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int) -
         raise TypeError(f"labels should be int64 class indices in [0, {num_classes}), got {labels.dtype}")
 
 
-def _mix_labels(labels: torch.Tensor, lam: torch.Tensor, num_classes: int) -> torch.Tensor:
-    one_hot = nn.functional.one_hot(labels, num_classes).to(torch.float32)
+def _mix_labels(labels: torch.Tensor, lam: torch.Tensor, num_classes: int | None) -> torch.Tensor:
+    if labels.ndim == 2:  # per-class weights already
+        one_hot = labels.to(torch.float32)
+    else:
+        assert num_classes is not None, "_check_batch: index labels need num_classes"
+        one_hot = nn.functional.one_hot(labels, num_classes).to(torch.float32)
     lam = lam.to(one_hot.device, torch.float32)
     return one_hot.roll(1, 0) * (1.0 - lam) + one_hot * lam
 
@@ -117,10 +131,12 @@ class _LabelMix(nn.Module):
 class MixUp(_LabelMix):
     """``lam * x + (1 - lam) * x.roll(1, 0)``, labels likewise; lam ~ Beta(alpha, alpha) per batch.
 
-    Shape: images (B, C, H, W) float, labels (B,) int64 → images same, labels (B, num_classes) float32.
+    Shape: images (B, C, H, W) float, labels (B,) int64 (or (B, num_classes) weights, as
+    torchvision takes; ``num_classes`` may then be left out) → images same, labels
+    (B, num_classes) float32.
     """
 
-    def __init__(self, *, alpha: float = 1.0, num_classes: int) -> None:
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
         super().__init__()
         self.alpha, self.num_classes = _check_args(alpha, num_classes)
 
@@ -142,10 +158,11 @@ class CutMix(_LabelMix):
 
     torchvision v2's box: centre uniform over pixels, half-size ``int(0.5 * sqrt(1 - lam) * W)``
     (and H), clipped to the image; the label weight is ``1 - box area / (H * W)``.
-    Shape: images (B, C, H, W) any dtype, labels (B,) int64 → images same, labels (B, num_classes) float32.
+    Shape: images (B, C, H, W) any dtype, labels (B,) int64 (or (B, num_classes) weights) →
+    images same, labels (B, num_classes) float32.
     """
 
-    def __init__(self, *, alpha: float = 1.0, num_classes: int) -> None:
+    def __init__(self, *, alpha: float = 1.0, num_classes: int | None = None) -> None:
         super().__init__()
         self.alpha, self.num_classes = _check_args(alpha, num_classes)
 

@@ -289,6 +289,8 @@ def _pipeline(data: Mapping[str, Any]) -> PipelineConfig:
     eval_augment = None if data.get("eval_augment") is None else parse_augment(data["eval_augment"], "eval_augment",
                                                                             decode.image_size)
     mix = None if data.get("mix") is None else parse_spec(data["mix"], "mix", MIXES)
+    if mix is not None and mix.args.get("num_classes") is None:  # the loader's labels are class indices
+        raise ConfigError(f"mix ({mix.name}): set num_classes (the loader's labels are class indices)")
     if mix is not None and not any(s.name in ("ToDtype", "ToTensor") for s in augment):
         raise ConfigError(f"mix ({mix.name}): needs float images; end augment with a ToDtype")
     loader = build(LoaderConfig, data.get("loader") or {}, "loader")

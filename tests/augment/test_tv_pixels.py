@@ -280,3 +280,22 @@ def test_crop_padding_refuses_what_torchvision_refuses(padding):
         v2.RandomCrop(16, padding=padding)(torch.zeros(3, 20, 20, dtype=torch.uint8))
     with pytest.raises(ValueError, match="Padding must be an int or a 1, 2, or 4 element of tuple or list"):
         T.RandomCrop(16, padding=padding)
+
+
+@pytest.mark.parametrize("op", ["MixUp", "CutMix"])
+def test_mix_takes_per_class_labels_as_torchvision(op):
+    """torchvision's MixUp/CutMix also take (B, C) label weights, with num_classes left out;
+    index labels without num_classes raise its ValueError."""
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    weights = torch.eye(5)[[0, 3, 1, 4]]
+    ours = getattr(T, op)()
+    params = ours.make_params(x, _key(4, "cpu"))
+    _, mixed = ours.apply(x, weights, params)
+    lam = params["lam"]
+    assert torch.allclose(mixed, weights.roll(1, 0) * (1 - lam) + weights * lam)
+    with_indices = getattr(T, op)(num_classes=5).apply(x, torch.tensor([0, 3, 1, 4]), params)[1]
+    assert torch.allclose(with_indices, mixed)
+    for impl in (getattr(T, op)(), getattr(v2, op)()):
+        with pytest.raises(ValueError, match="num_classes must be passed if the labels are index-based"):
+            impl(x, torch.tensor([0, 3, 1, 4]), _key(4, "cpu")) if impl.__module__.startswith("gpupipe") \
+                else impl(x, torch.tensor([0, 3, 1, 4]))

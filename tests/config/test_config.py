@@ -83,7 +83,7 @@ def test_shipped_configs_exist():
     ({"decode": {"seed": 1}}, r"decode\.seed: set the top-level 'seed'"),
     ({"augment": [{"name": "RandomAffine", "degree": 3}]}, r"augment\[0\]\.degree: unknown key; did you mean 'degrees'"),
     ({"augment": [{"name": "RandomAffine", "degrees": -3}]}, r"augment\[0\] \(RandomAffine\): .*positive"),
-    ({"augment": [{"name": "RandomHorizontalFlip", "p": 1.5}]}, r"augment\[0\] \(RandomHorizontalFlip\): p should be"),
+    ({"augment": [{"name": "RandomHorizontalFlip", "p": 1.5}]}, r"augment\[0\] \(RandomHorizontalFlip\): `p` should be"),
     ({"augment": [{"name": "ToDtype", "dtype": "float8"}]}, r"augment\[0\] \(ToDtype\): dtype: unknown 'float8'"),
     ({"augment": [{"name": "Normalize", "mean": [0.5], "std": [0.5]}]}, r"augment\[0\] \(Normalize\): .*ToDtype"),
     ({"augment": [{"name": "RandomHorizontalFlip"}, {"name": "Normalize", "mean": [0.5], "std": [0.5]}]},
