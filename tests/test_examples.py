@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tvshim import child_pythonpath
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXPECTED = {
@@ -23,7 +24,7 @@ def test_example_runs_fast(script: str, tmp_path: Path):
     if script == "train_lightning_s3.py":
         pytest.importorskip("moto.server")
         pytest.importorskip("s3fs")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath()}
     run = subprocess.run([sys.executable, str(EXAMPLES / script), "--fast"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

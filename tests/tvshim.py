@@ -41,3 +41,11 @@ def import_torchvision():
         sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
         import torchvision
     return torchvision
+
+
+def child_pythonpath() -> str:
+    """``PYTHONPATH`` for a child process that should see this process's modules but, as a user
+    would, not the tests-only torchvision."""
+    import os
+
+    return os.pathsep.join(p for p in sys.path if p != str(TESTS_ONLY))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from lightning_util import real_jpeg, write_split
+from tvshim import child_pythonpath
 
 from gpupipe.formats.writer import ShardSink
 from gpupipe.tools.preview import layout
@@ -25,7 +26,7 @@ BAD = {"s00002": "truncated", "s00005": "decode failed", "s00007": "too many pix
 
 def gpupipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*GPUPIPE, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                          env={**os.environ, "PYTHONPATH": child_pythonpath()})
 
 
 def assert_one_line_error(run: subprocess.CompletedProcess, needle: str) -> None:
