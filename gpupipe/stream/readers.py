@@ -37,6 +37,7 @@ from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.plan import Span
 from gpupipe.storage.fetch import Fetcher, ObjectVersion
 from gpupipe.storage.objects import fetch_objects, read_object_fresh
+from gpupipe.stream.batch import SampleTable
 
 __all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
 
@@ -47,10 +48,13 @@ _FOOTERS_KEPT = 64  # parsed Parquet footers a worker keeps (LRU)
 @dataclass
 class ReadSpan:
     """One planned span, read: one entry per expected sample (``None`` where unreadable)
-    and, by index, why a sample is missing or failed its checksum."""
+    and, by index, why a sample is missing or failed its checksum. A span read whole and
+    checked by the vectorized tar scan comes as ``table`` instead (``samples`` empty; its
+    sample ids count from 0 within the span)."""
 
     samples: list[Sample | None]
     problems: dict[int, GpupipeError]
+    table: SampleTable | None = None
 
 
 # ------------------------------------------------------------------------------- folders
