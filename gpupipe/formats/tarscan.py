@@ -18,6 +18,7 @@ reader would decide differently; it only skips the per-member Python when nothin
 """
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,6 @@ from gpupipe.formats.tar import BLOCK, MAX_MEMBER_BYTES
 __all__ = ["ScannedSpan", "scan_span"]
 
 _NAME = 100  # bytes of the ustar name field
-_COLS = np.arange(_NAME, dtype=np.int64)
 _EXT = 16  # longest extension taken here
 _MAX_RANKS = 64  # members per sample taken here
 _REGULAR = np.array([ord("0"), 0, ord("7")], dtype=np.uint8)
@@ -39,36 +39,80 @@ _SLASH, _DOT, _BACKSLASH = ord("/"), ord("."), ord("\\")
 
 @dataclass(frozen=True)
 class ScannedSpan:
-    """The samples of a span, as columns: ``image_start`` / ``image_size`` locate each image in
-    the scanned buffer; ``labels`` (-1: none); ``crcs`` each sample's ``sample_crc32``."""
+    """The samples of a span, as columns: image ``i`` is bytes ``[image_start[i], image_start[i] +
+    image_size[i])`` of ``buffers[image_buffer[i]]`` (the segments as given, then a copy of each
+    image that lies across two); ``labels`` (-1: none); ``crcs`` each sample's ``sample_crc32``."""
 
     keys: list[str]
+    buffers: list[np.ndarray]
+    image_buffer: np.ndarray
     image_start: np.ndarray
     image_size: np.ndarray
     labels: np.ndarray
     crcs: np.ndarray
 
 
-def scan_span(buf: np.ndarray, starts: np.ndarray, *, image_exts: Sequence[str],
+class _Segments:
+    """Consecutive byte segments seen as one span, without joining them: a 512-byte row (a
+    header) always lies in one segment, since every segment but the last is whole rows."""
+
+    def __init__(self, segments: Sequence):
+        self.parts = [np.frombuffer(x, dtype=np.uint8) for x in segments]
+        self.edges = np.cumsum([0] + [len(x) for x in self.parts])
+        self.rows = [x[:len(x) - len(x) % BLOCK].reshape(-1, BLOCK) for x in self.parts]
+
+    @property
+    def aligned(self) -> bool:
+        return not (self.edges % BLOCK).any()
+
+    def row(self, index: np.ndarray) -> np.ndarray:
+        """The 512-byte rows at ``index`` (in rows from the span's start)."""
+        seg = np.searchsorted(self.edges // BLOCK, index, side="right") - 1
+        first = int(seg[0]) if len(seg) else 0
+        if (seg == first).all():
+            return self.rows[first][index - self.edges[first] // BLOCK]
+        out = np.empty((len(index), BLOCK), dtype=np.uint8)
+        for k in np.unique(seg).tolist():
+            mine = seg == k
+            out[mine] = self.rows[k][index[mine] - self.edges[k] // BLOCK]
+        return out
+
+    def locate(self, start: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(segment, offset in it, whole)`` of byte ranges; ``whole`` is False for one across an edge."""
+        seg = np.minimum(np.searchsorted(self.edges, start, side="right") - 1, len(self.parts) - 1)  # an empty
+        return seg, start - self.edges[seg], start + size <= self.edges[seg + 1]  # range at the end is in the last
+
+    def pieces(self, start: int, size: int) -> list[memoryview]:
+        """Bytes ``[start, start + size)`` as views of the segments they lie in."""
+        out, k = [], int(np.searchsorted(self.edges, start, side="right")) - 1
+        while size > 0:
+            at = start - int(self.edges[k])
+            piece = self.parts[k].data[at:at + size]
+            out.append(piece)
+            start, size, k = start + len(piece), size - len(piece), k + 1
+        return out
+
+
+def scan_span(segments: Sequence, starts: np.ndarray, *, image_exts: Sequence[str],
               label_exts: Sequence[str]) -> ScannedSpan | None:
-    """Scan ``buf`` (uint8, the span's bytes) whose samples start at ``starts`` (``n + 1``
-    offsets into ``buf``, the last its end). ``image_exts`` / ``label_exts`` in order of
-    preference. ``None`` when anything is not in the plain layout (the module docstring)."""
+    """Scan the span made of ``segments`` (bytes-like, consecutive) whose samples start at
+    ``starts`` (``n + 1`` offsets from the span's start, the last its end). ``image_exts`` /
+    ``label_exts`` in order of preference. ``None`` when anything is not in the plain layout
+    (the module docstring)."""
+    span = _Segments(segments)
     starts = np.asarray(starts, dtype=np.int64)
     n = len(starts) - 1
-    if n < 1 or starts[0] != 0 or starts[-1] != len(buf) or len(buf) % BLOCK or (starts % BLOCK).any():
+    if n < 1 or starts[0] != 0 or starts[-1] != span.edges[-1] or not span.aligned or (starts % BLOCK).any():
         return None
-    blocks = buf.reshape(-1, BLOCK)  # headers start on the 512-byte grid: a header is a row
-    members = _walk(blocks, starts // BLOCK)
+    members = _walk(span, starts // BLOCK)  # headers start on the 512-byte grid: a header is a row
     if members is None:
         return None
     sample, row, size, names = (np.concatenate(col) for col in zip(*members))
-    header = row * BLOCK
     rank = np.concatenate([np.full(len(m[0]), k) for k, m in enumerate(members)])
     parsed = _names(names)
     if parsed is None:
         return None
-    length, dot = parsed
+    names, length, dot = parsed
     if not _keys_match(names, dot, sample, rank, n):
         return None
     exts = _extensions(names, length, dot)
@@ -81,18 +125,30 @@ def scan_span(buf: np.ndarray, starts: np.ndarray, *, image_exts: Sequence[str],
     image = _choose(exts, grid, image_exts)
     if (image < 0).any() or (size[image] == 0).any():
         return None  # a sample without an image, or an empty one: the streaming reader says which
-    labels = _labels(buf, header, size, _choose(exts, grid, label_exts))
+    labels = _labels(span, row, size, _choose(exts, grid, label_exts))
     if labels is None:
         return None
-    first = names[:n] * (_COLS < dot[:n, None])  # rank 0 is every sample, in order
-    keys = [k.decode("ascii") for k in np.ascontiguousarray(first).view(f"S{_NAME}").ravel().tolist()]
-    crcs = _crcs(buf, sample, header, length, size, n)
-    return ScannedSpan(keys=keys, image_start=header[image] + BLOCK, image_size=size[image], labels=labels, crcs=crcs)
+    first = names[:n] * (np.arange(names.shape[1]) < dot[:n, None])  # rank 0 is every sample, in order
+    keys = [k.decode("ascii") for k in np.ascontiguousarray(first).view(f"S{names.shape[1]}").ravel().tolist()]
+    crcs = _crcs(span, sample, row * BLOCK, length, size, n)
+    return _images(span, keys, (row[image] + 1) * BLOCK, size[image], labels, crcs)
 
 
-def _walk(blocks: np.ndarray, starts: np.ndarray) -> list[tuple[np.ndarray, ...]] | None:
-    """``(sample, header block, size, name field)`` of the members of each rank (``starts``
-    in blocks); ``None`` where a header is not a plain one or the members do not end exactly
+def _images(span: _Segments, keys: list[str], start: np.ndarray, size: np.ndarray, labels: np.ndarray,
+            crcs: np.ndarray) -> ScannedSpan:
+    """Where each image lies: in its segment, or (across an edge) in a copy of its own."""
+    seg, at, whole = span.locate(start, size)
+    buffers = list(span.parts)
+    for i in np.flatnonzero(~whole).tolist():
+        buffers.append(np.frombuffer(b"".join(span.pieces(int(start[i]), int(size[i]))), dtype=np.uint8))
+        seg[i], at[i] = len(buffers) - 1, 0
+    return ScannedSpan(keys=keys, buffers=buffers, image_buffer=seg, image_start=at, image_size=size, labels=labels,
+                       crcs=crcs)
+
+
+def _walk(span: _Segments, starts: np.ndarray) -> list[tuple[np.ndarray, ...]] | None:
+    """``(sample, header row, size, name field)`` of the members of each rank (``starts``
+    in rows); ``None`` where a header is not a plain one or the members do not end exactly
     at the next sample's start."""
     ends, pos = starts[1:], starts[:-1].copy()
     active: np.ndarray = np.arange(len(ends))
@@ -103,7 +159,7 @@ def _walk(blocks: np.ndarray, starts: np.ndarray) -> list[tuple[np.ndarray, ...]
         here, end = pos[active], ends[active]
         if (here >= end).any():
             return None
-        h = blocks[here]
+        h = span.row(here)
         size = _plain_headers(h)
         if size is None:
             return None
@@ -140,6 +196,12 @@ def _octal(field: np.ndarray) -> np.ndarray | None:
     """Values of octal fields written as spaces, digits, then NULs or spaces (what tar writers
     do); ``None`` if any field is written otherwise (the streaming reader judges those)."""
     digit = (field >= ord("0")) & (field <= ord("7"))
+    for k in range(field.shape[1] - 1, 0, -1):  # the usual form: k digits from the start, then NULs or spaces
+        if digit[:, k - 1].all():
+            tail = field[:, k:]
+            if digit[:, :k].all() and ((tail == 0) | (tail == ord(" "))).all():
+                return (field[:, :k].astype(np.int64) - ord("0")) @ (np.int64(8) ** np.arange(k - 1, -1, -1))
+            break
     if not digit.any(axis=1).all():
         return None
     cols = np.arange(field.shape[1])
@@ -153,15 +215,18 @@ def _octal(field: np.ndarray) -> np.ndarray | None:
     return ((field.astype(np.int64) - ord("0")) * weight).sum(axis=1)
 
 
-def _names(names: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(length, dot)`` of each name: where its NUL is, and the dot that ends its key (the
-    first of its last path component); ``None`` for a name the streaming reader treats
+def _names(names: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(names, length, dot)``: the name fields cut to the longest name and its NUL, where each
+    NUL is, and the dot that ends each key (the first of the last path component); ``None`` for a name the streaming reader treats
     specially (no NUL, not ASCII, unsafe, no key or extension, an upper-case extension)."""
     nul = names == 0
     if not nul.any(axis=1).all():
         return None
     length = nul.argmax(axis=1)
-    inside = _COLS < length[:, None]
+    names = names[:, :int(length.max()) + 1]  # the rest is past every name's NUL
+    width = names.shape[1]
+    cols = np.arange(width)
+    inside = cols < length[:, None]
     if ((names >= 0x80) & inside).any() or ((names == _BACKSLASH) & inside).any():
         return None
     if (names[:, 0] == _SLASH).any() or ((names[:, 0] == _DOT) & (names[:, 1] == _SLASH)).any():
@@ -169,21 +234,21 @@ def _names(names: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     if ((names[:, :-1] == _DOT) & (names[:, 1:] == _DOT) & inside[:, 1:]).any():
         return None  # perhaps a ".." component
     slashes = (names == _SLASH) & inside
-    slash = np.where(slashes.any(axis=1), _NAME - 1 - slashes[:, ::-1].argmax(axis=1), -1)
-    dots = (names == _DOT) & inside & (_COLS > slash[:, None])
-    dot = np.where(dots.any(axis=1), dots.argmax(axis=1), _NAME)
+    slash = np.where(slashes.any(axis=1), width - 1 - slashes[:, ::-1].argmax(axis=1), -1)
+    dots = (names == _DOT) & inside & (cols > slash[:, None])
+    dot = np.where(dots.any(axis=1), dots.argmax(axis=1), width)
     if (dot <= slash + 1).any() or (dot >= length - 1).any():
         return None  # an empty key or extension
-    upper = (names >= ord("A")) & (names <= ord("Z")) & inside & (_COLS > dot[:, None])
+    upper = (names >= ord("A")) & (names <= ord("Z")) & inside & (cols > dot[:, None])
     if upper.any():
         return None  # the extension is lower-cased in the sample (and in its checksum)
-    return length, dot
+    return names, length, dot
 
 
 def _keys_match(names: np.ndarray, dot: np.ndarray, sample: np.ndarray, rank: np.ndarray, n: int) -> bool:
     """Every member has its sample's key, and no two neighbouring samples share one (the
     streaming reader would join them)."""
-    keys = names * (_COLS < dot[:, None])
+    keys = names * (np.arange(names.shape[1]) < dot[:, None])
     first = keys[:n]
     later = rank > 0
     if not (keys[later] == first[sample[later]]).all():
@@ -196,7 +261,7 @@ def _extensions(names: np.ndarray, length: np.ndarray, dot: np.ndarray) -> np.nd
     if (length - dot - 1 > _EXT).any():
         return None
     cols = dot[:, None] + 1 + np.arange(_EXT)
-    ext = np.take_along_axis(names, np.minimum(cols, _NAME - 1), axis=1) * (cols < length[:, None])
+    ext = np.take_along_axis(names, np.minimum(cols, names.shape[1] - 1), axis=1) * (cols < length[:, None])
     return np.ascontiguousarray(ext).view(f"S{_EXT}").ravel()
 
 
@@ -220,7 +285,7 @@ def _choose(exts: np.ndarray, grid: np.ndarray, wanted: Sequence[str]) -> np.nda
     return np.where(ranked[rows, best] < len(wanted), grid[rows, best], -1)
 
 
-def _labels(buf: np.ndarray, header: np.ndarray, size: np.ndarray, member: np.ndarray) -> np.ndarray | None:
+def _labels(span: _Segments, row: np.ndarray, size: np.ndarray, member: np.ndarray) -> np.ndarray | None:
     """Each sample's integer label (-1 without one); ``None`` when a label is not plain
     ASCII digits of at most 18 (the streaming reader parses, or refuses, the others)."""
     labels = np.full(len(member), -1, dtype=np.int64)
@@ -232,7 +297,7 @@ def _labels(buf: np.ndarray, header: np.ndarray, size: np.ndarray, member: np.nd
     if (z < 1).any() or (z > 18).any():
         return None
     cols = np.arange(18)
-    text = buf[np.minimum(header[m, None] + BLOCK + cols, len(buf) - 1)].astype(np.int64)
+    text = span.row(row[m] + 1)[:, :18].astype(np.int64)  # the data: the row after the header
     inside = cols < z[:, None]
     if not (((text >= ord("0")) & (text <= ord("9"))) | ~inside).all():
         return None
@@ -241,12 +306,25 @@ def _labels(buf: np.ndarray, header: np.ndarray, size: np.ndarray, member: np.nd
     return labels
 
 
-def _crcs(buf: np.ndarray, sample: np.ndarray, header: np.ndarray, length: np.ndarray, size: np.ndarray,
+_SMALL = 2048  # below this zlib's crc32 is cheaper to call than ISA-L's (the same value)
+
+
+def _crcs(span: _Segments, sample: np.ndarray, header: np.ndarray, length: np.ndarray, size: np.ndarray,
           n: int) -> np.ndarray:
     """Each sample's ``sample_crc32``: over ``"<key>.<ext>\\0"`` (the header's name and its NUL:
     the name is exactly that here) and the data, member by member in rank order."""
-    view = memoryview(buf.data)
+    hseg, hat, _ = span.locate(header, length)
+    dseg, dat, whole = span.locate(header + BLOCK, size)
+    views = [p.data for p in span.parts]
     out = [0] * n
-    for s, h, k, z in zip(sample.tolist(), header.tolist(), length.tolist(), size.tolist()):
-        out[s] = crc32(view[h + BLOCK:h + BLOCK + z], crc32(view[h:h + k + 1], out[s]))
+    small = zlib.crc32
+    for s, hk, h, k, dk, d, z, w in zip(sample.tolist(), hseg.tolist(), hat.tolist(), length.tolist(), dseg.tolist(),
+                                        dat.tolist(), size.tolist(), whole.tolist()):
+        crc = small(views[hk][h:h + k + 1], out[s])
+        if not w:
+            for piece in span.pieces(int(span.edges[dk]) + d, z):
+                crc = crc32(piece, crc)
+        else:
+            crc = (crc32 if z >= _SMALL else small)(views[dk][d:d + z], crc)
+        out[s] = crc
     return np.array(out, dtype=np.uint32)

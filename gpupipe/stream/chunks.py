@@ -213,7 +213,7 @@ def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) 
             a, b = entries[s.shard].byte_range(s.start, s.stop)
             yield ByteRange(source.shard_urls[s.shard], a, b), source.unit_version(s.shard)
 
-    for blocks in fetcher.read_many(ranges()):
+    for blocks in fetcher.read_many(ranges(), reuse=True):
         s = pending.popleft()
         entry, url = entries[s.shard], source.shard_urls[s.shard]
         crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
@@ -226,45 +226,18 @@ def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) 
                          source.unit_version(s.shard), offsets, crcs)
 
 
-def _scanned(blocks: list[bytes], offsets: np.ndarray, crcs: np.ndarray | None) -> SampleTable | None:
+def _scanned(blocks: list, offsets: np.ndarray, crcs: np.ndarray | None) -> SampleTable | None:
     """The span's samples from the vectorized scan (:func:`~gpupipe.formats.tarscan.scan_span`),
     when it takes the span and every sample matches its manifest checksum; else ``None``, and
     the span is read by the streaming reader, which finds, re-reads and reports what is wrong.
-
-    The blocks are not joined: a run of samples inside one block is scanned where it lies,
-    and only a sample across a block edge is copied out whole."""
-    rel = offsets - offsets[0]
-    edges = np.cumsum([0] + [len(b) for b in blocks])
-    inside = np.searchsorted(edges, rel[:-1], side="right") - 1  # the block each sample starts in
-    whole = np.searchsorted(edges, rel[1:], side="left") - 1 == inside
-    run = np.where(whole, inside, -1 - np.arange(len(inside)))  # runs inside a block; a straddler alone
-    cuts = [0, *(np.flatnonzero(run[1:] != run[:-1]) + 1).tolist(), len(run)]
-    parts = []
-    for a, b in zip(cuts, cuts[1:]):
-        lo, hi = int(rel[a]), int(rel[b])
-        if whole[a]:
-            k = int(inside[a])
-            buf = np.frombuffer(blocks[k], dtype=np.uint8)[lo - edges[k]:hi - edges[k]]
-        else:
-            buf = np.frombuffer(b"".join(_pieces(blocks, edges, lo, hi)), dtype=np.uint8)
-        got = scan_span(buf, rel[a:b + 1] - lo, image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS)
-        if got is None or (crcs is not None and not np.array_equal(got.crcs, crcs[a:b])):
-            return None
-        n = b - a
-        parts.append(SampleTable(buffers=(buf,), buffer=np.zeros(n, dtype=np.int64), start=got.image_start,
-                                 size=got.image_size, labels=got.labels, sample_ids=np.arange(a, b, dtype=np.int64),
-                                 keys=got.keys, valid=np.ones(n, dtype=bool)))
-    return SampleTable.concat(parts)
-
-
-def _pieces(blocks: list[bytes], edges: np.ndarray, lo: int, hi: int) -> list[bytes]:
-    """The parts of bytes ``[lo, hi)`` of the joined blocks (``edges``: where each block starts)."""
-    out = []
-    for k in range(int(np.searchsorted(edges, lo, side="right")) - 1, len(blocks)):
-        if edges[k] >= hi:
-            break
-        out.append(blocks[k][max(lo - edges[k], 0):hi - edges[k]])
-    return out
+    The blocks are not joined: each image is copied once, into its batch."""
+    got = scan_span(blocks, offsets - offsets[0], image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS)
+    if got is None or (crcs is not None and not np.array_equal(got.crcs, crcs)):
+        return None
+    n = len(got.keys)
+    return SampleTable(buffers=tuple(got.buffers), buffer=got.image_buffer, start=got.image_start,
+                       size=got.image_size, labels=got.labels, sample_ids=np.arange(n, dtype=np.int64),
+                       keys=got.keys, valid=np.ones(n, dtype=bool))
 
 
 _READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}

@@ -43,13 +43,15 @@ def _streamed(data: bytes, offsets: list[int], a: int, b: int):
         return None
 
 
-def _scanned(data: bytes, offsets: list[int], a: int, b: int):
-    buf = np.frombuffer(data[offsets[a]:offsets[b]], dtype=np.uint8)
-    got = scan_span(buf, np.asarray(offsets[a:b + 1]) - offsets[a], **_EXTS)
+def _scanned(data: bytes, offsets: list[int], a: int, b: int, block: int | None = None):
+    """What the scan gives for samples [a, b), the span cut into ``block``-byte segments."""
+    span = data[offsets[a]:offsets[b]]
+    segments = [span] if block is None else [span[i:i + block] for i in range(0, len(span), block)]
+    got = scan_span(segments, np.asarray(offsets[a:b + 1]) - offsets[a], **_EXTS)
     if got is None:
         return None
-    return [(k, bytes(buf[s:s + z]), int(lab), int(c))
-            for k, s, z, lab, c in zip(got.keys, got.image_start, got.image_size, got.labels, got.crcs)]
+    return [(k, bytes(got.buffers[i][s:s + z]), int(lab), int(c)) for k, i, s, z, lab, c in
+            zip(got.keys, got.image_buffer, got.image_start, got.image_size, got.labels, got.crcs)]
 
 
 _keys = st.from_regex(r"[a-z0-9_]{1,12}(/[a-z0-9_]{1,6})?", fullmatch=True)
@@ -79,7 +81,8 @@ def test_scan_agrees_with_the_streaming_reader(samples, data):
     n = len(samples)
     a = data.draw(st.integers(0, n - 1))
     b = data.draw(st.integers(a + 1, n))
-    scanned = _scanned(shard, offsets, a, b)
+    block = data.draw(st.sampled_from([None, 512, 1024, 4096]))
+    scanned = _scanned(shard, offsets, a, b, block)
     if scanned is not None:
         assert scanned == _streamed(shard, offsets, a, b)
         assert [c for *_, c in scanned] == crcs[a:b]
@@ -88,9 +91,11 @@ def test_scan_agrees_with_the_streaming_reader(samples, data):
 def test_plain_shards_take_the_fast_path():
     samples = [(f"img_{i:04d}", {"jpg": bytes([i]) * (100 + i), "cls": str(i % 10).encode()}) for i in range(50)]
     shard, offsets, crcs = _write(samples)
-    got = _scanned(shard, offsets, 0, 50)
-    assert got is not None and got == _streamed(shard, offsets, 0, 50)
-    assert [c for *_, c in got] == crcs
+    for block in (None, 512, 1536, 4096):  # segments that cut headers off images, images in two
+        got = _scanned(shard, offsets, 0, 50, block)
+        assert got is not None and got == _streamed(shard, offsets, 0, 50)
+        assert [c for *_, c in got] == crcs
+    assert _scanned(shard, offsets, 0, 50, 700) is None  # segments off the 512-byte grid are not taken
 
 
 def _tarfile_shard(samples, fmt=tarfile.GNU_FORMAT) -> tuple[bytes, list[int]]:
