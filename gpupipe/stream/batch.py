@@ -18,6 +18,7 @@ import torch
 
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample
+from gpupipe.storage.buffers import BufferPool
 
 __all__ = ["EncodedBatch", "SampleTable", "pack", "pack_table", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
 
@@ -157,10 +158,13 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
     """
     n = len(table)
     meta = torch.zeros(4, n + 1, dtype=torch.int64)  # one tensor, four views: one transfer between processes
-    data = torch.empty(int(table.size.sum()), dtype=torch.uint8)
+    total = int(table.size.sum())
     if shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
+        data = torch.empty(total, dtype=torch.uint8)
         meta.share_memory_()
         data.share_memory_()
+    else:  # in this process: a buffer no earlier batch still holds, without fresh page faults
+        data = torch.from_numpy(_batch_buffer(total))
     columns = meta.numpy()
     np.cumsum(table.size, out=columns[0, 1:])
     columns[1, :n], columns[2, :n], columns[3, :n] = table.labels, table.sample_ids, table.valid
@@ -173,3 +177,17 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
         data=data, offsets=meta[0], labels=meta[1, :n], sample_ids=meta[2, :n], valid=meta[3, :n].bool(),
         keys=tuple(table.keys), epoch=epoch, chunk=chunk, batch=batch,
     )
+
+
+_POOL_MIN = 1 << 20  # smaller batches are cheap to allocate
+_POOL_KEEP = 4  # buffers kept per size class: the batches a consumer holds at once, and one more
+
+
+def _batch_buffer(n: int) -> np.ndarray:
+    """``n`` bytes for a batch packed in this process: from a pool of buffers (one pool per
+    power-of-two size class), reused only once nothing refers to a batch made in it
+    (:class:`~gpupipe.storage.buffers.BufferPool`). A fresh 6 MB buffer per batch of 256 cost
+    ~3 us of page faults per sample (docs/benchmarks.md, "Host path (issue 28)")."""
+    if n < _POOL_MIN:
+        return np.empty(n, dtype=np.uint8)
+    return BufferPool.shared(1 << (n - 1).bit_length(), _POOL_KEEP).take(n)

@@ -37,3 +37,20 @@ def test_read_into_reads_the_range(tmp_path):
     pool = BufferPool(1024, keep=1)
     assert bytes(read_into(str(path), 5, 300, pool)) == (bytes(range(256)) * 10)[5:300]
     assert len(read_into(str(path), 2550, 2600, pool)) == 10  # short at the end of the file
+
+
+def test_batches_packed_in_process_never_share_a_buffer_with_a_batch_still_held():
+    from gpupipe.stream.batch import SampleTable, pack_table
+
+    image = np.arange(3 << 20, dtype=np.uint64).view(np.uint8)  # 24 MB: the pooled path
+    table = SampleTable(buffers=(image,), buffer=np.zeros(2, np.int64), start=np.array([0, 8]),
+                        size=np.array([len(image) // 2, len(image) // 2]), labels=np.zeros(2, np.int64),
+                        sample_ids=np.arange(2), keys=["a", "b"], valid=np.ones(2, bool))
+    held = [pack_table(table) for _ in range(3)]
+    for i, a in enumerate(held):
+        assert bytes(a.image(1)[:16]) == image[8:24].tobytes()
+        assert all(not np.shares_memory(a.data.numpy(), b.data.numpy()) for b in held[i + 1:])
+    first = held[0].data.data_ptr()
+    del held
+    again = [pack_table(table).data.data_ptr() for _ in range(2)]
+    assert first in again  # once nothing holds it, a buffer comes back
