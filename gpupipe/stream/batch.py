@@ -160,9 +160,8 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
     meta = torch.zeros(4, n + 1, dtype=torch.int64)  # one tensor, four views: one transfer between processes
     total = int(table.size.sum())
     if shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
-        data = torch.empty(total, dtype=torch.uint8)
+        data = _shared_bytes(total)
         meta.share_memory_()
-        data.share_memory_()
     else:  # in this process: a buffer no earlier batch still holds, without fresh page faults
         data = torch.from_numpy(_batch_buffer(total))
     columns = meta.numpy()
@@ -191,3 +190,16 @@ def _batch_buffer(n: int) -> np.ndarray:
     if n < _POOL_MIN:
         return np.empty(n, dtype=np.uint8)
     return BufferPool.shared(1 << (n - 1).bit_length(), _POOL_KEEP).take(n)
+
+
+def _shared_bytes(n: int) -> torch.Tensor:
+    """``n`` uint8 in a new shared-memory storage. ``share_memory_()`` on a fresh tensor first
+    allocates private memory and then copies it into the shared segment: ~30 us of CPU per
+    23 KB sample against ~4 us for a storage made shared (docs/benchmarks.md, "Host path
+    (issue 28)"). ``UntypedStorage._new_shared`` is how torch's own multiprocessing makes one;
+    on a torch without it, the copy it is."""
+    try:
+        storage = torch.UntypedStorage._new_shared(n)
+    except (AttributeError, TypeError, RuntimeError):
+        return torch.empty(n, dtype=torch.uint8).share_memory_()
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
