@@ -44,13 +44,23 @@ class BufferPool:
         if n > self.size:
             return np.empty(n, dtype=np.uint8)
         with self._lock:
-            for buf in self._buffers:
-                if sys.getrefcount(buf) == 3:  # the list, the loop variable, the argument: no view alive
-                    return buf[:n]
+            for i in range(len(self._buffers)):
+                if sys.getrefcount(self._buffers[i]) == _FREE:  # held by the list alone: no view alive
+                    return self._buffers[i][:n]
             if len(self._buffers) < self.keep:
                 self._buffers.append(np.empty(self.size, dtype=np.uint8))
                 return self._buffers[-1][:n]
         return np.empty(n, dtype=np.uint8)
+
+
+def _free_count() -> int:
+    """What ``sys.getrefcount(buffers[i])`` reads for a buffer the list alone holds, measured on
+    this interpreter the way :meth:`BufferPool.take` asks (counts differ between versions)."""
+    probe = [np.empty(1, dtype=np.uint8)]
+    return sys.getrefcount(probe[0])
+
+
+_FREE = _free_count()
 
 
 def read_into(path: str, start: int, stop: int, pool: BufferPool) -> np.ndarray:
