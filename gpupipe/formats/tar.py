@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import tarfile
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import BinaryIO
 
+from gpupipe.core.checksum import crc32
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample, TarMember
 
@@ -281,7 +281,7 @@ def sample_crc32(key: str, fields: Mapping[str, bytes]) -> int:
     for each member, in member order (so a changed name, extension or byte changes it)."""
     crc = 0
     for ext, data in fields.items():
-        crc = zlib.crc32(data, zlib.crc32(f"{key}.{ext}\0".encode("utf-8", "surrogateescape"), crc))
+        crc = crc32(data, crc32(f"{key}.{ext}\0".encode("utf-8", "surrogateescape"), crc))
     return crc
 
 

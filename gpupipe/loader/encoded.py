@@ -31,7 +31,7 @@ from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per
 from gpupipe.sources.classes import agreed_classes
 from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, refuse_commands
-from gpupipe.stream.batch import EncodedBatch, pack
+from gpupipe.stream.batch import EncodedBatch, pack, pack_table
 from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_chunks, iter_whole_shards
 from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, stop_workers
 
@@ -80,11 +80,11 @@ class EncodedDataset(IterableDataset):
         mine = worker_chunks(rank_chunks(spec, world.rank, progress), world.worker_id, world.num_workers)
         skips = SkipLog()
         wait0 = 0.0
-        for chunk, samples, valid in iter_chunks(fetcher, self.source, spec, self.epoch, mine,
-                                                 on_error=self.stream.on_error, skips=skips):
+        for chunk, table in iter_chunks(fetcher, self.source, spec, self.epoch, mine,
+                                        on_error=self.stream.on_error, skips=skips):
             for i in range(chunk.num_batches - chunk.first_batch):
-                batch = pack(samples[i * b:(i + 1) * b], valid[i * b:(i + 1) * b], shared=in_worker,
-                             epoch=self.epoch, chunk=chunk.index, batch=chunk.first_batch + i)
+                batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker,
+                                   epoch=self.epoch, chunk=chunk.index, batch=chunk.first_batch + i)
                 yield replace(batch, skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
                 skips.count, wait0 = 0, fetcher.stats.wait_s
 

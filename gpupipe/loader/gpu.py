@@ -188,6 +188,8 @@ class GpuLoader:
             stages = [Stage("decode", _then(stages[0].run, functools.partial(self._augment, augment, side)),
                             timeline=timeline)]
         run = Stages(self.encoded.batches, stages, self.split.prefetch)
+        stats = self.stats  # this pass's stage times go here, even if ``stats`` is replaced meanwhile
+        base = (stats.wait_bytes_s, stats.decode_s, stats.augment_s)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -205,11 +207,14 @@ class GpuLoader:
                 self.stats.batches += 1
                 self.stats.images += len(out)
                 self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
+                _account(stats, base, run, stages)  # current at every batch, not only once the pass ends
                 yield out
             ledger.finished()
         finally:
             run.stop()
-            self._account(run, stages)
+            _account(stats, base, run, stages)
+            if self.timeline is not None:
+                self.timeline.extend((s.name, a, b) for s in stages for a, b in s.spans)
             self.stats.skipped = self.encoded.stats.skipped + decoder.stats.skipped
 
     def _decode(self, decoder, side, encoded: EncodedBatch) -> tuple[DecodedBatch, tuple[int, int]]:
@@ -229,13 +234,14 @@ class GpuLoader:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             return augment(out), place
 
-    def _account(self, run: Stages, stages: list[Stage]) -> None:
-        busy = {s.name: s.busy_s for s in stages}
-        self.stats.wait_bytes_s += run.wait_source_s
-        self.stats.decode_s += busy["decode"]
-        self.stats.augment_s += busy.get("augment", 0.0)
-        if self.timeline is not None:
-            self.timeline.extend((s.name, a, b) for s in stages for a, b in s.spans)
+
+
+def _account(stats: StageStats, base: tuple[float, float, float], run: Stages, stages: list[Stage]) -> None:
+    """The pass's stage times so far, added to what ``stats`` held when it began (``base``)."""
+    busy = {s.name: s.busy_s for s in stages}
+    stats.wait_bytes_s = base[0] + run.wait_source_s
+    stats.decode_s = base[1] + busy["decode"]
+    stats.augment_s = base[2] + busy.get("augment", 0.0)
 
 
 def _then(first, second):

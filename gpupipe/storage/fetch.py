@@ -44,6 +44,7 @@ from typing import Any
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageError
 from gpupipe.core.types import ByteRange
+from gpupipe.storage.buffers import BufferPool, read_into
 from gpupipe.storage.cache import BlockCache
 from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_error
 from gpupipe.storage.identity import ObjectVersion, as_version, identity_of
@@ -93,6 +94,13 @@ class FetchStats:
     cache_hits: int = 0  # blocks answered by the cache
     wait_s: float = 0.0  # time the consumer waited for bytes
     errors: dict[str, int] = field(default_factory=dict)
+
+
+def _is_plain_local(fs) -> bool:
+    """fsspec's own local filesystem (not a subclass that may change how it reads)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    return type(fs) is LocalFileSystem
 
 
 def refuse_commands(urls: Iterable[str]) -> None:
@@ -178,6 +186,9 @@ class Fetcher:
         self._pool: ThreadPoolExecutor | None = None
         self._cache_failed = False  # a cache write failed (disk full?): said once
         self.answered = False  # has a request succeeded (so the endpoint is right)?
+        self._pool_buffers: BufferPool | None = None  # local files, no cache: reused buffers (read_many(reuse=True))
+        if config.cache_dir is None and _is_plain_local(fs):
+            self._pool_buffers = BufferPool.shared(config.block_bytes, config.readahead_bytes // config.block_bytes + 8)
 
     @classmethod
     def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig()) -> Fetcher:
@@ -211,7 +222,7 @@ class Fetcher:
         (for listings and metadata: ``glob``, ``isdir``, ``exists``)."""
         return self._retrying(url, lambda: getattr(self.fs, method)(self.fs._strip_protocol(url), *args))
 
-    def read(self, r: ByteRange, *, version: Version = "", fresh: bool = False) -> bytes:
+    def read(self, r: ByteRange, *, version: Version = "", fresh: bool = False, reuse: bool = False) -> bytes:
         """The bytes of ``r`` (``stop=None``: to the end), retried; never short.
 
         ``version`` says what the object's bytes are (:class:`ObjectVersion`, or a tag of
@@ -230,7 +241,7 @@ class Fetcher:
         if fresh:
             self.forget(ByteRange(r.url, r.start, stop), v)
         if self._cache is None or not v.tag or fresh:
-            return self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop))
+            return self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop, pooled=reuse and not fresh))
         parts = [self._cached(r.url, v.tag, a, b)[lo:hi] for a, b, lo, hi in self._cells(r.start, stop, v)]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -292,10 +303,12 @@ class Fetcher:
         loading.wait()
         return None
 
-    def _read_once(self, url: str, start: int, stop: int) -> bytes:
+    def _read_once(self, url: str, start: int, stop: int, pooled: bool = False) -> bytes:
         refuse_commands([url])  # a list of URLs is opened with the first one's filesystem
         path = self.fs._strip_protocol(url)
-        if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None) is not None:
+        if pooled and self._pool_buffers is not None:
+            data: Any = read_into(path, start, stop, self._pool_buffers)
+        elif getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None) is not None:
             from fsspec.asyn import sync
 
             data = sync(self.fs.loop, self.fs._cat_file, path, start=start, end=stop, timeout=self.config.request_timeout_s)
@@ -306,7 +319,7 @@ class Fetcher:
             self.stats.bytes += len(data)
         if len(data) != stop - start:
             raise _ShortRead(f"got {len(data)} of {stop - start} bytes for range [{start}, {stop})")
-        return bytes(data)
+        return data if pooled and self._pool_buffers is not None else bytes(data)
 
     def _retrying(self, url: str, attempt):
         cfg = self.config
@@ -369,9 +382,15 @@ class Fetcher:
             return exc
 
     # -- pipelined reads ---------------------------------------------------------------
-    def read_many(self, ranges: Iterable[tuple[ByteRange, Version]]) -> Iterator[list[bytes] | StorageError]:
+    def read_many(self, ranges: Iterable[tuple[ByteRange, Version]], *,
+                  reuse: bool = False) -> Iterator[list[bytes] | StorageError]:
         """For each ``(range, version)`` in order, its bytes as a list of blocks — or the
         ``StorageError`` that ended it (so the caller decides; later ranges still come).
+
+        ``reuse``: local files without a cache are read into reused buffers
+        (:class:`~gpupipe.storage.buffers.BufferPool`), and the blocks are then uint8 numpy
+        arrays rather than ``bytes``: for a consumer that only reads them through the buffer
+        protocol, as the tar span reader does.
 
         Up to ``concurrency`` block requests run at once and at most about
         ``readahead_bytes`` are requested ahead of the consumer, so memory does
@@ -395,7 +414,7 @@ class Fetcher:
                 index, total, block, version = item
                 counts[index] = total
                 held = self._held(block, version)
-                pending.append((index, held, self._pool.submit(self.read, block, version=version)))
+                pending.append((index, held, self._pool.submit(self.read, block, version=version, reuse=reuse)))
                 in_flight += held
             if not pending:
                 return
@@ -411,7 +430,7 @@ class Fetcher:
             while next_out in counts and len(done.get(next_out, ())) == counts[next_out]:
                 parts = done.pop(next_out)
                 error = next((p for p in parts if isinstance(p, StorageError)), None)
-                yield error if error is not None else [p for p in parts if isinstance(p, bytes)]
+                yield error if error is not None else [p for p in parts if not isinstance(p, StorageError)]
                 next_out += 1
 
     def _held(self, piece: ByteRange, v: ObjectVersion) -> int:

@@ -1,6 +1,10 @@
 """Pack samples into an :class:`EncodedBatch`: one uint8 buffer of still-encoded
 images, int64 offsets, labels, sample ids, keys and a valid mask.
 
+Between reading and packing, samples travel as a :class:`SampleTable`: columns (where each
+image lies in a buffer read from storage, labels, ids, keys, valid flags), not an object per
+sample, so shuffling is an index and packing one copy per image into the batch's buffer.
+
 Made in DataLoader workers; cheap to send to the main process (a handful of
 tensors, one of them the bytes) and pinnable for an asynchronous copy.
 """
@@ -14,8 +18,9 @@ import torch
 
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample
+from gpupipe.storage.buffers import BufferPool
 
-__all__ = ["EncodedBatch", "pack", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
+__all__ = ["EncodedBatch", "SampleTable", "pack", "pack_table", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ppm", "tif", "tiff")
 LABEL_EXTENSIONS = ("cls", "label", "class", "cls2")
@@ -83,6 +88,56 @@ def label_of(sample: Sample) -> int:
     return -1
 
 
+@dataclass(frozen=True)
+class SampleTable:
+    """Samples as columns. Image ``i`` is bytes ``[start[i], start[i] + size[i])`` of
+    ``buffers[buffer[i]]`` (``size`` 0: no image, a placeholder); ``labels``, ``sample_ids``
+    (int64), ``valid`` (bool) and ``keys`` as in :class:`EncodedBatch`.
+    """
+
+    buffers: tuple  # bytes-like objects (bytes, or uint8 numpy arrays), never copied here
+    buffer: np.ndarray
+    start: np.ndarray
+    size: np.ndarray
+    labels: np.ndarray
+    sample_ids: np.ndarray
+    keys: list[str]
+    valid: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[Sample], valid: Iterable[bool]) -> SampleTable:
+        """One buffer per sample (its image field); invalid where ``valid`` is false or it has no image."""
+        images = tuple(image_field(s) for s in samples)
+        size = np.fromiter((len(b) for b in images), dtype=np.int64, count=len(images))
+        ok = np.fromiter((bool(v) for v in valid), dtype=bool, count=len(images))
+        return cls(buffers=images, buffer=np.arange(len(images), dtype=np.int64), start=np.zeros(len(images), np.int64),
+                   size=size, labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=len(images)),
+                   sample_ids=np.fromiter((s.sample_id for s in samples), dtype=np.int64, count=len(images)),
+                   keys=[s.key for s in samples], valid=ok & (size > 0))
+
+    @classmethod
+    def concat(cls, tables: Sequence[SampleTable]) -> SampleTable:
+        if len(tables) == 1:
+            return tables[0]
+        first = np.cumsum([0] + [len(t.buffers) for t in tables[:-1]])
+        return cls(buffers=tuple(b for t in tables for b in t.buffers),
+                   buffer=np.concatenate([t.buffer + f for t, f in zip(tables, first)]),
+                   start=np.concatenate([t.start for t in tables]), size=np.concatenate([t.size for t in tables]),
+                   labels=np.concatenate([t.labels for t in tables]),
+                   sample_ids=np.concatenate([t.sample_ids for t in tables]),
+                   keys=[k for t in tables for k in t.keys], valid=np.concatenate([t.valid for t in tables]))
+
+    def take(self, index: np.ndarray | slice) -> SampleTable:
+        """The samples at ``index`` (positions or a slice), in that order; the buffers are shared."""
+        keys = self.keys[index] if isinstance(index, slice) else [self.keys[i] for i in index.tolist()]
+        return SampleTable(buffers=self.buffers, buffer=self.buffer[index], start=self.start[index],
+                           size=self.size[index], labels=self.labels[index], sample_ids=self.sample_ids[index],
+                           keys=keys, valid=self.valid[index])
+
+
 def pack(samples: Sequence[Sample], valid: Iterable[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
          shared: bool = False) -> EncodedBatch:
     """Concatenate the samples' encoded images into one buffer; labels are the
@@ -91,24 +146,60 @@ def pack(samples: Sequence[Sample], valid: Iterable[bool], *, epoch: int = 0, ch
     Shape: B samples → data (sum of image sizes,) uint8, offsets (B+1,) int64.
     ``shared=True`` (in DataLoader workers) builds the tensors in shared memory.
     """
-    images = [image_field(s) for s in samples]
-    n = len(images)
-    sizes = [len(b) for b in images]
+    return pack_table(SampleTable.from_samples(samples, valid), epoch=epoch, chunk=chunk, batch=batch, shared=shared)
+
+
+def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: int = -1,
+               shared: bool = False) -> EncodedBatch:
+    """The table's images, copied once each into one buffer, as an :class:`EncodedBatch`.
+
+    Shape: B samples → data (sum of image sizes,) uint8, offsets (B+1,) int64.
+    ``shared=True`` (in DataLoader workers) builds the tensors in shared memory.
+    """
+    n = len(table)
     meta = torch.zeros(4, n + 1, dtype=torch.int64)  # one tensor, four views: one transfer between processes
-    data = torch.empty(sum(sizes), dtype=torch.uint8)
+    total = int(table.size.sum())
     if shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
+        data = _shared_bytes(total)
         meta.share_memory_()
-        data.share_memory_()
-    offsets = meta[0].numpy()
-    np.cumsum(sizes, out=offsets[1:])
-    meta[1, :n] = torch.tensor([s.label for s in samples], dtype=torch.int64)
-    meta[2, :n] = torch.tensor([s.sample_id for s in samples], dtype=torch.int64)
-    meta[3, :n] = torch.tensor([bool(v) and size > 0 for v, size in zip(valid, sizes)], dtype=torch.int64)
+    else:  # in this process: a buffer no earlier batch still holds, without fresh page faults
+        data = torch.from_numpy(_batch_buffer(total))
+    columns = meta.numpy()
+    np.cumsum(table.size, out=columns[0, 1:])
+    columns[1, :n], columns[2, :n], columns[3, :n] = table.labels, table.sample_ids, table.valid
     view = data.numpy().data
-    for img, a, b in zip(images, offsets[:-1].tolist(), offsets[1:].tolist()):
-        view[a:b] = img
+    sources = {i: memoryview(table.buffers[i]).cast("B") for i in np.unique(table.buffer[table.size > 0]).tolist()}
+    for i, a, z, at in zip(table.buffer.tolist(), table.start.tolist(), table.size.tolist(), columns[0, :n].tolist()):
+        if z:
+            view[at:at + z] = sources[i][a:a + z]
     return EncodedBatch(
         data=data, offsets=meta[0], labels=meta[1, :n], sample_ids=meta[2, :n], valid=meta[3, :n].bool(),
-        keys=tuple(s.key for s in samples),
-        epoch=epoch, chunk=chunk, batch=batch,
+        keys=tuple(table.keys), epoch=epoch, chunk=chunk, batch=batch,
     )
+
+
+_POOL_MIN = 1 << 20  # smaller batches are cheap to allocate
+_POOL_KEEP = 4  # buffers kept per size class: the batches a consumer holds at once, and one more
+
+
+def _batch_buffer(n: int) -> np.ndarray:
+    """``n`` bytes for a batch packed in this process: from a pool of buffers (one pool per
+    power-of-two size class), reused only once nothing refers to a batch made in it
+    (:class:`~gpupipe.storage.buffers.BufferPool`). A fresh 6 MB buffer per batch of 256 cost
+    ~3 us of page faults per sample (docs/benchmarks.md, "Host path (issue 28)")."""
+    if n < _POOL_MIN:
+        return np.empty(n, dtype=np.uint8)
+    return BufferPool.shared(1 << (n - 1).bit_length(), _POOL_KEEP).take(n)
+
+
+def _shared_bytes(n: int) -> torch.Tensor:
+    """``n`` uint8 in a new shared-memory storage. ``share_memory_()`` on a fresh tensor first
+    allocates private memory and then copies it into the shared segment: ~30 us of CPU per
+    23 KB sample against ~4 us for a storage made shared (docs/benchmarks.md, "Host path
+    (issue 28)"). ``UntypedStorage._new_shared`` is how torch's own multiprocessing makes one;
+    on a torch without it, the copy it is."""
+    try:
+        storage = torch.UntypedStorage._new_shared(n)
+    except (AttributeError, TypeError, RuntimeError):
+        return torch.empty(n, dtype=torch.uint8).share_memory_()
+    return torch.empty(0, dtype=torch.uint8).set_(storage)

@@ -21,17 +21,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
+from gpupipe.formats.tarscan import scan_span
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import FetchConfig, Fetcher, ObjectVersion
-from gpupipe.stream.batch import IMAGE_EXTENSIONS, image_field, label_of
+from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, SampleTable, image_field, label_of
 from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
 
 __all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards"]
@@ -145,9 +146,11 @@ def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRang
     return span
 
 
-def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog) -> list[Sample]:
+def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog) -> SampleTable:
     """The span's samples, each checked; with ``skip``, bad and unreadable ones become
     placeholders (so the count never changes)."""
+    if span.table is not None:  # scanned and checked whole
+        return replace(span.table, sample_ids=span.table.sample_ids + first_id)
     out: list[Sample] = []
     for i, s in enumerate(span.samples):
         try:
@@ -160,13 +163,14 @@ def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, ski
             key = s.key if s is not None else f"{url}#{i}"
             skips.add(key if s is None else f"{url}#{key}", getattr(exc, "reason", str(exc)))
             out.append(_placeholder(url, key, first_id + i))
-    return out
+    return SampleTable.from_samples(out, [True] * len(out))
 
 
 def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: int, chunks: Sequence[Chunk],
                 *, on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None
-                ) -> Iterator[tuple[Chunk, list[Sample], np.ndarray]]:
-    """For each chunk: its remaining samples in delivery order and their valid flags."""
+                ) -> Iterator[tuple[Chunk, SampleTable]]:
+    """For each chunk: its remaining samples in delivery order (padding and placeholders
+    not valid)."""
     assert source.manifest is not None, "iter_chunks needs a manifest"
     skips = skips if skips is not None else SkipLog()
     first_ids = spec.first_ids
@@ -184,17 +188,15 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
         if first is None:
             return
         chunk, chunk_spans_ = planned.popleft()
-        samples: list[Sample] = []
-        valid: list[bool] = []
+        tables: list[SampleTable] = []
         for s, span in zip(chunk_spans_, [first] + [next(read) for _ in chunk_spans_[1:]]):
             url = source.shard_urls[s.shard]
             # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
             got = _deliver(span, url, int(first_ids[s.shard]) + s.start, on_error if s.valid else ErrorPolicy.SKIP,
                            skips if s.valid else SkipLog())
-            samples += got
-            valid += [s.valid and bool(x.fields) for x in got]
+            tables.append(got if s.valid else replace(got, valid=np.zeros(len(got), dtype=bool)))
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
-        yield chunk, [samples[i] for i in order], np.asarray(valid, dtype=bool)[order]
+        yield chunk, SampleTable.concat(tables).take(order)
 
 
 def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) -> Iterator[ReadSpan]:
@@ -211,12 +213,31 @@ def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) 
             a, b = entries[s.shard].byte_range(s.start, s.stop)
             yield ByteRange(source.shard_urls[s.shard], a, b), source.unit_version(s.shard)
 
-    for blocks in fetcher.read_many(ranges()):
+    for blocks in fetcher.read_many(ranges(), reuse=True):
         s = pending.popleft()
         entry, url = entries[s.shard], source.shard_urls[s.shard]
         crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
+        offsets = entry.offsets[s.start:s.stop + 1]
+        scanned = None if isinstance(blocks, GpupipeError) else _scanned(blocks, offsets, crcs)
+        if scanned is not None:
+            yield ReadSpan([], {}, scanned)
+            continue
         yield _read_span(fetcher, blocks, ByteRange(url, *entry.byte_range(s.start, s.stop)),
-                         source.unit_version(s.shard), entry.offsets[s.start:s.stop + 1], crcs)
+                         source.unit_version(s.shard), offsets, crcs)
+
+
+def _scanned(blocks: list, offsets: np.ndarray, crcs: np.ndarray | None) -> SampleTable | None:
+    """The span's samples from the vectorized scan (:func:`~gpupipe.formats.tarscan.scan_span`),
+    when it takes the span and every sample matches its manifest checksum; else ``None``, and
+    the span is read by the streaming reader, which finds, re-reads and reports what is wrong.
+    The blocks are not joined: each image is copied once, into its batch."""
+    got = scan_span(blocks, offsets - offsets[0], image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS)
+    if got is None or (crcs is not None and not np.array_equal(got.crcs, crcs)):
+        return None
+    n = len(got.keys)
+    return SampleTable(buffers=tuple(got.buffers), buffer=got.image_buffer, start=got.image_start,
+                       size=got.image_size, labels=got.labels, sample_ids=np.arange(n, dtype=np.int64),
+                       keys=got.keys, valid=np.ones(n, dtype=bool))
 
 
 _READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from gpupipe.core.checksum import crc32
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.folder import object_sample
@@ -37,6 +37,7 @@ from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.plan import Span
 from gpupipe.storage.fetch import Fetcher, ObjectVersion
 from gpupipe.storage.objects import fetch_objects, read_object_fresh
+from gpupipe.stream.batch import SampleTable
 
 __all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
 
@@ -47,10 +48,13 @@ _FOOTERS_KEPT = 64  # parsed Parquet footers a worker keeps (LRU)
 @dataclass
 class ReadSpan:
     """One planned span, read: one entry per expected sample (``None`` where unreadable)
-    and, by index, why a sample is missing or failed its checksum."""
+    and, by index, why a sample is missing or failed its checksum. A span read whole and
+    checked by the vectorized tar scan comes as ``table`` instead (``samples`` empty; its
+    sample ids count from 0 within the span)."""
 
     samples: list[Sample | None]
     problems: dict[int, GpupipeError]
+    table: SampleTable | None = None
 
 
 # ------------------------------------------------------------------------------- folders
@@ -73,7 +77,7 @@ def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError
     for attempt in range(fetcher.config.refetch + 1):
         if isinstance(got, StorageError):
             return ReadSpan([None], {0: got})
-        if expected is None or zlib.crc32(got) == expected:
+        if expected is None or crc32(got) == expected:
             try:
                 return ReadSpan([object_sample(name, got, int(table.labels[i]), url)], {})
             except ShardFormatError as exc:  # an empty file
@@ -171,7 +175,7 @@ def _check_crc(table, g: int, parts: list[bytes], url: str) -> None:
         return
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = crc32(p, crc)
     if crc != int(table.crc32[g]):
         raise ShardFormatError(f"row group {int(table.index[g])} fails its checksum (damaged in transit on every "
                                "read, or the file changed after index.json was written: rerun `gpupipe index`)",

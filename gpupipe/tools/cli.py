@@ -19,6 +19,7 @@ Usage::
     gpupipe bench CONFIG.yaml... | SOURCE [--compare baseline,webdataset,dali] [--workers 0,1,2]
                   [--batches N] [--repeat R] [--json [PATH]] [--plot PNG]   (gpupipe/tools/bench/cli.py)
     gpupipe bench --make-data paper|imagenet --images N --root DIR
+    gpupipe bench SOURCE --stage host [--workers N] [--repeat R]    (the host path alone, beside DALI's reader)
 
 Each subcommand is an entry of ``_COMMANDS``: ``name -> (help, add_arguments, run)``, where
 ``add_arguments(parser)`` declares its options and ``run(args) -> int`` does the work and

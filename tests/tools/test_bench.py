@@ -343,3 +343,26 @@ def test_single_run_options_with_a_config_are_refused_not_ignored(tiny_data: Pat
     assert main(["bench", str(tiny_data / "shards") + "/", "--repeat", "1", *extra]) == 2
     _one_line_error(capsys, extra[0], "--compare, --plot, --batches, --repeat")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_host_stage_times_the_host_path_beside_dalis_reader(tiny_data: Path, tmp_path: Path, capsys):
+    out = tmp_path / "host.json"
+    code = main(["bench", str(tiny_data / "shards"), "--stage", "host", "--repeat", "2", "--batches", "3",
+                 "--batch-size", "4", "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "us/sample" in printed and "cores per 25,000 img/s" in printed
+    doc = json.loads(out.read_text())
+    results = doc["results"]
+    assert list(results)[0] == "gpupipe w=0" and (len(results) == 2) == HAS_DALI
+    for r in results.values():
+        assert len(r["runs"]) == 2 and r["samples_per_s"] > 0 and r["cpu_us_per_sample"] > 0
+        assert r["samples_per_s_min"] <= r["samples_per_s"] <= r["samples_per_s_max"]
+    assert ("per_core_vs_dali" in doc) == HAS_DALI and doc["meta"]["environment"]["cores"] >= 1
+
+
+def test_host_stage_takes_one_source(tiny_data: Path, tmp_path: Path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("source: {train: x}\n")
+    assert main(["bench", str(cfg), "--stage", "host"]) == 2
+    assert "one SOURCE" in capsys.readouterr().err

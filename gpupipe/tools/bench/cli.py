@@ -4,6 +4,7 @@
                   [--workers 0,1,2] [--batches N] [--repeat R] [--json out.json] [--plot out.png]
     gpupipe bench SHARDS --augment simple,complex --image-size 128 --batch-size 128 [same options]
     gpupipe bench --make-data paper|imagenet --images N --root DIR [--seed S]
+    gpupipe bench SOURCE --stage host [--workers N] [--repeat R] [--batches N] [--json out.json]
 
 A positional argument ending in ``.yaml``/``.yml`` is a pipeline config (its train
 source, decode size, augment list and batch size); anything else is a shard folder or
@@ -63,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the baselines' per-sample transforms (auto: torchvision where importable)")
     p.add_argument("--images-dir", default=None, metavar="DIR",
                    help="the baseline's image folder (default: images/ beside the shard folder, else tar members)")
+    p.add_argument("--stage", choices=["pipeline", "host"], default="pipeline",
+                   help="host: time only the host path (shards to encoded batches, nothing decoded) beside DALI's "
+                        "reader on the same shards, with CPU time per sample, to size the cores a GPU needs")
     p.add_argument("--make-data", choices=["paper", "imagenet"], default=None,
                    help="generate a dead-leaves dataset (images/ + shards/ under --root) and exit")
     p.add_argument("--images", type=int, default=None, help="--make-data: number of images")
@@ -83,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return _make_data(args)
     if not args.targets:
         raise ConfigError("bench: give a CONFIG.yaml or a SOURCE (or --make-data paper|imagenet)")
+    if args.stage == "host":
+        return _host(args)
     configs = [t for t in args.targets if t.endswith((".yaml", ".yml"))]
     if configs and len(configs) != len(args.targets):
         raise ConfigError("bench: give either config files (.yaml) or one SOURCE, not both")
@@ -101,6 +107,24 @@ def run(args: argparse.Namespace) -> int:
                           f"{'a config' if configs else '--compare, --plot, --batches, --repeat or several --workers'}"
                           " bench compares loaders instead. Give the config's shard folder as the SOURCE")
     return _compare(args, configs)
+
+
+def _host(args: argparse.Namespace) -> int:
+    from gpupipe.tools.bench.host import print_host, run_host
+    from gpupipe.tools.bench.measure import environment
+
+    result = run_host(args)
+    result["meta"] = {"command": "gpupipe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
+                      "environment": environment()}
+    if args.json == "-":
+        print(json.dumps(result, indent=2))
+        return 0
+    print_host(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _make_data(args: argparse.Namespace) -> int:
