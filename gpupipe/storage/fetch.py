@@ -267,16 +267,22 @@ class Fetcher:
         however many threads ask at the same time) and put there."""
         assert self._cache is not None, "read() checked it"
         key = BlockCache.key(url, tag, a, b)
-        while True:
+        done = None
+        while done is None:
             hit = self._cache.get(key)
             if hit is not None and len(hit) == b - a:
                 with self._lock:
                     self.stats.cache_hits += 1
                 return hit
             done = self._claim(key)
-            if done is not None:
-                break
         try:
+            # Claimed; but another thread may have put the block between this thread's miss and
+            # its claim (seen under load: a block of the same grid fetched twice). Look once more.
+            hit = self._cache.get(key)
+            if hit is not None and len(hit) == b - a:
+                with self._lock:
+                    self.stats.cache_hits += 1
+                return hit
             data = self._retrying(url, lambda: self._read_once(url, a, b))
             try:
                 self._cache.put(key, data)

@@ -333,3 +333,23 @@ def test_cache_never_holds_more_than_the_data(tmp_path):
     for _ in range(4):
         assert len(delivered(ld)) == N
     assert cache_size(tmp_path / "cache") <= data
+
+
+def test_a_block_put_between_a_miss_and_the_claim_is_not_fetched_again(tmp_path):
+    """The interleaving the fixed-grid test met under load: this thread misses the cache, the
+    thread that was fetching the block puts it and lets go of its claim, then this thread
+    claims. It must find the block in the cache, not fetch it a second time."""
+    data = os.urandom(8192)
+    (tmp_path / "shard").write_bytes(data)
+    url, v = str(tmp_path / "shard"), ObjectVersion("sha256:y", 8192)
+    fetcher = Fetcher.for_url(str(tmp_path), None, FetchConfig(cache_dir=str(tmp_path / "c"), block_bytes=4096))
+    claim = fetcher._claim
+
+    def other_thread_finishes_first(key):
+        fetcher._cache.put(key, data[:4096])  # what the other thread fetched, then released
+        return claim(key)
+
+    fetcher._claim = other_thread_finishes_first
+    assert fetcher.read(ByteRange(url, 0, 4096), version=v) == data[:4096]
+    assert (fetcher.stats.requests, fetcher.stats.cache_hits) == (0, 1)
+    fetcher.close()
