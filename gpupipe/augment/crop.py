@@ -237,6 +237,13 @@ class RandomCrop(_Crop):
         batch = torch.arange(images.shape[0], device=images.device).view(-1, 1, 1)
         return images[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (B, h, w, C) → (B, C, h, w)
 
+    def apply_targets(self, targets, params, in_hw):
+        """Boxes and masks as the images; boxes refuse a padding that is not "constant", as
+        torchvision's ``pad`` does (the mirrored content has no boxes)."""
+        if targets.boxes is not None and self.samples_outside and self.padding_mode != "constant":
+            raise ValueError(f"Padding mode '{self.padding_mode}' is not supported with bounding boxes")
+        return super().apply_targets(targets, params, in_hw)
+
     def transform_masks(self, masks, params, in_hw):
         if self.fusable:
             return super().transform_masks(masks, params, in_hw)
