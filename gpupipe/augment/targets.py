@@ -84,12 +84,18 @@ def check_targets(targets: Targets, images: torch.Tensor) -> None:
         raise ValueError(f"masks should be (B, H, W) = {(B, H, W)} for these images, got {tuple(targets.masks.shape)}")
 
 
+def _exact_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the corner arithmetic, float32 where the device has no float64 (MPS)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def _edge_frame(matrix: torch.Tensor) -> torch.Tensor:
-    """The (B, 3, 3) pixel-centre homographies as maps of pixel-edge coordinates, in float64."""
-    m = matrix.to(torch.float64)
-    to_centres = torch.eye(3, dtype=torch.float64, device=m.device)
+    """The (B, 3, 3) pixel-centre homographies as maps of pixel-edge coordinates."""
+    dtype = _exact_dtype(matrix.device)
+    m = matrix.to(dtype)
+    to_centres = torch.eye(3, dtype=dtype, device=m.device)
     to_centres[:2, 2] = -0.5
-    to_edges = torch.eye(3, dtype=torch.float64, device=m.device)
+    to_edges = torch.eye(3, dtype=dtype, device=m.device)
     to_edges[:2, 2] = 0.5
     return to_edges @ m @ to_centres
 
@@ -98,19 +104,19 @@ def move_boxes(boxes: Boxes, matrix: torch.Tensor, out_hw: HW) -> Boxes:
     """``boxes`` through each image's (B, 3, 3) input→output pixel-centre homography: the
     box around the four moved corners, clamped to the ``out_hw`` canvas (torchvision's
     affine / perspective rule for boxes; exact for flips, crops and resizes, whose boxes stay
-    boxes). Computed in float64, returned in the boxes' dtype."""
+    boxes). Computed in float64 (float32 on MPS), returned in the boxes' dtype."""
     b = boxes.boxes
     if b.shape[0] == 0:
         return boxes
     m = _edge_frame(matrix.to(b.device))[boxes.image_index]  # (N, 3, 3)
-    x1, y1, x2, y2 = b.to(torch.float64).unbind(-1)
+    x1, y1, x2, y2 = b.to(m.dtype).unbind(-1)
     xs, ys = torch.stack([x1, x2, x2, x1], -1), torch.stack([y1, y1, y2, y2], -1)  # (N, 4) corners
     ones = torch.ones_like(xs)
     points = torch.stack([xs, ys, ones], -1) @ m.transpose(1, 2)  # (N, 4, 3)
     xy = points[..., :2] / points[..., 2:]
     low, high = xy.amin(dim=1), xy.amax(dim=1)
     h, w = out_hw
-    limit = torch.tensor([w, h], dtype=torch.float64, device=b.device)
+    limit = torch.tensor([w, h], dtype=m.dtype, device=b.device)
     out = torch.cat([low.clamp(min=0).minimum(limit), high.clamp(min=0).minimum(limit)], -1)
     return replace(boxes, boxes=out.to(b.dtype))
 
