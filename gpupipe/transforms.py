@@ -41,6 +41,7 @@ from gpupipe.augment.geometry import (
 from gpupipe.augment.mix import CutMix, MixUp
 from gpupipe.augment.presets import IMAGENET_MEAN, IMAGENET_STD, PRESETS
 from gpupipe.augment.registry import build_transform, transform_class
+from gpupipe.augment.targets import Boxes, SanitizeBoundingBoxes, Targets, pack_targets, unpack_targets
 
 __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",
            "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective",
@@ -48,7 +49,7 @@ __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop
            "ToTensor", "RepeatChannels", "RandomApply", "RandomChoice", "RandomOrder", "MixUp", "CutMix",
            "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix",
            "from_torchvision", "TORCHVISION", "SUPPORTED", "simple_set", "complex_set", "IMAGENET_MEAN",
-           "IMAGENET_STD"]
+           "IMAGENET_STD", "Boxes", "Targets", "SanitizeBoundingBoxes", "pack_targets", "unpack_targets"]
 
 def simple_set(dtype=None) -> Compose:
     """The docs' simple set after a decode to the output size (uint8): RandomAffine(20),

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar, cast, overload
+from typing import TYPE_CHECKING, TypeVar, cast, overload
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from .targets import Targets
 
 __all__ = ["AugKey", "Transform", "TransformList", "check_probability", "check_dtype"]
 
@@ -45,7 +48,14 @@ class Transform(nn.Module):
     ``model.apply(init_weights)``, which calls ``apply(fn)`` on every submodule.
 
     Shape: (B, C, H, W) in, (B, C, h, w) out; dtypes as each subclass documents.
+
+    Targets (boxes, masks: :mod:`gpupipe.augment.targets`) move through
+    ``apply_targets(targets, params, in_hw)`` with the parameters the images got; a
+    transform that leaves them alone (colour, blur, erasing) says so with
+    ``keeps_targets = True``, and one that neither moves nor keeps them raises.
     """
+
+    keeps_targets = False
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {}
@@ -81,8 +91,25 @@ class Transform(nn.Module):
         ``apply`` unless a transform's ``transform`` is itself an optimised path."""
         return self.apply(images, params)
 
-    def forward(self, images: torch.Tensor, key: AugKey) -> torch.Tensor:
-        return self.apply(images, self.make_params(images, key))
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: tuple[int, int]) -> Targets:
+        """``targets`` of (B, C, *in_hw) images moved as :meth:`apply` moves the images with
+        ``params``; the same targets where this transform ``keeps_targets``."""
+        if self.keeps_targets:
+            return targets
+        raise NotImplementedError(f"{type(self).__name__} does not move boxes or masks yet; "
+                                  "call it on the images alone (without targets=)")
+
+    def forward(self, images: torch.Tensor, key: AugKey, targets: Targets | None = None):
+        """The transformed images; with ``targets`` (:class:`~gpupipe.augment.targets.Targets`
+        of these images), ``(images, targets)`` both moved with the same parameters."""
+        params = self.make_params(images, key)
+        if targets is None:
+            return self.apply(images, params)
+        from .targets import check_targets
+
+        in_hw = (int(images.shape[-2]), int(images.shape[-1]))
+        check_targets(targets, images)
+        return self.apply(images, params), self.apply_targets(targets, params, in_hw)
 
 
 class TransformList(nn.ModuleList):

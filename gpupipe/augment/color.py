@@ -189,6 +189,8 @@ class Grayscale(Transform):
     """(B, 3, H, W) → (B, n, H, W), n = ``num_output_channels`` in {1, 3}; torchvision's
     weights; uint8 stays uint8 (the luma truncated, as torchvision's)."""
 
+    keeps_targets = True  # colour: boxes and masks stay
+
     def __init__(self, num_output_channels: int = 1) -> None:
         super().__init__()
         if num_output_channels not in (1, 3):

@@ -110,6 +110,7 @@ class PointwiseTransform(Transform):
     ones where ``fusable`` is true; ``apply`` stays the op's own (reference) path."""
 
     fusable = True
+    keeps_targets = True  # colour: boxes and masks stay
 
     def steps(self, params: dict[str, torch.Tensor], spec: Spec) -> tuple[list[Step], Spec]:
         """The steps doing this transform on a ``spec`` input, and the output's spec.

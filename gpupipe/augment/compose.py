@@ -40,8 +40,11 @@ import torch
 from .base import AugKey, Transform, TransformList
 from .colorfuse import PointwiseTransform, Spec, run_steps
 from .geometry import GeometricTransform, warp
+from .targets import Targets
 
 __all__ = ["Compose"]
+
+HW = tuple[int, int]
 
 
 def _placeholder(like: torch.Tensor, hw: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -132,6 +135,15 @@ class Compose(Transform):
                 holds = images.dtype
         return images.to(holds)
 
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        """Each child's ``apply_targets`` in turn, fused or not: torchvision's sequential rule
+        (a box is re-enclosed and clamped after every op, a mask resampled nearest by every
+        op), which a fused run's image follows within its interpolation rounding."""
+        for i, t in enumerate(self.transforms):
+            targets = t.apply_targets(targets, self._child_params(params, i), in_hw)
+            in_hw = t.output_size(in_hw)
+        return targets
+
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """One child after another, each by its ``apply_reference``."""
         self.output_dtype(images.dtype)
@@ -171,8 +183,6 @@ class Compose(Transform):
         return warp(images, matrix, hw, padding, interpolation, fill, all(t.affine for t, _ in members),
                     keep_float=keep_float)
 
-
-HW = tuple[int, int]
 
 
 def _kind(t: Transform, hw: HW) -> str | None:

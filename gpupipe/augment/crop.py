@@ -101,6 +101,16 @@ class Resize(GeometricTransform):
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         return resample.resize(images, self.output_size(in_hw), self.interpolation or "bilinear", self.antialias)
 
+    def transform_masks(self, masks, params, in_hw):
+        """torchvision's ``resize_mask``: ``F.interpolate`` nearest (nearest-exact if that is the
+        images' mode), whatever the images' interpolation."""
+        return resample.resize(masks[:, None], self.output_size(in_hw), _mask_mode(self.interpolation), False)[:, 0]
+
+
+def _mask_mode(interpolation: str | None) -> str:
+    """The mode torchvision resizes a mask with: nearest, or nearest-exact where asked."""
+    return "nearest-exact" if interpolation == "nearest-exact" else "nearest"
+
 
 def _warp_resizes(interpolation: str | None, antialias: bool, box_hw: tuple[float, float], out_hw: HW) -> bool:
     """Whether a bilinear warp resizes a ``box_hw`` region to ``out_hw`` as torchvision's
@@ -227,6 +237,18 @@ class RandomCrop(_Crop):
         batch = torch.arange(images.shape[0], device=images.device).view(-1, 1, 1)
         return images[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (B, h, w, C) → (B, C, h, w)
 
+    def apply_targets(self, targets, params, in_hw):
+        """Boxes and masks as the images; boxes refuse a padding that is not "constant", as
+        torchvision's ``pad`` does (the mirrored content has no boxes)."""
+        if targets.boxes is not None and self.samples_outside and self.padding_mode != "constant":
+            raise ValueError(f"Padding mode '{self.padding_mode}' is not supported with bounding boxes")
+        return super().apply_targets(targets, params, in_hw)
+
+    def transform_masks(self, masks, params, in_hw):
+        if self.fusable:
+            return super().transform_masks(masks, params, in_hw)
+        return self.transform(masks[:, None], params)[:, 0]  # "symmetric": the exact gather
+
 
 def _symmetric(start: torch.Tensor, length: int, size: int, device) -> torch.Tensor:
     """(B, length) indices ``start + i`` mirrored into [0, size) with the edge pixel
@@ -268,6 +290,10 @@ class RandomResizedCrop(GeometricTransform):
     def transform(self, images, params):
         return resample.resized_crop(images, params["top"], params["left"], params["height"], params["width"],
                                      self.size, self.interpolation or "bilinear", self.antialias)
+
+    def transform_masks(self, masks, params, in_hw):
+        return resample.resized_crop(masks[:, None], params["top"], params["left"], params["height"], params["width"],
+                                     self.size, _mask_mode(self.interpolation), False)[:, 0]
 
     def output_size(self, in_hw):
         return self.size

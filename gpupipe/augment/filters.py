@@ -25,6 +25,8 @@ class GaussianBlur(Transform):
     on the host to check it, a device sync). uint8 in → uint8 out, rounded (torchvision's).
     """
 
+    keeps_targets = True  # a blur: boxes and masks stay
+
     def __init__(self, kernel_size, sigma=(0.1, 2.0)) -> None:
         super().__init__()
         ks = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
@@ -68,6 +70,8 @@ class RandomErasing(Transform):
     wins, none fitting means no erase. Any float dtype and range (usually after Normalize),
     or uint8 (the value cast to uint8; ``"random"`` noise clamped to 0-255).
     """
+
+    keeps_targets = True  # torchvision's RandomErasing passes boxes and masks through
 
     def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace: bool = False) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import AugKey, Transform
+from .targets import Targets, move_boxes, move_masks
 
 __all__ = ["HW", "GeometricTransform", "warp", "sampling_grid", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
            "check_fill", "INTERPOLATIONS", "RESIZE_INTERPOLATIONS"]
@@ -346,6 +347,20 @@ class GeometricTransform(Transform):
         mode = self.warp_padding if self.samples_outside else "border"
         return warp(images, self.matrix(params, in_hw), self.output_size(in_hw), mode,
                     self.interpolation or "bilinear", self.fill, self.affine)
+
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        """Boxes and masks through this sample's matrix (:func:`~gpupipe.augment.targets.move_boxes`,
+        :meth:`transform_masks`), to the output canvas."""
+        matrix, out_hw = self.matrix(params, in_hw), self.output_size(in_hw)
+        boxes = None if targets.boxes is None else move_boxes(targets.boxes, matrix, out_hw)
+        masks = None if targets.masks is None else self.transform_masks(targets.masks, params, in_hw)
+        return Targets(boxes, masks)
+
+    def transform_masks(self, masks: torch.Tensor, params: dict[str, torch.Tensor], in_hw: HW) -> torch.Tensor:
+        """(B, H, W) label maps warped nearest-neighbour with the images' matrix, padded as the
+        images are (a fill: its value where it is one number, else 0). Shape: → (B, h, w)."""
+        padding = self.warp_padding if self.samples_outside else "border"
+        return move_masks(masks, self.matrix(params, in_hw), self.output_size(in_hw), padding, self.fill, self.affine)
 
     def set_fill(self, fill, blend: bool = False) -> None:
         """torchvision's ``fill`` for the area outside the input: 0 is Kornia's zeros.

@@ -1,0 +1,225 @@
+"""Detection and segmentation targets that travel with a batch: boxes packed in one tensor
+with per-image counts, a (B, H, W) mask, and the functions that move them through a
+geometric transform's per-sample 3×3 matrix (:mod:`gpupipe.augment.warp`).
+
+Boxes are absolute ``xyxy`` in torchvision's frame: pixel *edges*, an image of width ``W``
+spans ``[0, W]``. The warp's matrices work on pixel *centres* (``[-0.5, W - 0.5]``), so a box
+is moved by ``shift(+0.5) · M · shift(-0.5)``. As torchvision does for every box format, the
+four corners are moved, the box around them kept (a rotated box grows to enclose its
+rotated corners) and clamped to the output canvas ``[0, w] × [0, h]``.
+
+Masks are one label map per image, (B, H, W) uint8, moved by nearest-neighbour sampling
+only (torchvision's ``Mask`` rule), so no label is ever blended with another.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .base import Transform
+
+__all__ = ["Boxes", "Targets", "check_targets", "move_boxes", "move_masks", "sanitize_boxes", "SanitizeBoundingBoxes", "pack_targets",
+           "unpack_targets"]
+
+HW = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """The boxes of a batch of B images, packed: ``boxes`` (N, 4) float xyxy in absolute
+    pixels, ``labels`` (N,) int64, ``counts`` (B,) int64 — image i owns the ``counts[i]``
+    rows after ``offsets[i]``. An image without boxes has count 0."""
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    counts: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.boxes.ndim != 2 or self.boxes.shape[-1] != 4:
+            raise ValueError(f"boxes should be (N, 4) xyxy, got shape {tuple(self.boxes.shape)}")
+        if not self.boxes.is_floating_point():
+            raise TypeError(f"boxes should be a float tensor, got {self.boxes.dtype}; convert with .float()")
+        if self.labels.shape != self.boxes.shape[:1]:
+            raise ValueError(f"labels should be ({self.boxes.shape[0]},), one per box, got {tuple(self.labels.shape)}")
+        if self.counts.ndim != 1:
+            raise ValueError(f"counts should be (B,), got shape {tuple(self.counts.shape)}")
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """(B,) int64: the first row of each image's boxes."""
+        return torch.cumsum(self.counts, 0) - self.counts
+
+    @property
+    def image_index(self) -> torch.Tensor:
+        """(N,) int64: the image each box belongs to (no device sync: N is known)."""
+        batch = torch.arange(self.counts.shape[0], device=self.counts.device)
+        return torch.repeat_interleave(batch, self.counts, output_size=self.boxes.shape[0])
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What moves with a batch of images: ``boxes`` (:class:`Boxes`) and ``masks`` (B, H, W)
+    uint8 label maps of the images' size; either may be None."""
+
+    boxes: Boxes | None = None
+    masks: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.masks is not None and self.masks.ndim != 3:
+            raise ValueError(f"masks should be (B, H, W), one label map per image, got shape {tuple(self.masks.shape)}")
+
+
+def check_targets(targets: Targets, images: torch.Tensor) -> None:
+    """Raise unless ``targets`` belong to the (B, C, H, W) ``images``: B counts, (B, H, W) masks."""
+    if not isinstance(targets, Targets):
+        raise TypeError(f"targets should be gpupipe.augment.targets.Targets, got {type(targets).__name__}; "
+                        "build them with pack_targets(list_of_dicts)")
+    B, H, W = int(images.shape[0]), int(images.shape[-2]), int(images.shape[-1])
+    if targets.boxes is not None and targets.boxes.counts.shape[0] != B:
+        raise ValueError(f"boxes have counts for {targets.boxes.counts.shape[0]} images, the batch has {B}")
+    if targets.masks is not None and tuple(targets.masks.shape) != (B, H, W):
+        raise ValueError(f"masks should be (B, H, W) = {(B, H, W)} for these images, got {tuple(targets.masks.shape)}")
+
+
+def _exact_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the corner arithmetic, float32 where the device has no float64 (MPS)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _edge_frame(matrix: torch.Tensor) -> torch.Tensor:
+    """The (B, 3, 3) pixel-centre homographies as maps of pixel-edge coordinates."""
+    dtype = _exact_dtype(matrix.device)
+    m = matrix.to(dtype)
+    to_centres = torch.eye(3, dtype=dtype, device=m.device)
+    to_centres[:2, 2] = -0.5
+    to_edges = torch.eye(3, dtype=dtype, device=m.device)
+    to_edges[:2, 2] = 0.5
+    return to_edges @ m @ to_centres
+
+
+def move_boxes(boxes: Boxes, matrix: torch.Tensor, out_hw: HW) -> Boxes:
+    """``boxes`` through each image's (B, 3, 3) input→output pixel-centre homography: the
+    box around the four moved corners, clamped to the ``out_hw`` canvas (torchvision's
+    affine / perspective rule for boxes; exact for flips, crops and resizes, whose boxes stay
+    boxes). Computed in float64 (float32 on MPS), returned in the boxes' dtype."""
+    b = boxes.boxes
+    if b.shape[0] == 0:
+        return boxes
+    m = _edge_frame(matrix.to(b.device))[boxes.image_index]  # (N, 3, 3)
+    x1, y1, x2, y2 = b.to(m.dtype).unbind(-1)
+    xs, ys = torch.stack([x1, x2, x2, x1], -1), torch.stack([y1, y1, y2, y2], -1)  # (N, 4) corners
+    ones = torch.ones_like(xs)
+    points = torch.stack([xs, ys, ones], -1) @ m.transpose(1, 2)  # (N, 4, 3)
+    xy = points[..., :2] / points[..., 2:]
+    low, high = xy.amin(dim=1), xy.amax(dim=1)
+    h, w = out_hw
+    limit = torch.tensor([w, h], dtype=m.dtype, device=b.device)
+    out = torch.cat([low.clamp(min=0).minimum(limit), high.clamp(min=0).minimum(limit)], -1)
+    return replace(boxes, boxes=out.to(b.dtype))
+
+
+def move_masks(masks: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding: str = "zeros",
+               fill: tuple[float, ...] | None = None, affine: bool = True) -> torch.Tensor:
+    """(B, H, W) label maps through the (B, 3, 3) homographies, nearest-neighbour (no label is
+    blended), the area outside the input ``padding`` ("zeros", "border", "reflection") or
+    ``fill``: one value, or "zeros" for a per-channel image fill. Shape: → (B, *out_hw)."""
+    from .warp import warp
+
+    if padding in ("blend", "fill"):
+        value = fill[0] if fill is not None and len(fill) == 1 else 0.0
+        padding, fill = ("zeros", None) if value == 0 else ("fill", (value,))
+    return warp(masks[:, None], matrix, out_hw, padding, "nearest", fill, affine)[:, 0]
+
+
+def sanitize_boxes(boxes: Boxes, canvas_hw: HW, min_size: float = 1.0, min_area: float = 1.0) -> Boxes:
+    """torchvision's ``SanitizeBoundingBoxes`` rule on packed boxes: keep a box whose width and
+    height are ≥ ``min_size``, area ≥ ``min_area``, coordinates ≥ 0 and within the canvas;
+    its label goes with it and the counts follow. The result's size depends on the data (one
+    device sync on CUDA, as any filter)."""
+    b = boxes.boxes
+    ws, hs = b[:, 2] - b[:, 0], b[:, 3] - b[:, 1]
+    h, w = canvas_hw
+    valid = (ws >= min_size) & (hs >= min_size) & (ws * hs >= min_area) & (b >= 0).all(dim=-1)
+    valid &= (b[:, 0] <= w) & (b[:, 2] <= w) & (b[:, 1] <= h) & (b[:, 3] <= h)
+    counts = torch.zeros_like(boxes.counts).index_add_(0, boxes.image_index, valid.to(boxes.counts.dtype))
+    return Boxes(b[valid], boxes.labels[valid], counts)
+
+
+class SanitizeBoundingBoxes(Transform):
+    """torchvision ``SanitizeBoundingBoxes(min_size=1, min_area=1)``: removes degenerate boxes
+    and their labels (:func:`sanitize_boxes`); images and masks pass unchanged. Labels are
+    always the packed ``Boxes.labels`` (torchvision's ``labels_getter`` has nothing to find)."""
+
+    def __init__(self, min_size: float = 1.0, min_area: float = 1.0) -> None:
+        super().__init__()
+        if min_size < 1:
+            raise ValueError(f"min_size must be >= 1, got {min_size}.")
+        if min_area < 1:
+            raise ValueError(f"min_area must be >= 1, got {min_area}.")
+        self.min_size, self.min_area = float(min_size), float(min_area)
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return images
+
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        if targets.boxes is None:
+            return targets
+        return replace(targets, boxes=sanitize_boxes(targets.boxes, in_hw, self.min_size, self.min_area))
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    """A tv_tensor as a plain tensor (torchvision's subclasses would re-wrap every result)."""
+    return x.as_subclass(torch.Tensor) if type(x) is not torch.Tensor else x
+
+
+def pack_targets(targets: Sequence[Mapping[str, Any]], device: torch.device | str | None = None) -> Targets:
+    """torchvision's per-image targets — a list of dicts with ``"boxes"`` ((n, 4) xyxy: a
+    plain tensor or ``tv_tensors.BoundingBoxes`` in XYXY format), ``"labels"`` ((n,)) and
+    ``"masks"`` ((H, W) or (1, H, W)), each key optional but the same in every dict — packed
+    into :class:`Targets` (one concatenation: done once, off the hot path)."""
+    if not targets:
+        raise ValueError("targets should hold one dict per image, got none")
+    keys = set(targets[0])
+    if any(set(t) != keys for t in targets):
+        raise ValueError(f"every image's targets should have the same keys, got {[sorted(t) for t in targets]}")
+    boxes = masks = None
+    if "boxes" in keys:
+        per_image = []
+        for i, t in enumerate(targets):
+            fmt = getattr(t["boxes"], "format", None)
+            if fmt is not None and getattr(fmt, "name", str(fmt)).upper() != "XYXY":
+                raise ValueError(f"targets[{i}]['boxes'] is in {fmt} format; convert it to XYXY first "
+                                 "(torchvision.transforms.v2.ConvertBoundingBoxFormat('XYXY'))")
+            per_image.append(_plain(t["boxes"]).reshape(-1, 4).to(device=device))
+        labels = [_plain(t["labels"]).reshape(-1).to(device=device, dtype=torch.int64) if "labels" in keys
+                  else torch.zeros(len(b), dtype=torch.int64, device=device) for t, b in zip(targets, per_image)]
+        packed = torch.cat(per_image)
+        counts = torch.tensor([len(b) for b in per_image], dtype=torch.int64, device=packed.device)
+        boxes = Boxes(packed if packed.is_floating_point() else packed.float(), torch.cat(labels).to(packed.device),
+                      counts)
+    if "masks" in keys:
+        masks = torch.stack([_plain(t["masks"]).reshape(t["masks"].shape[-2:]) for t in targets]).to(device=device)
+    return Targets(boxes, masks)
+
+
+def unpack_targets(targets: Targets) -> list[dict[str, torch.Tensor]]:
+    """:class:`Targets` as torchvision detection models take them: one dict per image with
+    ``"boxes"`` (n, 4), ``"labels"`` (n,) and ``"masks"`` (H, W), plain tensors (views)."""
+    if targets.boxes is None and targets.masks is None:
+        return []
+    n = targets.boxes.counts.shape[0] if targets.boxes is not None else targets.masks.shape[0]  # type: ignore[union-attr]
+    out: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+    if targets.boxes is not None:
+        sizes = targets.boxes.counts.tolist()
+        for d, b, lab in zip(out, targets.boxes.boxes.split(sizes), targets.boxes.labels.split(sizes)):
+            d["boxes"], d["labels"] = b, lab
+    if targets.masks is not None:
+        for d, m in zip(out, targets.masks):
+            d["masks"] = m
+    return out
