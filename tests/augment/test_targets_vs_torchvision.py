@@ -79,7 +79,7 @@ def _compare(got: Targets, want_boxes, want_masks, tie_share: float, what: str) 
     for i, (d, want) in enumerate(zip(per_image, want_boxes)):
         assert d["boxes"].shape == want.shape, (what, i, d["boxes"].shape, want.shape)
         if want.numel():
-            worst = max(worst, (d["boxes"].double() - want.double()).abs().max().item())
+            worst = max(worst, (d["boxes"].cpu().double() - want.double()).abs().max().item())
     assert got.masks is not None and got.masks.shape == want_masks.shape and got.masks.dtype == torch.uint8, what
     share = (got.masks.cpu() != want_masks).double().mean().item()
     assert worst <= BOX_TOL, f"{what}: boxes differ by up to {worst} px"
