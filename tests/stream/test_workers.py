@@ -20,8 +20,11 @@ from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, s
 
 
 class Items(Dataset):
-    """Item i is (i, the pid that made it, the objects the garbage collector has frozen there);
-    ``exit_at``: the item whose worker ends with exit code 3; ``sleep_s`` per item."""
+    """Item i is (i, the pid that made it, the objects the garbage collector has frozen there),
+    plain ints: a tensor would travel as a shared-memory file descriptor that the main process
+    fetches from the worker when it unpickles it, so a worker that exits early (``exit_at``)
+    could take an item it already sent with it (seen in CI under load: ConnectionResetError in
+    resource_sharer). ``exit_at``: the item whose worker ends with exit code 3; ``sleep_s`` per item."""
 
     def __init__(self, n: int = 10**6, sleep_s: float = 0.002, exit_at: int | None = None):
         self.n, self.sleep_s, self.exit_at = n, sleep_s, exit_at
@@ -34,7 +37,7 @@ class Items(Dataset):
             time.sleep(0.2)  # the items before it leave the worker's queue first
             os._exit(3)
         time.sleep(self.sleep_s)
-        return torch.tensor([i, os.getpid(), gc.get_freeze_count()])
+        return (i, os.getpid(), gc.get_freeze_count())
 
 
 def loader(dataset: Dataset, workers: int = 2) -> DataLoader:
