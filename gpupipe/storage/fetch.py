@@ -267,21 +267,18 @@ class Fetcher:
         however many threads ask at the same time) and put there."""
         assert self._cache is not None, "read() checked it"
         key = BlockCache.key(url, tag, a, b)
-        done = None
-        while done is None:
-            hit = self._cache.get(key)
-            if hit is not None and len(hit) == b - a:
-                with self._lock:
-                    self.stats.cache_hits += 1
+        while True:
+            hit = self._hit(key, b - a)
+            if hit is not None:
                 return hit
             done = self._claim(key)
+            if done is not None:
+                break
         try:
             # Claimed; but another thread may have put the block between this thread's miss and
             # its claim (seen under load: a block of the same grid fetched twice). Look once more.
-            hit = self._cache.get(key)
-            if hit is not None and len(hit) == b - a:
-                with self._lock:
-                    self.stats.cache_hits += 1
+            hit = self._hit(key, b - a)
+            if hit is not None:
                 return hit
             data = self._retrying(url, lambda: self._read_once(url, a, b))
             try:
@@ -296,6 +293,16 @@ class Fetcher:
             with self._lock:
                 del self._loading[key]
             done.set()
+
+    def _hit(self, key: str, size: int) -> bytes | None:
+        """Block ``key`` from the cache if it is there whole (counted as a hit), else None."""
+        assert self._cache is not None, "read() checked it"
+        hit = self._cache.get(key)
+        if hit is None or len(hit) != size:
+            return None
+        with self._lock:
+            self.stats.cache_hits += 1
+        return hit
 
     def _claim(self, key: str) -> threading.Event | None:
         """The event to set once this thread has fetched block ``key``; ``None`` after
