@@ -14,10 +14,12 @@ only (torchvision's ``Mask`` rule), so no label is ever blended with another.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
+
+from gpupipe.core.targets import Boxes, Targets
 
 from .base import Transform
 
@@ -25,51 +27,6 @@ __all__ = ["Boxes", "Targets", "check_targets", "move_boxes", "move_masks", "san
            "unpack_targets"]
 
 HW = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class Boxes:
-    """The boxes of a batch of B images, packed: ``boxes`` (N, 4) float xyxy in absolute
-    pixels, ``labels`` (N,) int64, ``counts`` (B,) int64 — image i owns the ``counts[i]``
-    rows after ``offsets[i]``. An image without boxes has count 0."""
-
-    boxes: torch.Tensor
-    labels: torch.Tensor
-    counts: torch.Tensor
-
-    def __post_init__(self) -> None:
-        if self.boxes.ndim != 2 or self.boxes.shape[-1] != 4:
-            raise ValueError(f"boxes should be (N, 4) xyxy, got shape {tuple(self.boxes.shape)}")
-        if not self.boxes.is_floating_point():
-            raise TypeError(f"boxes should be a float tensor, got {self.boxes.dtype}; convert with .float()")
-        if self.labels.shape != self.boxes.shape[:1]:
-            raise ValueError(f"labels should be ({self.boxes.shape[0]},), one per box, got {tuple(self.labels.shape)}")
-        if self.counts.ndim != 1:
-            raise ValueError(f"counts should be (B,), got shape {tuple(self.counts.shape)}")
-
-    @property
-    def offsets(self) -> torch.Tensor:
-        """(B,) int64: the first row of each image's boxes."""
-        return torch.cumsum(self.counts, 0) - self.counts
-
-    @property
-    def image_index(self) -> torch.Tensor:
-        """(N,) int64: the image each box belongs to (no device sync: N is known)."""
-        batch = torch.arange(self.counts.shape[0], device=self.counts.device)
-        return torch.repeat_interleave(batch, self.counts, output_size=self.boxes.shape[0])
-
-
-@dataclass(frozen=True)
-class Targets:
-    """What moves with a batch of images: ``boxes`` (:class:`Boxes`) and ``masks`` (B, H, W)
-    uint8 label maps of the images' size; either may be None."""
-
-    boxes: Boxes | None = None
-    masks: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        if self.masks is not None and self.masks.ndim != 3:
-            raise ValueError(f"masks should be (B, H, W), one label map per image, got shape {tuple(self.masks.shape)}")
 
 
 def check_targets(targets: Targets, images: torch.Tensor) -> None:
@@ -209,17 +166,5 @@ def pack_targets(targets: Sequence[Mapping[str, Any]], device: torch.device | st
 
 
 def unpack_targets(targets: Targets) -> list[dict[str, torch.Tensor]]:
-    """:class:`Targets` as torchvision detection models take them: one dict per image with
-    ``"boxes"`` (n, 4), ``"labels"`` (n,) and ``"masks"`` (H, W), plain tensors (views)."""
-    if targets.boxes is None and targets.masks is None:
-        return []
-    n = targets.boxes.counts.shape[0] if targets.boxes is not None else targets.masks.shape[0]  # type: ignore[union-attr]
-    out: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
-    if targets.boxes is not None:
-        sizes = targets.boxes.counts.tolist()
-        for d, b, lab in zip(out, targets.boxes.boxes.split(sizes), targets.boxes.labels.split(sizes)):
-            d["boxes"], d["labels"] = b, lab
-    if targets.masks is not None:
-        for d, m in zip(out, targets.masks):
-            d["masks"] = m
-    return out
+    """:class:`Targets` as torchvision detection models take them (:meth:`Targets.per_image`)."""
+    return targets.per_image()

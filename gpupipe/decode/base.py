@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from gpupipe.core.errors import ConfigError
+from gpupipe.core.targets import Targets
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.imageheader import MAX_PIXELS
 
@@ -88,7 +89,10 @@ class DecodedBatch:
     Shape: ``images`` (B, 3, H, W) uint8, channels_last, on the decoder's device;
     ``labels``, ``sample_ids`` (B,) int64; ``valid`` (B,) bool — False for padding
     and for images replaced because they could not be decoded.
-    ``images, labels = batch`` unpacks the two a training loop needs.
+    ``targets`` (:class:`~gpupipe.core.targets.Targets`): the boxes and masks of a source
+    with targets, moved with the decode's crop and resize (``None`` without).
+    ``images, labels = batch`` unpacks the two a training loop needs; with targets,
+    ``images, targets = batch`` gives torchvision's per-image dicts (``targets.per_image()``).
     """
 
     images: torch.Tensor
@@ -97,10 +101,11 @@ class DecodedBatch:
     sample_ids: torch.Tensor
     keys: tuple[str, ...]
     epoch: int = 0
+    targets: Targets | None = None
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator:
         yield self.images
-        yield self.labels
+        yield self.labels if self.targets is None else self.targets.per_image()
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.core.targets import target_kinds
 from gpupipe.core.types import ByteRange, StringTable
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, NameList, classify_listing
@@ -66,6 +67,11 @@ class Source:
     numbers class names (default: the names found, sorted — give the training split's
     list to a split that may lack a class). An ``index.json`` written with them by
     ``gpupipe index`` remembers them.
+
+    ``targets``: the annotation kinds a sample brings beside its image (``("boxes",)``,
+    ``("masks",)``, both, or ``()`` for classification: :func:`~gpupipe.core.targets.target_kinds`);
+    their layout at rest is :mod:`gpupipe.formats.annotations`'. ``annotations``: a COCO
+    ``instances_*.json`` holding an image folder's boxes (default: found beside it).
     """
 
     url: str | tuple[str, ...]
@@ -74,15 +80,19 @@ class Source:
     label_column: str | None = None
     labels: str | None = None
     classes: tuple[str, ...] | None = None
+    targets: tuple[str, ...] = ()
+    annotations: str | None = None
 
     def __init__(self, url: str | Sequence[str], storage_options: Mapping[str, Any] | None = None,
                  image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
-                 classes: Sequence[str] | None = None) -> None:
+                 classes: Sequence[str] | None = None, targets: str | Sequence[str] | None = None,
+                 annotations: str | None = None) -> None:
         """A list of URLs (or of class names) is kept as a tuple."""
         fields = {"url": url if isinstance(url, str) else tuple(url),
                   "storage_options": {} if storage_options is None else storage_options,
                   "image_column": image_column, "label_column": label_column, "labels": labels,
-                  "classes": None if classes is None else tuple(classes)}
+                  "classes": None if classes is None else tuple(classes),
+                  "targets": target_kinds(targets), "annotations": annotations}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
         if not self.url:

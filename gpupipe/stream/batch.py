@@ -20,10 +20,52 @@ from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample
 from gpupipe.storage.buffers import BufferPool
 
-__all__ = ["EncodedBatch", "SampleTable", "pack", "pack_table", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
+__all__ = ["EncodedBatch", "EncodedTargets", "SampleTable", "pack", "pack_table", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ppm", "tif", "tiff")
 LABEL_EXTENSIONS = ("cls", "label", "class", "cls2")
+
+
+@dataclass(frozen=True)
+class EncodedTargets:
+    """The annotations of an encoded batch of B samples, still in their images' own frames.
+
+    Boxes (when the source's ``targets`` name them): ``box_counts`` (B,) int64 — sample i owns
+    the ``box_counts[i]`` rows after the sum of the counts before it; ``boxes`` (N, 4) float32
+    absolute ``xyxy`` pixels of the image as decoded (upright: EXIF orientation applied),
+    ``box_labels`` (N,) int64 class indices. Masks (when named): ``mask_data`` uint8, the
+    encoded PNG label maps one after another, ``mask_offsets`` (B+1,) int64 — mask i is
+    ``mask_data[mask_offsets[i]:mask_offsets[i+1]]``, empty for a placeholder. A kind not
+    carried is ``None``. The decode stage turns these into :class:`~gpupipe.core.targets.Targets`.
+    """
+
+    box_counts: torch.Tensor | None = None
+    boxes: torch.Tensor | None = None
+    box_labels: torch.Tensor | None = None
+    mask_data: torch.Tensor | None = None
+    mask_offsets: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        carried = [t is not None for t in (self.box_counts, self.boxes, self.box_labels)]
+        if any(carried) and not all(carried):
+            raise ValueError("EncodedTargets: box_counts, boxes and box_labels come together")
+        if (self.mask_data is None) != (self.mask_offsets is None):
+            raise ValueError("EncodedTargets: mask_data and mask_offsets come together")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The target kinds carried, in ``TARGET_KINDS`` order."""
+        return tuple(k for k, t in (("boxes", self.boxes), ("masks", self.mask_data)) if t is not None)
+
+    def mask(self, i: int) -> memoryview:
+        """Encoded mask ``i`` (a view, no copy; empty for a placeholder)."""
+        assert self.mask_data is not None and self.mask_offsets is not None, "this batch carries no masks"
+        a, b = int(self.mask_offsets[i]), int(self.mask_offsets[i + 1])
+        return self.mask_data.numpy().data[a:b]
+
+    def pin_memory(self) -> EncodedTargets:
+        return EncodedTargets(*(None if t is None else t.pin_memory() for t in (
+            self.box_counts, self.boxes, self.box_labels, self.mask_data, self.mask_offsets)))
 
 
 @dataclass(frozen=True)
@@ -34,6 +76,7 @@ class EncodedBatch:
     ``data[offsets[i]:offsets[i+1]]``; ``labels``, ``sample_ids`` (B,) int64;
     ``valid`` (B,) bool — False for padding and for samples skipped as unreadable.
     ``epoch``, ``chunk`` and ``batch`` place it in the epoch plan (resume state).
+    ``targets``: the samples' boxes and masks (:class:`EncodedTargets`), when the source has them.
     """
 
     data: torch.Tensor
@@ -47,6 +90,7 @@ class EncodedBatch:
     batch: int = -1
     skipped: int = 0  # samples replaced by placeholders since the worker's previous batch
     io_wait_s: float = 0.0  # time the worker waited for storage since its previous batch
+    targets: EncodedTargets | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -64,7 +108,8 @@ class EncodedBatch:
         """Called by torch's DataLoader when ``pin_memory=True``."""
         return replace(self, data=self.data.pin_memory(), offsets=self.offsets.pin_memory(),
                        labels=self.labels.pin_memory(), sample_ids=self.sample_ids.pin_memory(),
-                       valid=self.valid.pin_memory())
+                       valid=self.valid.pin_memory(),
+                       targets=None if self.targets is None else self.targets.pin_memory())
 
 
 def image_field(sample: Sample) -> bytes:
