@@ -307,7 +307,7 @@ class _SplitLoader:
             return batch
         if self.format is BatchFormat.DICT:
             return _as_dict(batch)
-        return batch.images, batch.labels
+        return tuple(batch)
 
     def augment_after_transfer(self, batch: Any) -> Any:
         """Apply the transforms in ``on_after_batch_transfer`` (``augment_in``) and shape the batch."""
@@ -317,9 +317,14 @@ class _SplitLoader:
             batch = self.stage(batch)
         if self.format is BatchFormat.BATCH:
             return batch
-        return _as_dict(batch) if self.format is BatchFormat.DICT else (batch.images, batch.labels)
+        return _as_dict(batch) if self.format is BatchFormat.DICT else tuple(batch)
 
 
 def _as_dict(batch) -> dict[str, Any]:
-    return {"images": batch.images, "labels": batch.labels, "valid": batch.valid,
-            "sample_ids": batch.sample_ids.to(batch.images.device), "epoch": torch.tensor(batch.epoch)}
+    """``batch_format: dict``; with targets, ``targets`` is torchvision's list of per-image dicts
+    and ``packed_targets`` the packed :class:`~gpupipe.core.targets.Targets`."""
+    out = {"images": batch.images, "labels": batch.labels, "valid": batch.valid,
+           "sample_ids": batch.sample_ids.to(batch.images.device), "epoch": torch.tensor(batch.epoch)}
+    if batch.targets is not None:
+        out["targets"], out["packed_targets"] = batch.targets.per_image(), batch.targets
+    return out

@@ -184,8 +184,10 @@ def _source_section(source: Any, given: dict[str, Any]) -> tuple[Source | None, 
         elif _normal(name, _plain_map(value)) != _normal(name, _plain_map(held)):
             raise ConfigError(f"{name}: given twice, as {name}= and in the Source; give it once")
     section = {"train": source.url, "storage_options": dict(source.storage_options)}
-    section.update({k: getattr(source, k) for k in ("classes", "image_column", "label_column")
+    section.update({k: getattr(source, k) for k in ("classes", "image_column", "label_column", "annotations")
                     if getattr(source, k) is not None})
+    if source.targets:
+        section["targets"] = list(source.targets)
     return source, section
 
 

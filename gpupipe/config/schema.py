@@ -25,6 +25,7 @@ from gpupipe.config.augment import TransformSpec, parse_augment, parse_spec, pre
 from gpupipe.config.split import SplitConfig
 from gpupipe.config.values import build, check_keys, coerce, join_path, plain, suggest
 from gpupipe.core.errors import ConfigError
+from gpupipe.core.targets import target_kinds
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.sources.classes import check_class_names
 from gpupipe.stream.chunks import StreamConfig
@@ -70,7 +71,8 @@ class Secrets(Mapping[str, Any]):
 
 
 class BatchFormat(str, enum.Enum):
-    """What the DataModule's loaders yield: ``(images, labels)``, a dict (adds ``valid``,
+    """What the DataModule's loaders yield: ``(images, labels)`` (``(images, targets)`` with targets:
+    torchvision's per-image dicts), a dict (adds ``valid``,
     ``sample_ids``, ``keys``), or the :class:`~gpupipe.decode.DecodedBatch` itself."""
 
     TUPLE = "tuple"
@@ -91,7 +93,10 @@ class SourceConfig:
     """Where each split's data is: a URL pattern (braces, globs), or a list of them.
     ``classes``: the dataset's class list, in label order (``None``: the one the splits'
     indexes agree on). ``image_column`` / ``label_column``: the Parquet columns (``None``:
-    detected)."""
+    detected). ``targets``: what a sample brings beside its image for detection or segmentation
+    — ``boxes``, ``masks`` or ``boxes+masks`` (docs/targets.md; ``none``: classification).
+    ``annotations``: the COCO ``instances_*.json`` of an image folder (``None``: found beside
+    it); with several splits, a mapping from split to file."""
 
     train: str | tuple[str, ...] | None = None
     val: str | tuple[str, ...] | None = None
@@ -100,9 +105,15 @@ class SourceConfig:
     classes: tuple[str, ...] | None = None
     image_column: str | None = None
     label_column: str | None = None
+    targets: tuple[str, ...] | str = ()  # normalised to a tuple of TARGET_KINDS
+    annotations: str | Mapping[str, str] | None = None
     storage_options: Secrets = field(default_factory=Secrets)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "targets", target_kinds(self.targets, "source.targets"))
+        if isinstance(self.annotations, Mapping):
+            for split in self.annotations:
+                _check_split(split, "source.annotations")
         if not isinstance(self.storage_options, Secrets):
             object.__setattr__(self, "storage_options", Secrets(self.storage_options))
         if self.classes is not None:
@@ -166,13 +177,25 @@ class PipelineConfig:
                 tuple(s for s in self.augment if s.name in _EVAL_SAFE)
         return SplitConfig(
             source=Source(url=urls, storage_options=self.source.storage_options, classes=self.source.classes,
-                          image_column=self.source.image_column, label_column=self.source.label_column),
+                          image_column=self.source.image_column, label_column=self.source.label_column,
+                          targets=self.source.targets, annotations=self.annotations_of(name)),
             name=name,
             batch_size=self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size),
             stream=replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train),
             decode=decode, augment=augment, mix=self.mix if train else None, classes=self.source.classes,
             num_workers=self.loader.num_workers, prefetch=self.loader.prefetch, device=self.loader.device,
             seed=self.seed)
+
+    def annotations_of(self, split: str) -> str | None:
+        """``split``'s COCO annotations file: ``source.annotations`` itself, its entry for ``split``
+        when it is a mapping, ``None`` when neither names one (found beside the images)."""
+        given = self.source.annotations
+        if given is None or isinstance(given, str) and len(self.split_urls()) <= 1:
+            return given
+        if isinstance(given, str):
+            raise ConfigError(f"source.annotations: one file ({given}) for the splits {', '.join(self.split_urls())}; "
+                              "give one per split: {train: .../instances_train.json, val: .../instances_val.json}")
+        return given.get(split)
 
     def split_urls(self) -> dict[str, str]:
         """Each configured split's URL (the first, for a list), for messages."""
@@ -216,9 +239,9 @@ def eval_transforms(transforms: Any) -> Any:
                       "(e.g. gpupipe.transforms.from_torchvision(your_val_transforms))")
 
 
-def _check_split(split: str) -> None:
+def _check_split(split: str, setting: str = "split") -> None:
     if split not in SPLITS:
-        raise ConfigError(f"split: unknown {split!r}; choose from {', '.join(SPLITS)}")
+        raise ConfigError(f"{setting}: unknown split {split!r}; choose from {', '.join(SPLITS)}")
 
 
 # ------------------------------------------------------------------------------------ loading

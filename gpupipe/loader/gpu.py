@@ -201,8 +201,10 @@ class GpuLoader:
                     raise item
                 out, place = item
                 if side is not None:
-                    torch.cuda.current_stream(self.device).wait_stream(side)
-                    out.images.record_stream(torch.cuda.current_stream(self.device))
+                    consumer = torch.cuda.current_stream(self.device)
+                    consumer.wait_stream(side)
+                    for t in _device_tensors(out):
+                        t.record_stream(consumer)
                 ledger.yielded(*place)
                 self.stats.batches += 1
                 self.stats.images += len(out)
@@ -242,6 +244,19 @@ def _account(stats: StageStats, base: tuple[float, float, float], run: Stages, s
     stats.wait_bytes_s = base[0] + run.wait_source_s
     stats.decode_s = base[1] + busy["decode"]
     stats.augment_s = base[2] + busy.get("augment", 0.0)
+
+
+def _device_tensors(out: DecodedBatch) -> list[torch.Tensor]:
+    """The tensors the side stream made that the consumer's stream now uses: the images, and the
+    boxes and masks that travel with them."""
+    tensors = [out.images]
+    targets = out.targets
+    if targets is not None:
+        if targets.boxes is not None:
+            tensors += [targets.boxes.boxes, targets.boxes.labels, targets.boxes.counts]
+        if targets.masks is not None:
+            tensors.append(targets.masks)
+    return [t for t in tensors if t.device.type == "cuda"]
 
 
 def _then(first, second):

@@ -3,7 +3,8 @@
 FILE is either a pipeline config (``source:``, ``decode:``, ``augment:`` ... at the top;
 it becomes LightningCLI's ``--data``) or a LightningCLI file with ``data:``, ``model:``
 and ``trainer:`` sections. The model is :class:`~gpupipe.tools.models.ImageClassifier` with
-``model.arch`` from :data:`~gpupipe.tools.models.ARCHITECTURES`; a ``class_path`` anywhere in
+``model.arch`` from :data:`~gpupipe.tools.models.ARCHITECTURES`, or, for data with masks
+(``source.targets: masks``), :class:`~gpupipe.tools.models.MaskSegmenter`; a ``class_path`` anywhere in
 the file or the overrides must name a Lightning callback or logger, or a gpupipe class —
 a config file never imports arbitrary code.
 """
@@ -42,7 +43,14 @@ def run(args: argparse.Namespace) -> int:
     from lightning.pytorch.cli import LightningCLI
 
     from gpupipe.lightning import GpuDataModule
-    from gpupipe.tools.models import ImageClassifier
+    from gpupipe.tools.models import ImageClassifier, MaskSegmenter
+
+    targets = pipeline.source.targets
+    if targets and "masks" not in targets:
+        raise ConfigError(f"gpupipe fit: the data's targets are {'+'.join(targets)}; its models are a classifier and a "
+                          "mask segmenter (source.targets: masks). Train a detection model on GpuDataModule from "
+                          "Python (docs/targets.md)")
+    model = MaskSegmenter if "masks" in targets else ImageClassifier
 
     data_flag = "--config" if isinstance(raw, dict) and "data" in raw else "--data"
     cli_args = ["fit", data_flag, str(args.config), *args.overrides]
@@ -53,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             if pipeline.source.val is None:  # a train-only dataset is fine: no "no val_dataloader" warning
                 warnings.filterwarnings("ignore", message=_NO_VAL_WARNING)
-            LightningCLI(ImageClassifier, GpuDataModule, subclass_mode_model=False, subclass_mode_data=False,
+            LightningCLI(model, GpuDataModule, subclass_mode_model=False, subclass_mode_data=False,
                          args=cli_args, save_config_kwargs={"overwrite": True})
     except SystemExit as exc:  # jsonargparse has printed what was wrong
         return exc.code if isinstance(exc.code, int) else 2

@@ -1,8 +1,9 @@
 """Models ``gpupipe fit`` may build: an allowlist of architectures by name, never a class path.
 
 ``ImageClassifier(arch=...)`` is a small LightningModule for trying a pipeline end to
-end (``gpupipe fit --config configs/quickstart.yaml``); bring your own model for real
-work by using :class:`~gpupipe.lightning.GpuDataModule` from Python.
+end (``gpupipe fit --config configs/quickstart.yaml``), and ``MaskSegmenter`` its counterpart
+for data with masks (``source.targets: masks``; ``gpupipe fit --config configs/segmentation.yaml``);
+bring your own model for real work by using :class:`~gpupipe.lightning.GpuDataModule` from Python.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 from gpupipe.core.errors import ConfigError
 from gpupipe.sources.classes import describe
 
-__all__ = ["ImageClassifier", "ARCHITECTURES", "small_cnn"]
+__all__ = ["ImageClassifier", "MaskSegmenter", "ARCHITECTURES", "small_cnn", "small_fcn"]
 
 
 def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
@@ -30,6 +31,28 @@ def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
                    nn.ReLU(inplace=True)]
         channels = out
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes))
+
+
+def small_fcn(num_classes: int, width: int = 16) -> nn.Module:
+    """Three stride-2 conv blocks, a 1x1 classifier per position, and a bilinear upsampling back
+    to the input size: the smallest model whose per-pixel loss visibly falls on generated masks."""
+    layers: list[nn.Module] = []
+    channels = 3
+    for i in range(3):
+        out = width * 2 ** i
+        layers += [nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(out),
+                   nn.ReLU(inplace=True)]
+        channels = out
+    return _Upsampled(nn.Sequential(*layers, nn.Conv2d(channels, num_classes, 1)))
+
+
+class _Upsampled(nn.Module):
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(self.body(images), size=images.shape[-2:], mode="bilinear", align_corners=False)
 
 
 def _torchvision(name: str) -> Callable[[int], nn.Module]:
@@ -144,3 +167,83 @@ def _unpack(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None
         return batch["images"], batch["labels"], batch.get("valid")
     images, labels = batch[0], batch[1]
     return images, labels, None
+
+
+SEGMENTERS: dict[str, Callable[[int], nn.Module]] = {"small_fcn": small_fcn}
+IGNORE = 255  # a mask value the loss skips (VOC's "void" border)
+
+
+class MaskSegmenter(pl.LightningModule):
+    """Per-pixel cross-entropy over batches whose targets carry masks (``source.targets: masks``):
+    ``(images, targets)`` with torchvision's per-image dicts, or dict batches with
+    ``packed_targets``. Mask values are classes: 0 background, class ``c`` as ``c + 1``
+    (docs/targets.md), 255 ignored. ``num_classes=None`` takes the data's class count + 1 (the
+    background) at ``setup``. Padding and replaced images (``valid`` False) do not count."""
+
+    def __init__(self, arch: str = "small_fcn", num_classes: int | None = None, lr: float = 0.05,
+                 momentum: float = 0.9, weight_decay: float = 5e-4) -> None:
+        super().__init__()
+        if arch not in SEGMENTERS:
+            raise ConfigError(f"model.arch: unknown {arch!r} for masks; choose from {', '.join(SEGMENTERS)}")
+        if num_classes is not None and (isinstance(num_classes, bool) or num_classes < 2):
+            raise ConfigError(f"model.num_classes: must be >= 2 (the background and a class), got {num_classes!r}")
+        self.save_hyperparameters()
+        self.net = SEGMENTERS[arch](num_classes) if num_classes is not None else None
+
+    def setup(self, stage: str) -> None:
+        if self.net is not None:
+            return
+        classes = _data_classes(self._trainer)
+        if not classes:
+            raise ConfigError("model.num_classes: not set, and the data names no classes; set --model.num_classes "
+                              "(the number of mask values, background included)")
+        self.net = SEGMENTERS[self.hparams["arch"]](len(classes) + 1)
+        self.save_hyperparameters({**self.hparams, "num_classes": len(classes) + 1})
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.net is None:
+            raise ConfigError("MaskSegmenter: num_classes is not known yet; give num_classes")
+        return self.net(images.float() if not images.is_floating_point() else images)
+
+    def _step(self, batch: Any, name: str) -> torch.Tensor:
+        images, masks, valid = _unpack_masks(batch)
+        logits = self(images)
+        masks = masks.long()
+        if valid is not None:
+            masks = masks.masked_fill(~valid.view(-1, 1, 1), IGNORE)
+        high = int(masks[masks != IGNORE].max()) if (masks != IGNORE).any() else 0
+        if high >= logits.shape[1]:
+            raise ConfigError(f"mask value {high} in a batch, but the model has {logits.shape[1]} outputs "
+                              "(model.num_classes): set it above the largest mask value")
+        loss = F.cross_entropy(logits, masks, ignore_index=IGNORE)
+        self.log(f"{name}_loss", loss, prog_bar=True, batch_size=len(images), sync_dist=name != "train")
+        return loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return torch.optim.SGD(self.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
+
+
+def _unpack_masks(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(images, (B, H, W) masks, valid or None) from a tuple or dict batch with masks."""
+    if isinstance(batch, dict):
+        packed = batch.get("packed_targets")
+        masks = packed.masks if packed is not None else None
+        images, valid = batch["images"], batch.get("valid")
+    else:
+        images, per_image = batch[0], batch[1]
+        valid = None
+        masks = torch.stack([t["masks"] for t in per_image]) if isinstance(per_image, list) and per_image and \
+            "masks" in per_image[0] else None
+    if masks is None:
+        raise ConfigError("MaskSegmenter: the batches carry no masks; set source.targets: masks in the data config")
+    return images, masks, valid

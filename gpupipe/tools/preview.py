@@ -7,7 +7,10 @@ by (seed + seed offset, epoch, sample id) exactly as in training. Normalize is u
 display with the mean/std of the config's last ``Normalize`` step; float images are taken to
 be in [0, 1] after a scaling ``ToDtype``/``ToTensor`` step and in [0, 255] otherwise.
 Each tile is captioned with the label and key; ``--compare`` puts the decoded image
-without augmentation left of the augmented one. Tiles are enlarged (nearest neighbour) to at
+without augmentation left of the augmented one. With targets (``source.targets``), each
+tile shows its boxes (outlined, a colour per class, the class index at the corner) and its
+mask (classes tinted over the image), as the augmentation moved them; the caption gives the
+box count instead of the label. Tiles are enlarged (nearest neighbour) to at
 least ``MIN_TILE`` pixels so small training sizes stay visible.
 """
 from __future__ import annotations
@@ -122,23 +125,56 @@ def preview(config, *, split: str = "train", n: int = 16, epoch: int = 0, seed_o
     batch = _first_batch(cfg, split, epoch, device)
     settings, original = cfg.split(split), batch.images
     stage = settings.augment_stage()
-    augmented = stage.to(original.device)(batch).images if stage is not None else original
+    out = stage.to(original.device)(batch) if stage is not None else batch
     keep = batch.valid.cpu().nonzero().flatten().tolist()
     if not keep:
         raise _empty(split)
-    shown = to_display(augmented, settings.augment)[keep]
+    shown = to_display(out.images, settings.augment)[keep]
     before = to_display(original)[keep] if compare else None
-    labels = batch.labels.cpu()
-    captions = [f"{_label(labels[i])} {batch.keys[i]}" for i in keep]
-    return _grid(shown, captions, before)
+    targets = out.targets.per_image() if out.targets is not None else None
+    if targets is not None:
+        shown = _overlay(shown, [targets[i] for i in keep])
+        captions = [f"{len(targets[i]['boxes'])} boxes {batch.keys[i]}" if "boxes" in targets[i]
+                    else batch.keys[i] for i in keep]
+    else:
+        labels = batch.labels.cpu()
+        captions = [f"{_label(labels[i])} {batch.keys[i]}" for i in keep]
+    return _grid(shown, captions, before, None if targets is None else [targets[i] for i in keep])
+
+
+def _colour(c: int) -> tuple[int, int, int]:
+    """A bright colour for class ``c``, the same in every tile."""
+    import colorsys
+
+    r, g, b = colorsys.hsv_to_rgb((c * 0.618034) % 1.0, 0.85, 1.0)
+    return int(r * 255), int(g * 255), int(b * 255)
+
+
+def _overlay(images, targets: Sequence[dict]):
+    """(B, H, W, 3) uint8 with each image's mask tinted over it: 40% of the class colour where
+    the mask is not 0 (the background)."""
+    import numpy as np
+
+    out = images.copy()
+    for i, t in enumerate(targets):
+        if "masks" not in t:
+            continue
+        mask = t["masks"].cpu().numpy()
+        for value in np.unique(mask).tolist():
+            if value == 0:
+                continue
+            where = mask == value
+            out[i][where] = (0.6 * out[i][where] + 0.4 * np.array(_colour(value - 1))).astype(np.uint8)
+    return out
 
 
 def _label(label) -> str:
     return str(int(label)) if label.ndim == 0 else str(int(label.argmax()))  # mixed labels: the strongest
 
 
-def _grid(images, captions: Sequence[str], before=None):
-    """Tiles of ``images`` (B, H, W, 3) uint8 with captions; ``before`` (B, h, w, 3) left of each."""
+def _grid(images, captions: Sequence[str], before=None, targets: Sequence[dict] | None = None):
+    """Tiles of ``images`` (B, H, W, 3) uint8 with captions; ``before`` (B, h, w, 3) left of each;
+    ``targets``' boxes (image pixels) outlined on the tiles."""
     from PIL import Image, ImageDraw
 
     n, h, w, _ = images.shape
@@ -153,8 +189,20 @@ def _grid(images, captions: Sequence[str], before=None):
         canvas.paste(Image.fromarray(images[i]).resize((half, tile_h), Image.Resampling.NEAREST), (x + tile_w - half, y))
         if before is not None:
             canvas.paste(Image.fromarray(before[i]).resize((half, tile_h), Image.Resampling.BILINEAR), (x, y))
+        if targets is not None and "boxes" in targets[i]:
+            _boxes(draw, targets[i], (x + tile_w - half, y), (half / w, tile_h / h))
         draw.text((x + 1, y + tile_h + 1), _fit(draw, captions[i], tile_w), fill=(235, 235, 235))
     return canvas
+
+
+def _boxes(draw, target: dict, at: tuple[int, int], scale: tuple[float, float]) -> None:
+    """Outline each box of ``target`` (xyxy image pixels) on a tile placed ``at`` and enlarged by ``scale``."""
+    for box, label in zip(target["boxes"].cpu().tolist(), target["labels"].cpu().tolist()):
+        x1, y1, x2, y2 = (at[0] + box[0] * scale[0], at[1] + box[1] * scale[1],
+                          at[0] + box[2] * scale[0] - 1, at[1] + box[3] * scale[1] - 1)
+        colour = _colour(int(label))
+        draw.rectangle((x1, y1, max(x1, x2), max(y1, y2)), outline=colour, width=2)
+        draw.text((x1 + 2, y1 + 1), str(int(label)), fill=colour)
 
 
 def _fit(draw, text: str, width: int) -> str:

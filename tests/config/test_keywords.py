@@ -33,7 +33,8 @@ NON_DEFAULT = {
     "shuffle": False, "shuffle_buffer": 8, "drop_last": False,
     "concurrency": 3, "object_concurrency": 5, "readahead_bytes": 1 << 20, "block_bytes": 1 << 19, "retries": 2,
     "backoff_s": 0.01, "backoff_max_s": 0.5, "request_timeout_s": 7.0, "cache_dir": None, "cache_bytes": 1 << 24,
-    "refetch": 1, "classes": ("a", "b"), "image_column": None, "label_column": None,
+    "refetch": 1, "classes": ("a", "b"), "image_column": None, "label_column": None, "targets": ("boxes",),
+    "annotations": None,
     "storage_options": {"anon": False},
 }
 
@@ -84,7 +85,7 @@ def test_an_unknown_keyword_is_named_with_a_did_you_mean_for_the_class_called(sh
     assert message.startswith(f"{cls.__name__}(): unknown keyword 'shuffle_bufer'; did you mean 'shuffle_buffer'?")
     assert "split_from_options" not in message and f"(help({cls.__name__}) shows them all)" in message
     assert isinstance(info.value, TypeError) and isinstance(info.value, ConfigError)  # as Python's own, and ours
-    with pytest.raises(UnknownKeywordError, match="; keywords: augment, backoff_max_s"):  # nothing close: the list
+    with pytest.raises(UnknownKeywordError, match="; keywords: annotations, augment, backoff_max_s"):  # nothing close: the list
         cls(shards, zzzz=1)
 
 
