@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.decode.base import DecodedBatch, ResizeMode
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
+
+if TYPE_CHECKING:
+    from gpupipe.decode.targets import RowTargets, TargetJob
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
            "random_resized_crop_box", "shorter_geometry", "shorter_box", "crop_first", "replacements", "record_bad",
@@ -244,16 +248,17 @@ def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, co
 
 
 class StandIn:
-    """The last good image a decoder delivered, with its label: what fills a batch in
-    which no image at all could be decoded (a batch keeps its shape, and every slot a
-    genuine (pixels, label) pair)."""
+    """The last good image a decoder delivered, with its label (and its targets, moved, when
+    the batch had them): what fills a batch in which no image at all could be decoded (a batch
+    keeps its shape, and every slot a genuine (pixels, label) pair)."""
 
     def __init__(self) -> None:
         self.pixels: torch.Tensor | None = None
         self.label: torch.Tensor | None = None
+        self.targets: RowTargets | None = None
 
-    def keep(self, pixels: torch.Tensor, label: torch.Tensor) -> None:
-        self.pixels, self.label = pixels.clone(), label.clone()
+    def keep(self, pixels: torch.Tensor, label: torch.Tensor, targets: RowTargets | None = None) -> None:
+        self.pixels, self.label, self.targets = pixels.clone(), label.clone(), targets
 
     def take(self, shape, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         if self.pixels is None or self.label is None or tuple(self.pixels.shape) != tuple(shape):
@@ -263,9 +268,9 @@ class StandIn:
 
 
 def assemble(pixels: Mapping[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
-             image_size: tuple[int, int] | None, stand_in: StandIn):
+             image_size: tuple[int, int] | None, stand_in: StandIn, targets: TargetJob | None = None):
     """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch and
-    :func:`finish` it."""
+    :func:`finish` it (with ``targets``, when the batch carries them)."""
     shapes = {tuple(p.shape) for p in pixels.values()}
     if len(shapes) > 1:
         raise DecodeError(f"decoded images have different sizes {sorted(shapes)[:3]}; set decode image_size")
@@ -273,23 +278,29 @@ def assemble(pixels: Mapping[int, np.ndarray | torch.Tensor], checked: Checked, 
     out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=device)
     for i, p in pixels.items():
         out[i] = p if isinstance(p, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(p))
-    return finish(out, checked, batch, stand_in)
+    return finish(out, checked, batch, stand_in, targets)
 
 
-def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn):
+def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn, targets: TargetJob | None = None):
     """The decoded batch from (B, H, W, 3) uint8 rows in which the good images are set.
 
     Every bad row takes the pixels *and the label* of its replacement (the next good
     image of the batch, cyclically; the stand-in when none is good), so each slot is a
     genuine pair; ``valid`` is False there, and ``sample_ids``/``keys`` still name the
-    sample that was lost.
+    sample that was lost. With ``targets`` (:mod:`gpupipe.decode.targets`), the masks are
+    collected first (a bad one makes its sample bad, so it is replaced too) and every row
+    gets the boxes and mask of the image it ends up holding.
     """
+    if targets is not None:
+        targets.settle(checked)
     labels, valid = batch.labels.clone(), batch.valid.clone()
     good = checked.good()
     if good:
-        stand_in.keep(out[good[-1]], labels[good[-1]])
+        stand_in.keep(out[good[-1]], labels[good[-1]], None if targets is None else targets.row(good[-1]))
+    rows: list[int | None] = list(range(len(batch)))
     for i, src in replacements(checked.reasons).items():
         pixels, label = (out[src], labels[src]) if src is not None else stand_in.take(out.shape[1:], batch.keys[i])
-        out[i], labels[i], valid[i] = pixels, label, False
+        out[i], labels[i], valid[i], rows[i] = pixels, label, False, src
+    moved = None if targets is None else targets.gather(rows, stand_in.targets, out.device)
     return DecodedBatch(images=out.permute(0, 3, 1, 2), labels=labels, valid=valid,
-                        sample_ids=batch.sample_ids, keys=batch.keys, epoch=batch.epoch)
+                        sample_ids=batch.sample_ids, keys=batch.keys, epoch=batch.epoch, targets=moved)

@@ -41,6 +41,7 @@ from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, rout
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
+from gpupipe.decode.targets import start_targets
 
 if TYPE_CHECKING:
     from nvidia.dali.pipeline import Pipeline
@@ -157,6 +158,7 @@ class DaliDecoder:
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
+        targets = start_targets(self._pool, batch, checked, boxes, cfg, self.stats)
         jpegs, others = route(checked.headers, checked.good())
         side = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
         out, refused = self._decode_jpegs(batch, jpegs, self._placement(boxes, checked))
@@ -169,7 +171,7 @@ class DaliDecoder:
                 raise DecodeError(f"decoded images have different sizes {tuple(pixels.shape)} and "
                                   f"{tuple(out.shape[1:])}; set decode image_size")
             out[i] = torch.from_numpy(pixels).to(out.device)
-        result = finish(out, checked, batch, self._stand_in)
+        result = finish(out, checked, batch, self._stand_in, targets)
         account(self.stats, batch, t0)
         return result
 

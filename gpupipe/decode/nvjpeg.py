@@ -26,6 +26,7 @@ from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeM
 from gpupipe.decode.common import StandIn, account, assemble, prepare, shorter_geometry
 from gpupipe.decode.gate import route
 from gpupipe.decode.pil import decode_many, pool
+from gpupipe.decode.targets import start_targets
 
 __all__ = ["NvjpegDecoder", "upright"]
 
@@ -87,6 +88,7 @@ class NvjpegDecoder:
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
+        targets = start_targets(self._pool, batch, checked, boxes, cfg, self.stats)
         jpegs, others = route(checked.headers, checked.good())
         hwc: dict = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
         chw, refused = self._nvjpeg(batch, jpegs) if jpegs else ({}, {})
@@ -97,7 +99,7 @@ class NvjpegDecoder:
             if cfg.image_size is not None and cfg.resize is not ResizeMode.NONE:
                 img = _resize(img, boxes[i], cfg.resize, cfg.image_size)
             hwc[i] = img.permute(1, 2, 0)
-        out = assemble(hwc, checked, batch, self.device, cfg.image_size, self._stand_in)
+        out = assemble(hwc, checked, batch, self.device, cfg.image_size, self._stand_in, targets)
         account(self.stats, batch, t0)
         return out
 

@@ -21,6 +21,7 @@ import torch
 from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats
 from gpupipe.decode.common import Checked, StandIn, account, assemble, crop_first, decode_threads, prepare, record_bad
 from gpupipe.decode.roi import draft_scale, drafted_box
+from gpupipe.decode.targets import start_targets
 
 __all__ = ["PilDecoder", "decode_one", "decode_many", "pool"]
 
@@ -111,8 +112,9 @@ class PilDecoder:
     def decode(self, batch) -> DecodedBatch:
         t0 = time.perf_counter()
         checked, boxes = prepare(batch, self.config, self.stats)
+        targets = start_targets(self._pool, batch, checked, boxes, self.config, self.stats)
         pixels = decode_many(self._pool, batch, checked.good(), boxes, checked, self.config, self.stats)
-        out = assemble(pixels, checked, batch, self.device, self.config.image_size, self._stand_in)
+        out = assemble(pixels, checked, batch, self.device, self.config.image_size, self._stand_in, targets)
         account(self.stats, batch, t0)
         return out
 
