@@ -123,8 +123,8 @@ class RandomIoUCrop(GeometricTransform):
         crop = event.any(1) & ~stop.gather(1, round_[:, None])[:, 0]
         trial = kept.gather(1, round_[:, None, None].expand(B, 1, T))[:, 0].to(torch.uint8).argmax(1)
         chosen = cand.reshape(B, ROUNDS * T, 4).gather(1, (round_ * T + trial)[:, None, None].expand(B, 1, 4))[:, 0]
-        whole = torch.tensor([0.0, 0.0, in_hw[0], in_hw[1]], device=cand.device)
-        top, left, height, width = torch.where(crop[:, None], chosen, whole).unbind(-1)
+        top, left, height, width = (torch.where(crop, c, float(v))  # else the whole image (scalars: no copy)
+                                    for c, v in zip(chosen.unbind(-1), (0, 0, in_hw[0], in_hw[1])))
         settled = {**params, "top": top, "left": left, "height": height, "width": width, "crop": crop}
         return settled, self._move(targets, settled, in_hw)
 
