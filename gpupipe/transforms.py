@@ -38,6 +38,7 @@ from gpupipe.augment.geometry import (
     RandomVerticalFlip,
     Resize,
 )
+from gpupipe.augment.ioucrop import RandomIoUCrop
 from gpupipe.augment.mix import CutMix, MixUp
 from gpupipe.augment.presets import IMAGENET_MEAN, IMAGENET_STD, PRESETS
 from gpupipe.augment.registry import build_transform, transform_class
@@ -49,7 +50,8 @@ __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop
            "ToTensor", "RepeatChannels", "RandomApply", "RandomChoice", "RandomOrder", "MixUp", "CutMix",
            "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix",
            "from_torchvision", "TORCHVISION", "SUPPORTED", "simple_set", "complex_set", "IMAGENET_MEAN",
-           "IMAGENET_STD", "Boxes", "Targets", "SanitizeBoundingBoxes", "pack_targets", "unpack_targets"]
+           "IMAGENET_STD", "Boxes", "Targets", "SanitizeBoundingBoxes", "RandomIoUCrop", "pack_targets",
+           "unpack_targets"]
 
 def simple_set(dtype=None) -> Compose:
     """The docs' simple set after a decode to the output size (uint8): RandomAffine(20),
@@ -179,6 +181,9 @@ TORCHVISION: dict[str, Callable[[Any], Transform | None]] = {
     "RandAugment": _same("RandAugment", "num_ops", "magnitude", "num_magnitude_bins", "interpolation", "fill"),
     "TrivialAugmentWide": _same("TrivialAugmentWide", "num_magnitude_bins", "interpolation", "fill"),
     "AugMix": _same("AugMix", "severity", "mixture_width", "chain_depth", "alpha", "all_ops", "interpolation", "fill"),
+    "RandomIoUCrop": lambda t: RandomIoUCrop(t.min_scale, t.max_scale, t.min_aspect_ratio, t.max_aspect_ratio,
+                                             list(t.options), t.trials),  # torchvision keeps sampler_options as options
+    "SanitizeBoundingBoxes": lambda t: SanitizeBoundingBoxes(t.min_size, t.min_area),  # labels: always the packed ones
     "ToTensor": lambda t: ToTensor(),
     "ConvertImageDtype": _to_dtype,
     "ToDtype": _to_dtype,

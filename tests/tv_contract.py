@@ -200,6 +200,15 @@ CONTRACTS: tuple[Contract, ...] = (
     Contract("ToDtype", {"dtype": F32, "scale": False}, {U8: (F32, 255.0), F32: (F32, 1.0)}),
     Contract("ToDtype", {"dtype": U8, "scale": True}, {U8: (U8, 255.0), F32: (U8, 255.0)}),
     Contract("ToTensor", {}, {U8: (F32, 1.0)}, tv_input="hwc"),
+    # ------------------------------------------------------------------ targets
+    # RandomIoUCrop needs boxes: images alone raise torchvision's TypeError (its pixels, boxes and
+    # draws against torchvision: tests/augment/test_ioucrop.py); gpupipe's extra keyword `size`
+    # (what the crop is resized to, default the input's size) is not in this table.
+    Contract("RandomIoUCrop", {}, {U8: TypeError, F32: TypeError},
+             defaults={"min_scale": 0.3, "max_scale": 1.0, "min_aspect_ratio": 0.5, "max_aspect_ratio": 2.0,
+                       "sampler_options": None, "trials": 40},
+             invalid=(Bad({}, TypeError, r"RandomIoUCrop\(\) requires input sample to contain tensor or PIL images "
+                                         "and bounding boxes"),)),
     # ------------------------------------------------------------------ containers
     Contract("RandomApply", {"transforms": lambda ns: [ns.ColorJitter(0.4, 0.4)], "p": 0.5}, KEEP,
              defaults={"transforms": REQUIRED, "p": 0.5},

@@ -10,6 +10,17 @@ Parameters: ``op`` (B, S) int64 indices into :data:`~gpupipe.augment.policyops.O
 applied in order; AugMix's are (B, width, depth) plus ``weights`` (B, 1 + width).
 
 Shape: (B, C, H, W) uint8 → uint8, float in [0, 1] → the same float; C in (1, 3).
+
+Targets: torchvision v2's policies refuse boxes and masks (``TypeError: Inputs of type
+BoundingBoxes are not supported by RandAugment()``). ``AutoAugment``, ``RandAugment`` and
+``TrivialAugmentWide`` move them: each sample's geometric ops (ShearX/Y, TranslateX/Y,
+Rotate) move its boxes and masks as torchvision's own ``F.affine`` / ``F.rotate`` — the
+calls the policy makes on the image — move ``tv_tensors`` (boxes re-enclosed and clamped
+after each op, masks nearest with the policy's fill); the colour ops leave them. A pipeline
+that runs under torchvision runs the same here; one that torchvision refuses gains a
+definition it can check op by op. ``AugMix`` refuses them with torchvision's error: its
+output blends several differently warped copies of the image, which no one box or label
+map describes.
 """
 from __future__ import annotations
 
@@ -20,7 +31,8 @@ import torch
 
 from .base import AugKey, Transform
 from .keys import draw, normal, uniform
-from .policyops import OP_IDS, apply_ops
+from .policyops import OP_IDS, apply_ops, op_matrix
+from .targets import Targets, move_boxes, move_masks
 from .warp import check_fill, check_interpolation
 
 __all__ = ["AutoAugmentPolicy", "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix"]
@@ -153,6 +165,18 @@ class _Policy(Transform):
     def transform(self, images, params):
         return self._run(images, params["op"], params["magnitude"])
 
+    def apply_targets(self, targets: Targets, params, in_hw):
+        """Each op slot in turn: the geometric ops' matrices move boxes and masks, the others
+        leave them (an identity matrix; a box already inside the canvas stays as it is)."""
+        op, magnitude = params["op"], params["magnitude"]
+        padding = "zeros" if self.fill is None or all(v == 0 for v in self.fill) else "fill"
+        for s in range(op.shape[1]):
+            matrix = op_matrix(op[:, s], magnitude[:, s], in_hw)
+            boxes = None if targets.boxes is None else move_boxes(targets.boxes, matrix, in_hw)
+            masks = None if targets.masks is None else move_masks(targets.masks, matrix, in_hw, padding, self.fill)
+            targets = Targets(boxes, masks)
+        return targets
+
 
 def _hw(images: torch.Tensor) -> tuple[int, int]:
     return int(images.shape[-2]), int(images.shape[-1])
@@ -275,6 +299,12 @@ class AugMix(_Policy):
         weights = torch.cat([beta[:, :1], _dirichlet(key.child(5), self.alpha, width) * beta[:, 1:]], dim=1)
         return {"op": torch.where(used, ids[local], OP_IDS["Identity"]), "magnitude": magnitude * used,
                 "weights": weights}
+
+    def apply_targets(self, targets: Targets, params, in_hw):
+        kind = "BoundingBoxes" if targets.boxes is not None else "Mask"
+        raise TypeError(f"Inputs of type {kind} are not supported by AugMix() (as in torchvision: the mix of "
+                        "differently warped copies has no one box or mask); use RandAugment, TrivialAugmentWide "
+                        "or AutoAugment, which move them")
 
     def transform(self, images, params):
         weights = params["weights"].to(images.device, torch.float32).reshape(*params["weights"].shape, 1, 1, 1)

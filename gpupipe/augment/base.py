@@ -99,6 +99,14 @@ class Transform(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} does not move boxes or masks yet; "
                                   "call it on the images alone (without targets=)")
 
+    def resolve_targets(self, targets: Targets, params: dict[str, torch.Tensor],
+                        in_hw: tuple[int, int]) -> tuple[dict[str, torch.Tensor], Targets]:
+        """``(params, targets moved)``: ``params`` completed where a draw depends on the boxes
+        that reach this transform (``RandomIoUCrop`` picks its crop by them; ``make_params`` sees
+        only a placeholder of the images), and the targets moved with them. Most transforms draw
+        from the images' shape alone: ``params`` unchanged, :meth:`apply_targets`."""
+        return params, self.apply_targets(targets, params, in_hw)
+
     def forward(self, images: torch.Tensor, key: AugKey, targets: Targets | None = None):
         """The transformed images; with ``targets`` (:class:`~gpupipe.augment.targets.Targets`
         of these images), ``(images, targets)`` both moved with the same parameters."""
@@ -109,7 +117,8 @@ class Transform(nn.Module):
 
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         check_targets(targets, images)
-        return self.apply(images, params), self.apply_targets(targets, params, in_hw)
+        params, moved = self.resolve_targets(targets, params, in_hw)  # targets first: they may settle params
+        return self.apply(images, params), moved
 
 
 class TransformList(nn.ModuleList):

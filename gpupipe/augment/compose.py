@@ -139,10 +139,18 @@ class Compose(Transform):
         """Each child's ``apply_targets`` in turn, fused or not: torchvision's sequential rule
         (a box is re-enclosed and clamped after every op, a mask resampled nearest by every
         op), which a fused run's image follows within its interpolation rounding."""
+        return self.resolve_targets(targets, params, in_hw)[1]
+
+    def resolve_targets(self, targets: Targets, params: dict[str, torch.Tensor],
+                        in_hw: HW) -> tuple[dict[str, torch.Tensor], Targets]:
+        """Each child's ``resolve_targets`` on the targets as they reach it (see
+        :meth:`apply_targets`): the parameters a child settles by its boxes join ``params``."""
+        params = dict(params)
         for i, t in enumerate(self.transforms):
-            targets = t.apply_targets(targets, self._child_params(params, i), in_hw)
+            child, targets = t.resolve_targets(targets, self._child_params(params, i), in_hw)
+            params.update({f"{i}.{name}": value for name, value in child.items()})
             in_hw = t.output_size(in_hw)
-        return targets
+        return params, targets
 
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """One child after another, each by its ``apply_reference``."""

@@ -11,6 +11,10 @@ a loop over the transforms, never over samples, no host sync.
 
 Keys: the container's draw comes from ``key.child(0)``, transform ``i`` draws from
 ``key.child(i + 1)`` (``RandomApply``'s transforms, a pipeline, from ``key.child(1)``).
+
+Targets (boxes, masks) follow the branch their image took: each branch moves the whole
+batch's targets, as it transforms the whole batch's images, and each sample keeps the
+targets of its own draw (:func:`~gpupipe.augment.targets.select_targets`).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from torch import nn
 from .base import AugKey, Transform, TransformList
 from .compose import Compose
 from .keys import draw
+from .targets import Targets, select_targets
 
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 
@@ -41,6 +46,22 @@ def _transforms(transforms, name: str) -> list[Transform]:
 
 def _child_params(params: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+
+
+def _prefixed(params: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {f"{prefix}{k}": v for k, v in params.items()}
+
+
+def _merge(chosen: torch.Tensor, new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``new`` parameters for the samples ``chosen`` (B,), ``old`` for the others, where a
+    transform settled them by the targets (every parameter is per sample: (B, ...))."""
+    out = dict(old)
+    for k, v in new.items():
+        if k in old and old[k] is not v:
+            out[k] = torch.where(chosen.to(v.device).reshape(-1, *[1] * (v.ndim - 1)), v, old[k])
+        else:
+            out[k] = v
+    return out
 
 
 def _select(chosen: torch.Tensor, out: torch.Tensor, other: torch.Tensor, name: str) -> torch.Tensor:
@@ -100,6 +121,14 @@ class RandomApply(Transform):
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         out = self.pipeline.apply_reference(images, _child_params(params, "t."))
         return _select(params["apply"], out, images, "RandomApply")
+
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        return self.resolve_targets(targets, params, in_hw)[1]
+
+    def resolve_targets(self, targets: Targets, params: dict[str, torch.Tensor],
+                        in_hw: HW) -> tuple[dict[str, torch.Tensor], Targets]:
+        inner, moved = self.pipeline.resolve_targets(targets, _child_params(params, "t."), in_hw)
+        return {**params, **_prefixed(inner, "t.")}, select_targets(params["apply"], moved, targets)
 
 
 class RandomChoice(Transform):
@@ -165,6 +194,18 @@ class RandomChoice(Transform):
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._run(images, params, reference=True)
 
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        return self.resolve_targets(targets, params, in_hw)[1]
+
+    def resolve_targets(self, targets: Targets, params: dict[str, torch.Tensor],
+                        in_hw: HW) -> tuple[dict[str, torch.Tensor], Targets]:
+        params, out = dict(params), targets
+        for i, t in enumerate(self.transforms):
+            sub, moved = t.resolve_targets(targets, _child_params(params, f"{i}."), in_hw)
+            params.update(_prefixed(sub, f"{i}."))
+            out = moved if i == 0 else select_targets(params["choice"] == i, moved, out)
+        return params, out
+
 
 class RandomOrder(Transform):
     """torchvision's ``RandomOrder(transforms)``: each sample goes through all of
@@ -207,3 +248,26 @@ class RandomOrder(Transform):
 
     def apply_reference(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._run(images, params, reference=True)
+
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        return self.resolve_targets(targets, params, in_hw)[1]
+
+    def resolve_targets(self, targets: Targets, params: dict[str, torch.Tensor],
+                        in_hw: HW) -> tuple[dict[str, torch.Tensor], Targets]:
+        """Slot by slot, as the images: each transform moves the targets as they stand, each
+        sample keeps those of the transform its order puts there (and that transform's
+        parameters, where it settles them by the targets: the slot it runs at is the sample's)."""
+        order = params["order"]
+        subs = [_child_params(params, f"{i}.") for i in range(len(self.transforms))]
+        for slot in range(order.shape[1]):
+            out = targets
+            for i, t in enumerate(self.transforms):
+                here = order[:, slot] == i
+                sub, moved = t.resolve_targets(targets, subs[i], in_hw)
+                subs[i] = _merge(here, sub, subs[i])
+                out = select_targets(here, moved, out)
+            targets = out
+        params = dict(params)
+        for i, sub in enumerate(subs):
+            params.update(_prefixed(sub, f"{i}."))
+        return params, targets

@@ -124,7 +124,13 @@ class _LabelMix(nn.Module):
             return super().apply(images)
         return self.mix(images, labels, params)
 
-    def forward(self, images: torch.Tensor, labels: torch.Tensor, key: AugKey) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, images: torch.Tensor, labels: torch.Tensor, key: AugKey,
+                targets: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``targets``: boxes or masks raise torchvision's error (a mixed image has no one box
+        list or label map); the argument exists so that passing them says so."""
+        if targets is not None:
+            raise ValueError(f"{type(self).__name__}() does not support PIL images, bounding boxes, keypoints and "
+                             "masks (as in torchvision); mix only batches without targets")
         return self.apply(images, labels, self.make_params(images, key))
 
 

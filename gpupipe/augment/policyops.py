@@ -32,7 +32,7 @@ import torch
 from .geometry import affine_matrix
 from .warp import _affine, warp
 
-__all__ = ["OPS", "OP_IDS", "apply_ops", "equalize_lut", "Rows"]
+__all__ = ["OPS", "OP_IDS", "apply_ops", "op_matrix", "equalize_lut", "Rows"]
 
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Contrast", "Posterize",
        "Solarize", "AutoContrast", "Equalize", "Invert", "Color", "Sharpness")
@@ -125,13 +125,13 @@ def _factors(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _geometric(images, op, magnitude, interpolation, fill) -> torch.Tensor:
     hw = (int(images.shape[-2]), int(images.shape[-1]))
     padding = "zeros" if fill is None or all(v == 0 for v in fill) else "fill"
-    out = warp(images, _op_matrix(op, magnitude, hw), hw, padding, interpolation, fill, True)
+    out = warp(images, op_matrix(op, magnitude, hw), hw, padding, interpolation, fill, True)
     if not images.is_floating_point() and out.is_floating_point():
         out = out.round_().clamp_(0, 255)  # torchvision rounds a warped integer image
     return out.to(images.dtype)
 
 
-def _op_matrix(op: torch.Tensor, m: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+def op_matrix(op: torch.Tensor, m: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """(B, 3, 3) float64 input→output pixel matrices: torchvision's shears about the
     top-left corner (pixel (-0.5, -0.5)), translations by ``int(magnitude)`` pixels,
     counter-clockwise rotation by ``magnitude`` degrees about the centre; identity for

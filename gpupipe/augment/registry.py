@@ -30,6 +30,8 @@ _REGISTRY = {
     **{name: f"{_CONTAINER}:{name}" for name in ("RandomApply", "RandomChoice", "RandomOrder")},
     **{name: f"gpupipe.augment.autoaugment:{name}" for name in (
         "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix")},
+    "RandomIoUCrop": "gpupipe.augment.ioucrop:RandomIoUCrop",
+    "SanitizeBoundingBoxes": "gpupipe.augment.targets:SanitizeBoundingBoxes",
 }
 TRANSFORMS: Mapping[str, str] = types.MappingProxyType(_REGISTRY)
 MIXES: Mapping[str, str] = types.MappingProxyType({"MixUp": "gpupipe.augment.mix:MixUp",

@@ -23,8 +23,8 @@ from gpupipe.core.targets import Boxes, Targets
 
 from .base import Transform
 
-__all__ = ["Boxes", "Targets", "check_targets", "move_boxes", "move_masks", "sanitize_boxes", "SanitizeBoundingBoxes", "pack_targets",
-           "unpack_targets"]
+__all__ = ["Boxes", "Targets", "check_targets", "move_boxes", "move_masks", "select_targets", "sanitize_boxes",
+           "SanitizeBoundingBoxes", "pack_targets", "unpack_targets"]
 
 HW = tuple[int, int]
 
@@ -89,6 +89,34 @@ def move_masks(masks: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding: s
         value = fill[0] if fill is not None and len(fill) == 1 else 0.0
         padding, fill = ("zeros", None) if value == 0 else ("fill", (value,))
     return warp(masks[:, None], matrix, out_hw, padding, "nearest", fill, affine)[:, 0]
+
+
+def select_targets(chosen: torch.Tensor, a: Targets, b: Targets) -> Targets:
+    """Per image, ``a``'s targets where ``chosen`` (B,) bool, else ``b``'s: how a container keeps
+    the branch each sample took. Boxes of the same layout (both branches moved the same boxes:
+    one ``counts``) are one ``torch.where``; after a branch that dropped boxes, each image's rows
+    are gathered from its branch (a device sync, as any filter)."""
+    if (a.boxes is None) != (b.boxes is None) or (a.masks is None) != (b.masks is None):
+        raise ValueError("the branches of a container give different target kinds")
+    boxes = None if a.boxes is None or b.boxes is None else _select_boxes(chosen, a.boxes, b.boxes)
+    masks = None
+    if a.masks is not None and b.masks is not None:
+        if a.masks.shape != b.masks.shape:
+            raise ValueError(f"the branches of a container give masks of {tuple(a.masks.shape)} and "
+                             f"{tuple(b.masks.shape)}; the samples of a batch keep one size")
+        masks = torch.where(chosen.to(a.masks.device).reshape(-1, 1, 1), a.masks, b.masks)
+    return Targets(boxes, masks)
+
+
+def _select_boxes(chosen: torch.Tensor, a: Boxes, b: Boxes) -> Boxes:
+    chosen = chosen.to(a.boxes.device)
+    if a.counts is b.counts:  # the same rows, moved two ways
+        rows = chosen[a.image_index]
+        return Boxes(torch.where(rows[:, None], a.boxes, b.boxes), torch.where(rows, a.labels, b.labels), a.counts)
+    keep_a, keep_b = chosen[a.image_index], ~chosen[b.image_index]
+    order = torch.sort(torch.cat([a.image_index[keep_a], b.image_index[keep_b]]), stable=True).indices
+    return Boxes(torch.cat([a.boxes[keep_a], b.boxes[keep_b].to(a.boxes.dtype)])[order],
+                 torch.cat([a.labels[keep_a], b.labels[keep_b]])[order], torch.where(chosen, a.counts, b.counts))
 
 
 def sanitize_boxes(boxes: Boxes, canvas_hw: HW, min_size: float = 1.0, min_area: float = 1.0) -> Boxes:

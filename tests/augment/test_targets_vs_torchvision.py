@@ -259,8 +259,8 @@ def test_a_batch_without_any_box_goes_through(device):
 def test_ops_that_cannot_move_targets_say_so(device):
     images = torch.zeros((B, 3, H, W), dtype=torch.uint8, device=device)
     targets = pack_targets(_targets(), device=device)
-    with pytest.raises(NotImplementedError, match="RandomApply"):
-        T.RandomApply([T.RandomRotation(10)])(images, _key(device), targets=targets)
+    with pytest.raises(TypeError, match="not supported by AugMix"):
+        T.AugMix()(images, _key(device), targets=targets)
     out, same = T.ColorJitter(0.2)(images, _key(device), targets=targets)
     assert same is targets
     with pytest.raises(ValueError, match="masks should be"):
