@@ -78,4 +78,4 @@ class SplitConfig:
         if transforms is None and mix is None:
             return None
         warn_repeated_resizes(transforms, self.decode)  # once per loader: each builds its stage once
-        return AugmentStage(transforms, mix, self.seed)
+        return AugmentStage(transforms, mix, self.seed, targets=self.source.targets)
