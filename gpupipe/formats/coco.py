@@ -252,9 +252,10 @@ def _annotations(annotations: list, url: str, image_rows: dict[int, int], names:
         aid = ann.get("id", f"#{k}") if isinstance(ann, dict) else f"#{k}"
         if not isinstance(ann, dict):
             raise ShardFormatError(f"annotation {aid} is {_preview(ann)}, not an object", shard=url)
-        row = image_rows.get(ann.get("image_id")) if _is_int(ann.get("image_id")) else None
+        image_id, category_id = ann.get("image_id"), ann.get("category_id")
+        row = image_rows.get(image_id) if type(image_id) is int else None
         if row is None:
-            raise ShardFormatError(f"annotation {aid}: image_id {ann.get('image_id')!r} is not among the images",
+            raise ShardFormatError(f"annotation {aid}: image_id {image_id!r} is not among the images",
                                    shard=url)
         if ann.get("iscrowd", 0) == 1:
             crowds += 1
@@ -268,9 +269,9 @@ def _annotations(annotations: list, url: str, image_rows: dict[int, int], names:
             raise bad(f"bbox is {_preview(box)}, not four finite numbers [x, y, width, height]")
         if box[2] < 0 or box[3] < 0:
             raise bad(f"bbox {box} has a negative width or height")
-        label = category_index.get(ann.get("category_id")) if _is_int(ann.get("category_id")) else None
+        label = category_index.get(category_id) if type(category_id) is int else None
         if label is None:
-            raise bad(f"category_id {ann.get('category_id')!r} is not among the categories")
+            raise bad(f"category_id {category_id!r} is not among the categories")
         kind, polygons = _segmentation(ann.get("segmentation"), bad)
         for poly in polygons:
             coords.extend(poly)
