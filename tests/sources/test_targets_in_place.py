@@ -285,6 +285,8 @@ def test_parquet_target_chunks_are_fetched_by_range_with_the_image_chunk(tmp_pat
             a, b = (int(v) for v in t.ranges[g, k:k + 2])
             assert a < 0 or any(lo <= a and b <= hi for lo, hi in fetched), (g, k)
     assert t.ranges.shape[1] == 8  # the mask column is not read for boxes alone
+    # exactly the planned ranges, no read past them (pyarrow asking for a chunk not fetched reads it apart)
+    assert sorted(fetched) == sorted(r for g in range(len(t)) for r in t.byte_ranges(g))
 
 
 def test_parquet_index_written_without_targets_still_reads_them(tmp_path, caplog):
@@ -389,3 +391,16 @@ def test_memory_filesystem_coco_folder():
     src = resolve(Source(url, targets="boxes"))
     fetcher = Fetcher.for_url(src.shard_urls[0], {})
     check_boxes(samples_of(object_spans(fetcher, src, [Span(i, 0, 1) for i in range(3)])), expected(doc))
+
+
+def test_an_rle_mask_is_a_problem_for_its_sample_and_a_listed_skip_in_ingest(tmp_path):
+    doc = write_coco(str(tmp_path / "imgs"), n=3)
+    doc["annotations"][0]["segmentation"] = {"counts": "xyz", "size": [24, 32]}  # image 1's, not a crowd
+    (tmp_path / "imgs" / "instances_x.json").write_text(json.dumps(doc))
+    src = resolve(Source(str(tmp_path / "imgs"), targets="masks"))
+    reads = list(object_spans(local_fetcher(), src, [Span(i, 0, 1) for i in range(3)]))
+    assert [r.samples[0] is not None for r in reads] == [True, False, True]
+    assert "'000000000001.jpg'" in reads[1].problems[0].reason and "RLE" in reads[1].problems[0].reason
+    assert set(reads[0].samples[0].fields) == {"jpg", "mask.png"}
+    report = ingest(str(tmp_path / "imgs"), str(tmp_path / "out"), workers=1, progress=False, targets="masks")
+    assert report.num_samples == 2 and len(report.skipped) == 1 and "RLE" in report.skipped[0][1]
