@@ -404,3 +404,16 @@ def test_an_rle_mask_is_a_problem_for_its_sample_and_a_listed_skip_in_ingest(tmp
     assert set(reads[0].samples[0].fields) == {"jpg", "mask.png"}
     report = ingest(str(tmp_path / "imgs"), str(tmp_path / "out"), workers=1, progress=False, targets="masks")
     assert report.num_samples == 2 and len(report.skipped) == 1 and "RLE" in report.skipped[0][1]
+
+
+def test_gpupipe_ingest_cli_takes_targets_and_annotations(tmp_path, capsys):
+    from gpupipe.tools.cli import main
+
+    doc = write_coco(str(tmp_path / "imgs"), n=3, where="custom")
+    assert main(["ingest", str(tmp_path / "imgs"), str(tmp_path / "out"), "--targets", "boxes", "--annotations",
+                 str(tmp_path / "my.json"), "--quiet"]) == 0
+    assert "3 samples" in capsys.readouterr().out
+    got = shard_samples(str(tmp_path / "out"))
+    assert all(set(f) == {"jpg", "json"} for f in got.values())
+    want = expected(doc)
+    assert all(parse_boxes(f["json"], k)[0].tobytes() == want[k][0].tobytes() for k, f in got.items())
