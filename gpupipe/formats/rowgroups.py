@@ -24,7 +24,7 @@ Targets (:func:`with_target_columns`, when the source asks for them): boxes come
 (``list<int>``); a mask from ``mask`` (binary: an 8-bit PNG of class indices). Their column
 chunks are fetched with the image's (:meth:`RowGroupTable.byte_ranges`), and a row's
 sample gets them as the members a WebDataset sample has (:mod:`gpupipe.formats.annotations`:
-``json``, ``mask.png``). A null cell, a box that is not four finite numbers or has a
+``json``, ``mask.png``; made by :mod:`gpupipe.formats.rowtargets`). A null cell, a box that is not four finite numbers or has a
 negative size, a box count that is not the label count, a label outside the class list
 and a mask that is not a PNG make the row a ``ShardFormatError`` naming it.
 
@@ -49,14 +49,14 @@ from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError, ShardFormatError, StorageError
 from gpupipe.core.types import Sample
-from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, encode_boxes
 from gpupipe.formats.folder import NameList, class_numbering, label_problem
 from gpupipe.formats.imageheader import field_name
+from gpupipe.formats.rowtargets import TARGET_COLUMNS, check_target_types, row_targets
 from gpupipe.formats.tar import safe_key, sample_fields
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "TAIL_BYTES", "Columns", "RowGroupTable", "Pieces", "footer_range",
            "read_footer", "describe_parquet", "parquet_columns", "parquet_classes", "read_columns", "decode_row_group",
-           "row_key", "row_group_samples", "require_pyarrow", "is_image_type", "classlabel_names", "TARGET_COLUMNS",
+           "row_key", "row_group_samples", "require_pyarrow", "is_image_type", "classlabel_names",
            "with_target_columns"]
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,7 @@ log = logging.getLogger(__name__)
 IMAGE_COLUMNS = ("image", "img", "jpg", "jpeg", "png", "bytes")
 LABEL_COLUMNS = ("label", "labels", "cls", "class", "target")
 TAIL_BYTES = 64 << 10  # first read of a file's tail: holds the footer of most files
-TARGET_COLUMNS = {"boxes": ("boxes", "box_labels"), "masks": ("mask",)}  # the columns of each target kind
 _MERGE_GAP = 64 << 10  # column chunks closer than this are fetched as one range
-_PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass(frozen=True)
@@ -484,7 +482,7 @@ def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta
             why = "the image cell is null" if data is None else "the image is empty (0 bytes)"
         extra: dict[str, bytes] = {}
         if not why and cells:
-            extra, why = _row_targets({c: v[i] for c, v in cells.items()}, len(classes) or None)
+            extra, why = row_targets({c: v[i] for c, v in cells.items()}, len(classes) or None)
         if why or data is None:
             problems[i] = ShardFormatError(f"sample {key!r}: {why}", shard=url)
             samples.append(None)
@@ -492,44 +490,6 @@ def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta
         samples.append(Sample(key=key, fields={**sample_fields(data, label, field_name(data, "jpg")), **extra},
                               shard=url, offset=first + i))
     return samples, problems
-
-
-def _row_targets(cells: Mapping[str, Any], num_classes: int | None) -> tuple[dict[str, bytes], str]:
-    """A row's target members (``json``, ``mask.png``) from its target cells, or why it has none
-    that are usable."""
-    out: dict[str, bytes] = {}
-    if "boxes" in cells:
-        boxes, labels = cells["boxes"], cells["box_labels"]
-        if boxes is None or labels is None:
-            return {}, f"the {'boxes' if boxes is None else 'box_labels'} cell is null (an image without boxes " \
-                       "has empty lists)"
-        nested = any(not isinstance(b, (int, float)) for b in boxes)  # list<list<float>> (or a null in it)
-        flat = [v for b in boxes for v in b] if nested and all(isinstance(b, list) and len(b) == 4 for b in boxes) \
-            else None if nested else boxes
-        if flat is None or len(flat) % 4 or any(v is None or not np.isfinite(v) for v in flat):
-            return {}, f"boxes {_preview(boxes)} are not [x1, y1, x2, y2] lists of four finite numbers"
-        xyxy = np.array(flat, dtype=np.float64).reshape(-1, 4)
-        negative = np.flatnonzero((xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1]))
-        if len(negative):
-            return {}, f"box {int(negative[0])} {xyxy[negative[0]].tolist()} has a negative width or height"
-        if len(labels) != len(xyxy):
-            return {}, f"{len(xyxy)} boxes and {len(labels)} box_labels; give one class index per box"
-        bad = [v for v in labels if v is None or v < 0 or (num_classes is not None and v >= num_classes)]
-        if bad:
-            within = f"0..{num_classes - 1}" if num_classes is not None else ">= 0"
-            return {}, f"box label {bad[0]!r} is not a class index ({within})"
-        out[BOXES_FIELD] = encode_boxes(xyxy.astype(np.float32), labels)
-    if "mask" in cells:
-        mask = cells["mask"]
-        if mask is None or not bytes(mask[:8]) == _PNG:
-            return {}, "the mask cell is null" if mask is None else "the mask cell is not a PNG image"
-        out[MASK_FIELD] = mask
-    return out, ""
-
-
-def _preview(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def with_target_columns(table: RowGroupTable, kinds: Sequence[str], root: str = "") -> RowGroupTable:
@@ -545,7 +505,7 @@ def with_target_columns(table: RowGroupTable, kinds: Sequence[str], root: str = 
     for f in range(len(table.files)):
         url = root + table.files[f]
         meta = read_footer(int(table.file_sizes[f]), *table.footer(f), url)
-        _check_target_types(meta.schema.to_arrow_schema(), wanted, url)
+        check_target_types(meta.schema.to_arrow_schema(), wanted, url)
         metas.append(meta)
     extra = np.full((len(table), 2 * len(wanted)), -1, dtype=np.int64)
     for g in range(len(table)):
@@ -562,31 +522,6 @@ def with_target_columns(table: RowGroupTable, kinds: Sequence[str], root: str = 
                                  table.columns.string_labels, wanted), table.files, table.file_sizes,
                          table.footer_sizes, table.footer_blob, table.file, table.index, table.first_row, table.rows,
                          np.hstack([table.ranges[:, :4], extra]))
-
-
-def _check_target_types(schema, wanted: Sequence[str], url: str) -> None:
-    import pyarrow as pa
-
-    def numbers(t) -> bool:
-        return pa.types.is_floating(t) or pa.types.is_integer(t)
-
-    def is_list(t) -> bool:
-        return pa.types.is_list(t) or pa.types.is_large_list(t)
-
-    expect = {"boxes": ("list<list<float>> of [x1, y1, x2, y2], or list<float> of 4n values",
-                        lambda t: is_list(t) and (numbers(t.value_type) or (is_list(t.value_type) and
-                                                                            numbers(t.value_type.value_type)))),
-              "box_labels": ("list<int>, one class index per box",
-                             lambda t: is_list(t) and pa.types.is_integer(t.value_type)),
-              "mask": ("binary (a PNG)", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))}
-    for name in wanted:
-        what, ok = expect[name]
-        if name not in schema.names:
-            raise ConfigError(f"source.targets: {url} has no {name!r} column ({what}); its columns are "
-                              f"{schema.names}")
-        if not ok(schema.field(name).type):
-            raise ConfigError(f"source.targets: column {name!r} of {url} is {schema.field(name).type}; it must be "
-                              f"{what}")
 
 
 def _row_label(raw, index: dict[str, int] | None, classes: Sequence[str]) -> tuple[int, str]:
