@@ -343,7 +343,11 @@ def _annotations_file(fetcher: Fetcher, folder: str, source: Source) -> tuple[st
                               "instances_*.json of the images in " + folder)
         return source.annotations, got[0]
     protocol = folder.split("://", 1)[0] + "://" if "://" in folder else ""
-    inside = sorted(_with_protocol(protocol, p) for p in fetcher.call(folder + "instances_*.json", "glob"))
+    try:
+        listed = fetcher.call(folder + "instances_*.json", "glob")
+    except (StorageError, NotImplementedError):  # storage that cannot list (http): the file beside, or named
+        listed = []
+    inside = sorted(_with_protocol(protocol, p) for p in listed)
     if len(inside) > 1:
         raise ConfigError(f"source.annotations: {folder} holds {len(inside)} COCO files ({', '.join(inside[:3])}); "
                           "name the one to read with annotations: (Source(annotations=...))")
