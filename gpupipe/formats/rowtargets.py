@@ -32,9 +32,7 @@ def row_targets(cells: Mapping[str, Any], num_classes: int | None) -> tuple[dict
         if boxes is None or labels is None:
             return {}, f"the {'boxes' if boxes is None else 'box_labels'} cell is null (an image without boxes " \
                        "has empty lists)"
-        nested = any(not isinstance(b, (int, float)) for b in boxes)  # list<list<float>> (or a null in it)
-        flat = [v for b in boxes for v in b] if nested and all(isinstance(b, list) and len(b) == 4 for b in boxes) \
-            else None if nested else boxes
+        flat = _flat(boxes)
         if flat is None or len(flat) % 4 or any(v is None or not np.isfinite(v) for v in flat):
             return {}, f"boxes {_preview(boxes)} are not [x1, y1, x2, y2] lists of four finite numbers"
         xyxy = np.array(flat, dtype=np.float64).reshape(-1, 4)
@@ -54,6 +52,16 @@ def row_targets(cells: Mapping[str, Any], num_classes: int | None) -> tuple[dict
             return {}, "the mask cell is null" if mask is None else "the mask cell is not a PNG image"
         out[MASK_FIELD] = mask
     return out, ""
+
+
+def _flat(boxes: list) -> list | None:
+    """The values of a ``boxes`` cell in one list: a flat ``list<float>`` as it is, a
+    ``list<list<float>>`` joined when every box has four values (else ``None``)."""
+    if all(isinstance(v, (int, float)) for v in boxes):
+        return boxes
+    if all(isinstance(b, list) and len(b) == 4 for b in boxes):
+        return [v for b in boxes for v in b]
+    return None  # a box of another length, or a null among the values or boxes
 
 
 def _preview(value: object) -> str:

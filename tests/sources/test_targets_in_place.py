@@ -417,3 +417,17 @@ def test_gpupipe_ingest_cli_takes_targets_and_annotations(tmp_path, capsys):
     assert all(set(f) == {"jpg", "json"} for f in got.values())
     want = expected(doc)
     assert all(parse_boxes(f["json"], k)[0].tobytes() == want[k][0].tobytes() for k, f in got.items())
+
+
+def test_flat_parquet_boxes_need_four_values_a_box(tmp_path):
+    fs, root = fsspec.core.url_to_fs(str(tmp_path / "pq"))
+    fs.makedirs(root, exist_ok=True)
+    rows = [([1, 1, 2, 2, 3, 3, 4, 4], [0, 1]), ([1, 1, 2, 2, 3], [0]), ([1, None, 2, 2], [0])]
+    table = pa.table({"image": [jpeg(8, 8, i) for i in range(3)],
+                      "boxes": pa.array([r[0] for r in rows], pa.list_(pa.float64())),
+                      "box_labels": pa.array([r[1] for r in rows], pa.list_(pa.int64()))})
+    pq.write_table(table, f"{root}/part-000.parquet")
+    src = resolve(Source(str(tmp_path / "pq"), targets="boxes"))
+    (read,) = rowgroup_spans(local_fetcher(), src, [Span(0, 0, 3)])
+    assert parse_boxes(read.samples[0].fields["json"], "k")[0].tolist() == [[1, 1, 2, 2], [3, 3, 4, 4]]
+    assert sorted(read.problems) == [1, 2] and all("four finite numbers" in e.reason for e in read.problems.values())
