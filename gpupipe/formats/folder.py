@@ -269,24 +269,32 @@ def object_key(name: str) -> str:
     return safe_key(head + slash + (base.rpartition(".")[0] or base))
 
 
-def object_sample(name: str, data: bytes, label: int, url: str) -> Sample:
+def object_sample(name: str, data: bytes, label: int, url: str, targets: Mapping[str, bytes] | None = None) -> Sample:
     """The sample of image ``name`` read as ``data`` from ``url``: key :func:`object_key`,
     the image under the name of its format (its extension when the bytes say none), and
-    ``cls`` when ``label >= 0``. An empty file raises ``ShardFormatError``."""
+    ``cls`` when ``label >= 0``, then the ``targets`` members (``json``, ``mask.png``: from a
+    COCO file, :meth:`~gpupipe.formats.coco.CocoTable.fields`). An empty file raises
+    ``ShardFormatError``."""
     key = object_key(name)
     if not data:
         raise ShardFormatError(f"sample {key!r}: the image is empty (0 bytes)", shard=url)
-    return Sample(key=key, fields=sample_fields(data, label, field_name(data, extension(name))), shard=url, offset=0)
+    fields = sample_fields(data, label, field_name(data, extension(name)))
+    return Sample(key=key, fields={**fields, **targets} if targets else fields, shard=url, offset=0)
 
 
 def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None, *, explicit: bool = False,
-                 classes: Sequence[str] | None = None) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
+                 classes: Sequence[str] | None = None, annotated: bool = False
+                 ) -> tuple[ObjectTable, tuple[str, ...], list[tuple[str, str]]]:
     """``(table, classes, skipped)`` for an image folder listing: the layout is class
     sub-folders when every image sits below the top level, flat when every one sits at
     it (labels from ``mapping``, else -1); a mix raises ``ConfigError``. A mapping given
     ``explicit``-ly for a folder with class sub-folders is refused (it would be ignored).
     ``classes`` numbers class names (see :func:`class_numbering`). ``skipped``: the files
-    that are not read as images, with the reason (the expected side files left out)."""
+    that are not read as images, with the reason (the expected side files left out).
+
+    ``annotated``: a COCO folder (:mod:`gpupipe.formats.coco`), whose annotations file gives
+    each image its objects and the classes: it must be flat (COCO's layout), every label is
+    -1 (no class per image, no labels file read) and ``instances_*.json`` files are expected."""
     root = listing.root
     rel = {p: p[len(root):].lstrip("/") for p in listing.files}
     images = [r for r in rel.values() if extension(r) in IMAGE_EXTENSIONS and not _dotted(r)]
@@ -295,6 +303,10 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
         raise ConfigError(f"source: {root} has images at the top level ({', '.join(top[:2])}, ...) and in sub-folders "
                           f"({', '.join(deep[:2])}, ...); put every image in a class sub-folder, or all of them at the "
                           "top with a labels.csv")
+    if deep and annotated:
+        raise ConfigError(f"source.annotations: {root} has its images in sub-folders ({', '.join(deep[:2])}, ...); "
+                          "a folder read with COCO annotations holds its images at the top level, as COCO's "
+                          "train2017/ does")
     if deep and mapping is not None and explicit:
         raise ConfigError(f"source.labels: {root} has class sub-folders, which give the labels; a labels file "
                           "is for a flat folder of images. Leave source.labels out.")
@@ -314,6 +326,8 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
         found = class_numbering({r.partition("/")[0] for r in keep}, classes, root)
         number = {c: i for i, c in enumerate(found)}
         labels, found = [number[r.partition("/")[0]] for r in keep], found
+    elif annotated:
+        labels, found = [-1] * len(keep), tuple(classes or ())
     else:
         labels, found = _mapped_labels(keep, mapping, classes, root)
     table = ObjectTable(NameList(keep), [listing.files[f"{root}/{r}"] for r in keep], labels)
@@ -424,9 +438,15 @@ def _mapped_labels(names: list[str], mapping: Mapping[str, int | str] | None, gi
     return [index[v] for v in strings], classes
 
 
+def _coco_file(path: str, root: str) -> bool:
+    """A COCO annotations file at the top of the folder (``instances_val2017.json``)."""
+    rel = path[len(root):].lstrip("/")
+    return "/" not in rel and rel.startswith("instances_") and rel.endswith(".json")
+
+
 def _reported(root: str, rejected: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The rejected files worth telling the user about (not index.json, labels.csv, ...)."""
-    out = [(p, why) for p, why in rejected if p[len(root):].lstrip("/") not in _EXPECTED]
+    out = [(p, why) for p, why in rejected if p[len(root):].lstrip("/") not in _EXPECTED and not _coco_file(p, root)]
     if out:
         log.warning("%s: %d file(s) are not read as images (first: %s: %s)", root, len(out), out[0][0], out[0][1])
     return out

@@ -18,6 +18,16 @@ kept, string labels become their index among the sorted names (``classes``), and
 Face ``ClassLabel`` metadata gives names to integer labels. A table without a label
 column is unlabelled: every label is -1 (with a warning).
 
+Targets (:func:`with_target_columns`, when the source asks for them): boxes come from the
+``boxes`` column (``list<list<float>>`` of ``[x1, y1, x2, y2]`` absolute pixels, or a flat
+``list<float>`` of ``4n`` values) with one class index per box in ``box_labels``
+(``list<int>``); a mask from ``mask`` (binary: an 8-bit PNG of class indices). Their column
+chunks are fetched with the image's (:meth:`RowGroupTable.byte_ranges`), and a row's
+sample gets them as the members a WebDataset sample has (:mod:`gpupipe.formats.annotations`:
+``json``, ``mask.png``; made by :mod:`gpupipe.formats.rowtargets`). A null cell, a box that is not four finite numbers or has a
+negative size, a box count that is not the label count, a label outside the class list
+and a mask that is not a PNG make the row a ``ShardFormatError`` naming it.
+
 Rows (:func:`row_group_samples`): a row's key is ``<file>/<row in the file>``; a null or
 empty image cell, a null label cell, a string label outside the class list and an integer that numbers
 no class (:func:`~gpupipe.formats.folder.label_problem`; -1 means "no label") make that row
@@ -41,28 +51,33 @@ from gpupipe.core.errors import ConfigError, MissingDependencyError, ShardFormat
 from gpupipe.core.types import Sample
 from gpupipe.formats.folder import NameList, class_numbering, label_problem
 from gpupipe.formats.imageheader import field_name
+from gpupipe.formats.rowtargets import TARGET_COLUMNS, check_target_types, row_targets
 from gpupipe.formats.tar import safe_key, sample_fields
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "TAIL_BYTES", "Columns", "RowGroupTable", "Pieces", "footer_range",
            "read_footer", "describe_parquet", "parquet_columns", "parquet_classes", "read_columns", "decode_row_group",
-           "row_key", "row_group_samples", "require_pyarrow", "is_image_type", "classlabel_names"]
+           "row_key", "row_group_samples", "require_pyarrow", "is_image_type", "classlabel_names",
+           "with_target_columns"]
 
 log = logging.getLogger(__name__)
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "jpeg", "png", "bytes")
 LABEL_COLUMNS = ("label", "labels", "cls", "class", "target")
 TAIL_BYTES = 64 << 10  # first read of a file's tail: holds the footer of most files
+_MERGE_GAP = 64 << 10  # column chunks closer than this are fetched as one range
 
 
 @dataclass(frozen=True)
 class Columns:
     """The column chunks read: ``image`` (a binary column, or a struct whose ``bytes``
-    field is read when ``image_field`` is ``"bytes"``) and ``label`` (``None``: no labels)."""
+    field is read when ``image_field`` is ``"bytes"``), ``label`` (``None``: no labels) and
+    ``targets``, the target columns (:data:`TARGET_COLUMNS`) read when the source asks for them."""
 
     image: str
     image_field: str | None = None
     label: str | None = None
     string_labels: bool = False
+    targets: tuple[str, ...] = ()
 
     @property
     def leaves(self) -> tuple[str, ...]:
@@ -84,9 +99,9 @@ class RowGroupTable:
     Per file (``files`` relative to the root): ``file_sizes``, and its footer (plus the
     8-byte trailer) kept whole — ``footer_blob`` holds them back to back, ``footer_sizes``
     their lengths — so that a worker decodes row groups without asking for footers. Per row group: ``file``, ``index`` in its file,
-    ``first_row`` in its file, ``rows``, and ``ranges`` (R, 4): start and stop of the image
-    column chunk, then of the label column chunk (``-1, -1`` without labels); ``crc32``
-    of those bytes when indexed with checksums.
+    ``first_row`` in its file, ``rows``, and ``ranges`` (R, 4 + 2T): start and stop of the image
+    column chunk, then of the label column chunk (``-1, -1`` without labels), then of each of
+    the T ``columns.targets``; ``crc32`` of those bytes when indexed with checksums.
     """
 
     columns: Columns
@@ -115,8 +130,11 @@ class RowGroupTable:
         self._check()
 
     def _check(self) -> None:
-        n = len(self.rows)
-        self.ranges.shape = (n, 4) if n else (0, 4)
+        n, width = len(self.rows), 4 + 2 * len(self.columns.targets)
+        if self.ranges.size != n * width:
+            raise ShardFormatError(f"row-group table: {self.ranges.size} range values for {n} row groups of "
+                                   f"{width} each")
+        self.ranges.shape = (n, width)
         if not all(len(getattr(self, a)) == n for a in ("file", "index", "first_row")) or (
                 self.crc32 is not None and len(self.crc32) != n):
             raise ShardFormatError(f"row-group table lists {n} row groups but other columns of other lengths")
@@ -140,18 +158,22 @@ class RowGroupTable:
         return int(self.file_sizes[f]) - n, self.footer_blob[end - n:end]
 
     def byte_ranges(self, group: int) -> list[tuple[int, int]]:
-        """The byte ranges to fetch for row group ``group``: one, or two when the label
-        chunk is not next to the image chunk."""
-        a, b, c, d = (int(x) for x in self.ranges[group])
-        if c < 0:
-            return [(a, b)]
-        lo, hi = sorted([(a, b), (c, d)])
-        return [(lo[0], max(lo[1], hi[1]))] if hi[0] - lo[1] <= 64 << 10 else [lo, hi]
+        """The byte ranges to fetch for row group ``group``: its column chunks in file order,
+        those less than 64 KiB apart fetched as one (one range when they sit together)."""
+        row = [int(x) for x in self.ranges[group]]
+        chunks = sorted((row[k], row[k + 1]) for k in range(0, len(row), 2) if row[k] >= 0)
+        out = [chunks[0]]
+        for a, b in chunks[1:]:
+            if a - out[-1][1] <= _MERGE_GAP:
+                out[-1] = (out[-1][0], max(out[-1][1], b))
+            else:
+                out.append((a, b))
+        return out
 
     def to_dict(self) -> dict:
         c = self.columns
         doc: dict[str, Any] = {"image_column": c.image, "image_field": c.image_field, "label_column": c.label,
-               "string_labels": c.string_labels,
+               "string_labels": c.string_labels, **({"target_columns": list(c.targets)} if c.targets else {}),
                "files": {"names": list(self.files), "sizes": self.file_sizes.tolist(),
                          "footers": self.footer_sizes.tolist(),
                          "footer_bytes": base64.b64encode(self.footer_blob).decode("ascii")},
@@ -167,8 +189,11 @@ class RowGroupTable:
         files, groups = doc["files"], doc["row_groups"]
         if not all(isinstance(n, str) for n in files["names"]):
             raise ValueError("parquet.files.names must be strings")
+        targets = doc.get("target_columns", [])
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ValueError("parquet.target_columns must be a list of column names")
         columns = Columns(str(doc["image_column"]), doc.get("image_field"), doc.get("label_column"),
-                          bool(doc.get("string_labels", False)))
+                          bool(doc.get("string_labels", False)), tuple(targets))
         return cls(columns, NameList(files["names"]), _ints(files["sizes"]), _ints(files["footers"]),
                    base64.b64decode(files["footer_bytes"], validate=True), _ints(groups["file"]), _ints(groups["index"]), _ints(groups["first_row"]), _ints(groups["rows"]),
                    _ints(groups["ranges"]), _ints(groups["crc32"]) if "crc32" in groups else None)
@@ -408,12 +433,18 @@ def read_columns(meta, file: Pieces, index: int, leaves: Sequence[str]):
 def decode_row_group(meta, file: Pieces, index: int, columns: Columns
                      ) -> tuple[list[bytes | None], list]:
     """Images and raw label values (``None`` where null) of row group ``index``."""
-    table = read_columns(meta, file, index, columns.leaves)
+    images, labels, _ = _decode(meta, file, index, columns)
+    return images, labels
+
+
+def _decode(meta, file: Pieces, index: int, columns: Columns) -> tuple[list[bytes | None], list, dict[str, list]]:
+    """Images, raw labels and the raw cells of each target column of row group ``index``."""
+    table = read_columns(meta, file, index, columns.leaves + columns.targets)
     image = table.column(columns.image).combine_chunks()
     if columns.image_field:
         image = _struct_bytes(image, columns.image_field)
     labels = table.column(columns.label).to_pylist() if columns.label else [-1] * table.num_rows
-    return image.to_pylist(), labels
+    return image.to_pylist(), labels, {c: table.column(c).to_pylist() for c in columns.targets}
 
 
 def _struct_bytes(array, name: str):
@@ -435,7 +466,7 @@ def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta
     file's parsed footer ``meta``): one per row, ``None`` where the row is unusable, and the
     ``ShardFormatError`` saying why by row. ``classes`` numbers string labels. Raises
     ``ShardFormatError`` when the row group does not decode or has other rows than listed."""
-    images, labels = decode_row_group(meta, file, int(table.index[g]), table.columns)
+    images, labels, cells = _decode(meta, file, int(table.index[g]), table.columns)
     rows, url = int(table.rows[g]), file.name
     if len(images) != rows:
         raise ShardFormatError(f"row group {int(table.index[g])} has {len(images)} rows, index.json says {rows} "
@@ -449,13 +480,48 @@ def row_group_samples(table: RowGroupTable, classes: Sequence[str], g: int, meta
         label, why = _row_label(raw, index, classes)
         if not data:
             why = "the image cell is null" if data is None else "the image is empty (0 bytes)"
+        extra: dict[str, bytes] = {}
+        if not why and cells:
+            extra, why = row_targets({c: v[i] for c, v in cells.items()}, len(classes) or None)
         if why or data is None:
             problems[i] = ShardFormatError(f"sample {key!r}: {why}", shard=url)
             samples.append(None)
             continue
-        samples.append(Sample(key=key, fields=sample_fields(data, label, field_name(data, "jpg")), shard=url,
-                              offset=first + i))
+        samples.append(Sample(key=key, fields={**sample_fields(data, label, field_name(data, "jpg")), **extra},
+                              shard=url, offset=first + i))
     return samples, problems
+
+
+def with_target_columns(table: RowGroupTable, kinds: Sequence[str], root: str = "") -> RowGroupTable:
+    """``table`` reading the target columns of ``kinds`` (``boxes``, ``masks``: :data:`TARGET_COLUMNS`)
+    too: their column chunk ranges from the footers the table holds (no request). A column a file
+    lacks, or of another type, raises ``ConfigError`` naming it and the file (``root + name``).
+    CRC-32s of the index cover the other chunks only: they are dropped (``gpupipe index
+    --checksums`` of a source with targets is not written yet)."""
+    wanted = tuple(c for k in kinds for c in TARGET_COLUMNS.get(k, ()))
+    if table.columns.targets == wanted:
+        return table
+    metas = []
+    for f in range(len(table.files)):
+        url = root + table.files[f]
+        meta = read_footer(int(table.file_sizes[f]), *table.footer(f), url)
+        check_target_types(meta.schema.to_arrow_schema(), wanted, url)
+        metas.append(meta)
+    extra = np.full((len(table), 2 * len(wanted)), -1, dtype=np.int64)
+    for g in range(len(table)):
+        f = int(table.file[g])
+        meta, rg = metas[f], metas[f].row_group(int(table.index[g]))
+        paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        for k, name in enumerate(wanted):
+            spans = [_chunk_range(rg.column(i), root + table.files[f]) for i, p in enumerate(paths)
+                     if p == name or p.startswith(name + ".")]
+            extra[g, 2 * k:2 * k + 2] = min(a for a, _ in spans), max(b for _, b in spans)
+    if table.crc32 is not None:
+        log.info("%s: the index's CRC-32s do not cover the target columns; row groups are read unchecked", root)
+    return RowGroupTable(Columns(table.columns.image, table.columns.image_field, table.columns.label,
+                                 table.columns.string_labels, wanted), table.files, table.file_sizes,
+                         table.footer_sizes, table.footer_blob, table.file, table.index, table.first_row, table.rows,
+                         np.hstack([table.ranges[:, :4], extra]))
 
 
 def _row_label(raw, index: dict[str, int] | None, classes: Sequence[str]) -> tuple[int, str]:

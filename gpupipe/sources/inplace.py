@@ -39,17 +39,20 @@ log = logging.getLogger(__name__)
 
 
 def describe_folder(fetcher: Fetcher, folder: str, listing: FolderListing, labels: str | None = None,
-                    classes: Sequence[str] | None = None, skipped: list | None = None) -> Manifest:
+                    classes: Sequence[str] | None = None, skipped: list | None = None,
+                    annotated: bool = False) -> Manifest:
     """The manifest of an image folder (``folder``: its URL, ending in ``/``).
 
     ``labels``: the URL of a mapping file for a flat folder (default: ``labels.csv`` or
     ``labels.json`` in it, when there). ``classes``: the list that numbers class names
     (default: the names found, sorted). ``skipped`` (a list) gets ``(path, why)`` of each
-    file that is not read as an image (:func:`~gpupipe.formats.folder.folder_table`)."""
-    found = [f"{listing.root}/{n}" for n in LABEL_FILES if f"{listing.root}/{n}" in listing.files]
+    file that is not read as an image (:func:`~gpupipe.formats.folder.folder_table`).
+    ``annotated``: a flat folder whose objects a COCO file gives (no labels file read, labels -1)."""
+    found = [f"{listing.root}/{n}" for n in LABEL_FILES if f"{listing.root}/{n}" in listing.files and not annotated]
     url = labels or (folder + found[0][len(listing.root) + 1:] if found else None)
     mapping = parse_label_file(fetcher.read(ByteRange(url)), url) if url else None
-    table, classes, rejected = folder_table(listing, mapping, explicit=labels is not None, classes=classes)
+    table, classes, rejected = folder_table(listing, mapping, explicit=labels is not None, classes=classes,
+                                            annotated=annotated)
     if skipped is not None:
         skipped.extend(rejected)
     if not len(table):

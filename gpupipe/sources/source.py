@@ -43,10 +43,11 @@ import numpy as np
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.targets import target_kinds
 from gpupipe.core.types import ByteRange, StringTable
+from gpupipe.formats.coco import CocoTable, parse_coco
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
-from gpupipe.formats.folder import FolderListing, NameList, classify_listing
+from gpupipe.formats.folder import FolderListing, NameList, ObjectTable, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from gpupipe.formats.rowgroups import require_pyarrow
+from gpupipe.formats.rowgroups import require_pyarrow, with_target_columns
 from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
 from gpupipe.storage.identity import RACY_S, ObjectVersion, digest_of, identity_of
@@ -71,7 +72,8 @@ class Source:
     ``targets``: the annotation kinds a sample brings beside its image (``("boxes",)``,
     ``("masks",)``, both, or ``()`` for classification: :func:`~gpupipe.core.targets.target_kinds`);
     their layout at rest is :mod:`gpupipe.formats.annotations`'. ``annotations``: a COCO
-    ``instances_*.json`` holding an image folder's boxes (default: found beside it).
+    ``instances_*.json`` holding an image folder's boxes (default: found beside it, see
+    :func:`resolve`).
     """
 
     url: str | tuple[str, ...]
@@ -125,7 +127,10 @@ class ResolvedSource:
     image (empty when an index described it); ``identity``: the version tag of what described
     the units — the index (its storage identity), or a digest of the listing made at start
     — which vouches for units the manifest has no checksum of (``""``: none; those units
-    are then never cached)."""
+    are then never cached). ``targets``: the target kinds its samples carry (``Source.targets``);
+    ``annotations``: for an image folder read with a COCO file, its objects, row ``i`` for
+    object ``i`` (:class:`~gpupipe.formats.coco.CocoTable`: numpy arrays, which pickle compactly
+    into DataLoader workers)."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
@@ -133,6 +138,8 @@ class ResolvedSource:
     delta_version: int | None = None
     skipped: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     identity: str = field(default="", repr=False, compare=False)
+    targets: tuple[str, ...] = ()
+    annotations: CocoTable | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_samples(self) -> int | None:
@@ -189,12 +196,21 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     Storage errors (missing bucket, 403) surface here, in the main process, as
     ``StorageError`` naming the URL — not later inside a DataLoader worker.
     ``use_index=False`` ignores an ``index.json`` (``gpupipe index`` describes afresh).
+
+    With ``source.targets``: an image folder's objects come from a COCO file — ``source.annotations``
+    if given, else the one ``instances_*.json`` in the folder, else
+    ``<parent>/annotations/instances_<folder name>.json`` (COCO's own layout: ``val2017/`` beside
+    ``annotations/instances_val2017.json``). The folder is flat, every image in it must be listed in
+    the file and every image the file lists must be in it (``ConfigError`` naming them); its labels
+    are -1 and its classes the categories (:mod:`gpupipe.formats.coco`). Parquet files read the
+    ``boxes`` / ``box_labels`` and ``mask`` columns too (:func:`~gpupipe.formats.rowgroups.with_target_columns`);
+    tar shards carry their targets as members.
     """
     urls = expand_pattern(source.url)
     urls[0], pinned = split_version(urls[0]) if len(urls) == 1 else (urls[0], None)
     fs, _ = open_filesystem(urls[0], source.storage_options)
     fetcher = Fetcher(fs, fetch or FetchConfig())
-    resolved = _resolve(fetcher, source, urls, pinned, use_index)
+    resolved = _with_targets(fetcher, _resolve(fetcher, source, urls, pinned, use_index), source)
     m = resolved.manifest
     if fetcher.config.cache_dir and m is not None and not resolved.identity and \
             ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
@@ -286,11 +302,64 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
                                           source.classes)
     else:
         skipped: list[tuple[str, str]] = []
-        manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes, skipped)
+        if source.targets and source.labels is not None:
+            raise ConfigError(f"source.labels: {folder} is read with COCO annotations (source.targets), which give "
+                              "its objects and classes; a labels file is for classification. Leave source.labels out.")
+        manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes, skipped,
+                                   annotated=bool(source.targets))
         _described_at_start(manifest, folder, warn)
         return replace(_with_manifest(folder, manifest, source, identity), skipped=tuple(skipped))
     _described_at_start(manifest, folder, warn)
     return _with_manifest(folder, manifest, source, identity)
+
+
+def _with_targets(fetcher: Fetcher, resolved: ResolvedSource, source: Source) -> ResolvedSource:
+    """``resolved`` reading the target kinds ``source`` asks for (see :func:`resolve`)."""
+    m = resolved.manifest
+    if not source.targets or m is None:
+        return replace(resolved, targets=source.targets)
+    if m.parquet is not None:
+        assert isinstance(resolved.shard_urls, UnitURLs), "a Parquet source names its units so"
+        table = with_target_columns(m.parquet, source.targets, resolved.shard_urls.root)
+        return replace(resolved, manifest=replace(m, parquet=table), targets=source.targets)
+    if m.objects is None:
+        return replace(resolved, targets=source.targets)
+    assert isinstance(resolved.shard_urls, UnitURLs), "an image folder names its units so"
+    folder = resolved.shard_urls.root
+    url, data = _annotations_file(fetcher, folder, source)
+    coco = parse_coco(data, url, source.classes).aligned(list(m.objects.names), folder)
+    t = m.objects
+    objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32)
+    return replace(resolved, manifest=replace(m, objects=objects, classes=coco.classes), targets=source.targets,
+                   annotations=coco)
+
+
+def _annotations_file(fetcher: Fetcher, folder: str, source: Source) -> tuple[str, bytes]:
+    """The URL and bytes of the COCO file of image folder ``folder`` (see :func:`resolve`)."""
+    if source.annotations is not None:
+        got = _read_text(fetcher, source.annotations)
+        if got is None:
+            raise ConfigError(f"source.annotations: {source.annotations} does not exist; give the COCO "
+                              "instances_*.json of the images in " + folder)
+        return source.annotations, got[0]
+    protocol = folder.split("://", 1)[0] + "://" if "://" in folder else ""
+    try:
+        listed = fetcher.call(folder + "instances_*.json", "glob")
+    except (StorageError, NotImplementedError):  # storage that cannot list (http): the file beside, or named
+        listed = []
+    inside = sorted(_with_protocol(protocol, p) for p in listed)
+    if len(inside) > 1:
+        raise ConfigError(f"source.annotations: {folder} holds {len(inside)} COCO files ({', '.join(inside[:3])}); "
+                          "name the one to read with annotations: (Source(annotations=...))")
+    parent, name = posixpath.split(folder.rstrip("/"))
+    beside = f"{parent}/annotations/instances_{name}.json"
+    for url in inside or [beside]:
+        got = _read_text(fetcher, url)
+        if got is not None:
+            return url, got[0]
+    raise ConfigError(f"source.annotations: no COCO annotations for {folder} (source.targets asks for "
+                      f"{'+'.join(source.targets)}): looked for {folder}instances_*.json and {beside}; name the file "
+                      "with annotations: in YAML (Source(annotations=...))")
 
 
 def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:

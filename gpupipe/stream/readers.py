@@ -15,7 +15,10 @@ tar shards.
   when the source was described); consecutive spans of one row group decode it once.
 
 A sample looks like a WebDataset sample: ``{<ext>: image bytes, "cls": b"<label>"}``,
-keyed by the object's name without its extension, or ``<file>/<row>``. What a sample is —
+keyed by the object's name without its extension, or ``<file>/<row>``; with targets, also
+``json`` (boxes) and ``mask.png`` (:mod:`gpupipe.formats.annotations`) — an image folder's
+from its COCO file (``source.annotations``, row = unit), Parquet's from its target columns,
+whose chunks are fetched with the image's. What a sample is —
 its key, fields, label and the problems of a row — is the format module's
 (:func:`~gpupipe.formats.folder.object_sample`,
 :func:`~gpupipe.formats.rowgroups.row_group_samples`), which ``gpupipe ingest`` calls too:
@@ -68,18 +71,34 @@ def object_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[Re
                                        source.unit_version(s.shard)) for s in ahead),
                             in_flight=fetcher.config.object_concurrency)
     for s, got in zip(mine, fetched):
-        yield _object(fetcher, table, s.shard, urls[s.shard], got, source.unit_version(s.shard))
+        yield _object(fetcher, table, s.shard, urls[s.shard], got, source.unit_version(s.shard),
+                      _targets(source, s.shard))
 
 
-def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError, version: ObjectVersion) -> ReadSpan:
+def _targets(source, i: int):
+    """The target members of object ``i`` (its boxes, its mask from the source's COCO file), or
+    the ``ShardFormatError`` saying why it has none (an RLE mask); ``None`` without targets."""
+    coco = getattr(source, "annotations", None)
+    if coco is None:
+        return None
+    try:
+        return coco.fields(i, source.targets)
+    except ShardFormatError as exc:
+        return exc
+
+
+def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError, version: ObjectVersion,
+            targets: dict | ShardFormatError | None = None) -> ReadSpan:
     name = table.names[i]
+    if isinstance(targets, ShardFormatError):
+        return ReadSpan([None], {0: targets})
     expected = None if table.crc32 is None else int(table.crc32[i])
     for attempt in range(fetcher.config.refetch + 1):
         if isinstance(got, StorageError):
             return ReadSpan([None], {0: got})
         if expected is None or crc32(got) == expected:
             try:
-                return ReadSpan([object_sample(name, got, int(table.labels[i]), url)], {})
+                return ReadSpan([object_sample(name, got, int(table.labels[i]), url, targets)], {})
             except ShardFormatError as exc:  # an empty file
                 return ReadSpan([None], {0: exc})
         if attempt < fetcher.config.refetch:

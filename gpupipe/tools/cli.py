@@ -5,6 +5,7 @@ Usage::
     gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
                            [--max-pixels N] [--image-column NAME] [--label-column NAME] [--labels URL]
                            [--classes A,B,C | --classes-from URL] [--val-fraction F]
+                           [--targets boxes,masks] [--annotations URL]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--checksums] [--image-column NAME] [--label-column NAME] [--labels URL]
                       [--storage-option KEY=VALUE ...]
@@ -82,6 +83,11 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
                    help="carve a validation split: DST/train/ and DST/val/, each input in val with probability F, "
                         "a pure function of --seed and its path (default 0: no split)")
+    p.add_argument("--targets", metavar="KINDS", help="carry boxes and/or masks (boxes, masks, boxes+masks): from a "
+                   "COCO instances_*.json of an image folder, or Parquet's boxes/box_labels and mask columns; "
+                   "written as <key>.json and <key>.mask.png")
+    p.add_argument("--annotations", metavar="URL", help="the COCO instances_*.json of an image folder (default: the "
+                   "one in it, or <parent>/annotations/instances_<folder>.json)")
     storage_arguments(p)
     storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -97,7 +103,8 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     dst_storage_options=dict(args.dst_storage_options) if args.dst_storage_options else None,
                     image_column=args.image_column, label_column=args.label_column, labels=args.labels,
                     classes=args.classes,
-                    classes_from=args.classes_from, val_fraction=args.val_fraction)
+                    classes_from=args.classes_from, val_fraction=args.val_fraction, targets=args.targets,
+                    annotations=args.annotations)
     print(report.summary())
     print("wrote " + ", ".join(report.indexes))
     return 0

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
-from gpupipe.formats.folder import ObjectTable, object_sample
+from gpupipe.formats.folder import object_sample
 from gpupipe.formats.imageheader import MAX_PIXELS, probe
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.rowgroups import Pieces, RowGroupTable, read_footer, row_group_samples
@@ -98,7 +98,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            max_pixels: int | None = MAX_PIXELS, progress: bool = True,
            image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
            classes: Sequence[str] | None = None, classes_from: str | None = None,
-           val_fraction: float = 0.0) -> IngestReport:
+           val_fraction: float = 0.0, targets: str | Sequence[str] | None = None,
+           annotations: str | None = None) -> IngestReport:
     """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
 
     ``src``: whatever the loader reads in place -- an image folder (``<class>/<image>``,
@@ -114,6 +115,12 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``classes`` (or ``classes_from``: an ``index.json``, its folder or a ``classes.txt``, see
     :func:`~gpupipe.sources.classes.class_list`) fixes the class list and so the numbering, e.g. val's from train's
     index; a class of the source that is not in it is refused.
+
+    ``targets`` (``boxes``, ``masks``, both: :func:`~gpupipe.core.targets.target_kinds`) carries
+    each image's boxes and mask as the members ``<key>.json`` and ``<key>.mask.png``
+    (:mod:`gpupipe.formats.annotations`): an image folder's from its COCO file (``annotations``,
+    or found as :func:`~gpupipe.sources.source.resolve` finds it), Parquet's from its ``boxes`` /
+    ``box_labels`` and ``mask`` columns. A sample whose targets are unusable is skipped and listed.
 
     ``val_fraction`` > 0 carves a validation split: ``dst/train/`` and ``dst/val/`` each get
     shards, ``index.json`` and ``classes.txt`` (one class list). Whether an input goes to val
@@ -132,7 +139,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     given = _given_classes(classes, classes_from, _options_like(classes_from, (dst, dst_options),
                                                                 (src, storage_options)))
     source = Source(src, dict(storage_options or {}), image_column=image_column, label_column=label_column,
-                    labels=labels, classes=given)
+                    labels=labels, classes=given, targets=targets, annotations=annotations)
     fetcher = Fetcher(fs, FetchConfig(concurrency=workers))
     with storage_errors(src):  # a storage backend's error becomes one line naming src
         resolved = _resolve(fetcher, src, root, source)
@@ -143,7 +150,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     for path, reason in resolved.skipped:
         _skip(skipped, path, reason)
     if manifest.objects is not None:
-        items = _folder_items(fetcher, manifest.objects, resolved.shard_urls, rng, shuffle=shuffle, workers=workers)
+        items = _folder_items(fetcher, resolved, rng, shuffle=shuffle, workers=workers)
     else:
         assert manifest.parquet is not None, "a manifest read in place lists objects or row groups"
         items = _parquet_items(fetcher, manifest.parquet, classes, resolved.shard_urls, rng, shuffle=shuffle,
@@ -248,9 +255,12 @@ def _where(fetcher: Fetcher, url: str) -> str:
     return fetcher.fs._strip_protocol(url)
 
 
-def _folder_items(fetcher: Fetcher, table: ObjectTable, urls: Sequence[str], rng, *, shuffle: bool, workers: int
+def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: bool, workers: int
                   ) -> Iterator[_Item]:
-    """The images, read concurrently in (shuffled) order, as the in-place reader makes them."""
+    """The images, read concurrently in (shuffled) order, as the in-place reader makes them
+    (with the members of their targets from the source's COCO file, when it has one)."""
+    assert resolved.manifest is not None and resolved.manifest.objects is not None, "an image folder"
+    table, urls, coco = resolved.manifest.objects, resolved.shard_urls, resolved.annotations
     order = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
 
     def read(i: int) -> _Item:
@@ -260,7 +270,8 @@ def _folder_items(fetcher: Fetcher, table: ObjectTable, urls: Sequence[str], rng
         except StorageError as exc:
             return _Item(_where(fetcher, url), name, None, f"read failed: {exc}")
         try:
-            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url))
+            fields = None if coco is None else coco.fields(i, resolved.targets)
+            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url, fields))
         except ShardFormatError as exc:  # the reader's verdict (an empty file), as reading in place gives it
             return _Item(_where(fetcher, url), name, None, exc.reason)
 
