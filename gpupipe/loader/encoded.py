@@ -94,15 +94,15 @@ class EncodedDataset(IterableDataset):
         samples = iter_whole_shards(
             fetcher, self.source.shard_urls, seed=spec.seed, epoch=self.epoch, shuffle=spec.shuffle,
             buffer_size=self.stream.shuffle_buffer, part=part, num_parts=world.world_size * world.num_workers,
-            on_error=self.stream.on_error)
+            on_error=self.stream.on_error, targets=self.source.targets)
         batch: list = []
         for s in samples:
             batch.append(s)
             if len(batch) == b:
-                yield pack(batch, [True] * b, epoch=self.epoch)
+                yield pack(batch, [True] * b, epoch=self.epoch, kinds=self.source.targets)
                 batch = []
         if batch and not spec.drop_last:
-            yield pack(batch, [True] * len(batch), epoch=self.epoch)
+            yield pack(batch, [True] * len(batch), epoch=self.epoch, kinds=self.source.targets)
 
 
 class _WholeChunks(IterableDataset):

@@ -125,7 +125,8 @@ class ResolvedSource:
     image (empty when an index described it); ``identity``: the version tag of what described
     the units — the index (its storage identity), or a digest of the listing made at start
     — which vouches for units the manifest has no checksum of (``""``: none; those units
-    are then never cached)."""
+    are then never cached); ``targets``: the target kinds every sample must bring
+    (``Source.targets``, checked against what the manifest records)."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
@@ -133,6 +134,7 @@ class ResolvedSource:
     delta_version: int | None = None
     skipped: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     identity: str = field(default="", repr=False, compare=False)
+    targets: tuple[str, ...] = ()
 
     @property
     def num_samples(self) -> int | None:
@@ -195,6 +197,9 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     fs, _ = open_filesystem(urls[0], source.storage_options)
     fetcher = Fetcher(fs, fetch or FetchConfig())
     resolved = _resolve(fetcher, source, urls, pinned, use_index)
+    if source.targets:
+        _check_targets(resolved, source)
+        resolved = replace(resolved, targets=source.targets)
     m = resolved.manifest
     if fetcher.config.cache_dir and m is not None and not resolved.identity and \
             ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
@@ -203,6 +208,24 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
                  "written less than %g s ago. `gpupipe index --checksums` makes them cacheable.",
                  _first_url(source.url), "images" if m.objects is not None else "row groups", RACY_S)
     return resolved
+
+
+def _check_targets(resolved: ResolvedSource, source: Source) -> None:
+    """Refuse target kinds the manifest records the data lacks (an old index records none: the
+    samples are checked as they are read)."""
+    m = resolved.manifest
+    if m is None or m.targets is None:
+        return
+    for kind in source.targets:
+        if kind in m.targets:
+            continue
+        lacking = m.lacking(kind)
+        where = (f"shard(s) {', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''} ({len(lacking)} of "
+                 f"{len(m.shards)}) under {_first_url(source.url)}") if lacking else _first_url(source.url)
+        member = {"boxes": ".json boxes", "masks": ".mask.png masks"}[kind]
+        raise ConfigError(f"source.targets: {kind!r} asked for, but its {MANIFEST_NAME} records no {member} in "
+                          f"{where}. Drop {kind!r} from targets, or point at data that has them (rerun "
+                          "`gpupipe index` if they were added since)")
 
 
 def _first_url(url: str | Sequence[str]) -> str:
