@@ -137,15 +137,15 @@ def scan_span(segments: Sequence, starts: np.ndarray, *, image_exts: Sequence[st
     crcs = _crcs(span, sample, row * BLOCK, length, size, n)
     buffers = list(span.parts)
     seg, at = _locate(span, buffers, (row[image] + 1) * BLOCK, size[image])
-    members = {}
+    located: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for ext in member_exts:
         m = _choose(exts, grid, [ext])
         has = m >= 0
         where = np.zeros(n, np.int64), np.zeros(n, np.int64), np.where(has, size[m], -1)
         where[0][has], where[1][has] = _locate(span, buffers, (row[m[has]] + 1) * BLOCK, size[m[has]])
-        members[ext] = where
+        located[ext] = where
     return ScannedSpan(keys=keys, buffers=buffers, image_buffer=seg, image_start=at, image_size=size[image],
-                       labels=labels, crcs=crcs, members=members)
+                       labels=labels, crcs=crcs, members=located)
 
 
 def _locate(span: _Segments, buffers: list[np.ndarray], start: np.ndarray, size: np.ndarray

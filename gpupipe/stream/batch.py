@@ -270,10 +270,13 @@ def _pack_targets(t: TargetColumns, buffers: tuple, buffer: torch.Tensor, meta: 
     if t.box_counts is not None:
         assert t.boxes is not None and t.box_labels is not None, "boxes come together"
         nbox = len(t.boxes)
-        labels = buffer[:8 * nbox].view(torch.int64)
-        boxes = buffer[8 * nbox:24 * nbox].view(torch.float32).view(nbox, 4)
-        labels.numpy()[:] = t.box_labels
-        boxes.numpy()[:] = t.boxes
+        if nbox:
+            labels = buffer[:8 * nbox].view(torch.int64)
+            boxes = buffer[8 * nbox:24 * nbox].view(torch.float32).view(nbox, 4)
+            labels.numpy()[:] = t.box_labels
+            boxes.numpy()[:] = t.boxes
+        else:  # (an empty slice has no stride to view with another dtype)
+            labels, boxes = torch.zeros(0, dtype=torch.int64), torch.zeros(0, 4, dtype=torch.float32)
         meta.numpy()[row, :n] = t.box_counts
         out.update(box_counts=meta[row, :n], boxes=boxes, box_labels=labels)
         row += 1

@@ -32,8 +32,8 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
-from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
+from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources.source import ResolvedSource

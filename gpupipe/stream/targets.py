@@ -110,13 +110,13 @@ class TargetColumns:
         masks: tuple = ()
         if "boxes" in kinds:
             out["box_counts"] = np.fromiter((len(p.boxes) for p in parsed), np.int64, count=n)  # type: ignore[arg-type]
-            out["boxes"] = np.concatenate([_NO_BOXES] + [p.boxes for p in parsed]).astype(np.float32, copy=False)  # type: ignore[misc]
-            out["box_labels"] = np.concatenate([_NO_LABELS] + [p.labels for p in parsed]).astype(np.int64, copy=False)  # type: ignore[misc]
+            out["boxes"] = np.concatenate([_NO_BOXES] + [p.boxes for p in parsed]).astype(np.float32, copy=False)
+            out["box_labels"] = np.concatenate([_NO_LABELS] + [p.labels for p in parsed]).astype(np.int64, copy=False)
         if "masks" in kinds:
             masks = tuple(p.mask for p in parsed)
             out["mask_buffer"] = np.arange(first_buffer, first_buffer + n, dtype=np.int64)
             out["mask_start"] = np.zeros(n, np.int64)
-            out["mask_size"] = np.fromiter((len(m) for m in masks), np.int64, count=n)  # type: ignore[arg-type]
+            out["mask_size"] = np.fromiter((len(m) for m in masks), np.int64, count=n)
         return cls(**out), masks
 
     def take(self, index: np.ndarray | slice) -> TargetColumns:
@@ -157,17 +157,6 @@ class TargetColumns:
                 out[name] = np.concatenate([getattr(c, name) for c in columns])
         if columns[0].mask_size is not None:
             out["mask_buffer"] = np.concatenate([c.mask_buffer + f for c, f in zip(columns, first_buffers)])  # type: ignore[operator]
-            out["mask_start"] = np.concatenate([c.mask_start for c in columns])  # type: ignore[misc]
-            out["mask_size"] = np.concatenate([c.mask_size for c in columns])  # type: ignore[misc]
-        return cls(**out)
-
-    @classmethod
-    def none(cls, kinds: Sequence[str], n: int) -> TargetColumns:
-        """``n`` samples without boxes and with empty masks (e.g. placeholders)."""
-        out: dict[str, np.ndarray] = {}
-        if "boxes" in kinds:
-            out.update(box_counts=np.zeros(n, np.int64), boxes=_NO_BOXES, box_labels=_NO_LABELS)
-        if "masks" in kinds:
-            out.update(mask_buffer=np.zeros(n, np.int64), mask_start=np.zeros(n, np.int64),
-                       mask_size=np.zeros(n, np.int64))
+            out["mask_start"] = np.concatenate([c.mask_start for c in columns])
+            out["mask_size"] = np.concatenate([c.mask_size for c in columns])
         return cls(**out)
