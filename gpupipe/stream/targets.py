@@ -134,6 +134,8 @@ class TargetColumns:
 
     def only(self, keep: np.ndarray) -> TargetColumns:
         """The same samples, those where ``keep`` is false without boxes and with an empty mask."""
+        if keep.all():
+            return self
         out: dict[str, np.ndarray | None] = {}
         if self.box_counts is not None:
             assert self.boxes is not None and self.box_labels is not None, "boxes come together"
