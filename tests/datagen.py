@@ -52,3 +52,25 @@ def ids_of(batch, *, with_manifest: bool = True) -> list[int]:
             assert int(batch.labels[i]) == sid % 10
             out.append(sid)
     return out
+
+
+def write_detection(url: str, num: int, *, shard_size: int = 10, seed: int = 0, kinds=("boxes", "masks"),
+                    manifest: bool = True, damage: dict | None = None, num_classes: int = 3) -> dict:
+    """Write ``gpupipe.tools.synth.detection_sample`` 0..num-1 (keys ``det_NNNNNN``) as shards under
+    ``url``; ``damage``: ``{index: fields -> fields}`` rewrites those samples' members (bad data);
+    ``manifest=False`` leaves no ``index.json``. Returns the samples written, by key (the fields
+    as written, damage included)."""
+    from gpupipe.formats.writer import ShardSink
+    from gpupipe.tools.synth import detection_sample
+
+    written = {}
+    with ShardSink(url, shard_size=shard_size, classes=tuple(f"class_{c}" for c in range(num_classes))) as sink:
+        for i in range(num):
+            s = detection_sample(seed, i, (32, 24), num_classes, kinds)
+            fields = (damage or {}).get(i, lambda f: f)(dict(s.fields))
+            sink.write(f"det_{i:06d}", fields)
+            written[f"det_{i:06d}"] = (s, fields)
+    if not manifest:
+        fs, root = fsspec.core.url_to_fs(url)
+        fs.rm(f"{root.rstrip('/')}/{MANIFEST_NAME}")
+    return written

@@ -11,6 +11,13 @@ older manifests load without it) ``crc32`` lists each sample's
 whole-shard SHA-256, so the stream checks these instead: a flipped byte or an
 object replaced under the manifest is caught per sample, never delivered.
 
+Optionally too (written by ``gpupipe ingest``, ``gpupipe index`` and the shard writer;
+older manifests load without it, as "not recorded") ``targets`` lists the target kinds the
+data holds (:data:`~gpupipe.core.targets.TARGET_KINDS`: ``boxes`` for samples with a ``.json``
+of boxes, ``masks`` for a ``.mask.png``): at the top, the kinds every shard holds, and per
+shard the kinds at least one of its samples holds. A source asking for a kind the data
+lacks is refused when it is resolved, naming the shards (:func:`held_kinds` decides).
+
 The same file describes sources read in place (version 2, with a ``kind``): an
 image folder (``"kind": "folder"``, its objects' names, sizes, labels and
 optionally CRC-32s: :class:`~gpupipe.formats.folder.ObjectTable`) or Parquet
@@ -22,19 +29,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ShardFormatError
+from gpupipe.core.targets import TARGET_KINDS
 from gpupipe.core.types import TarMember
+from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD
 from gpupipe.formats.folder import ObjectTable
 from gpupipe.formats.rowgroups import RowGroupTable
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 
-__all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard"]
+__all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard", "held_kinds"]
 
 MANIFEST_NAME = "index.json"
 FORMAT = "gpupipe-manifest"
@@ -46,7 +55,8 @@ KINDS = ("tar", "folder", "parquet")
 @dataclass(frozen=True, eq=False)
 class ShardEntry:
     """One shard: ``offsets`` has ``num_samples + 1`` entries (sample starts, then end of data);
-    ``crc32``, when known, one checksum per sample (``None`` for manifests written without).
+    ``crc32``, when known, one checksum per sample (``None`` for manifests written without);
+    ``targets``, when recorded, the target kinds its samples hold (:func:`held_kinds`).
 
     Offsets are kept as a read-only int64 array: 8 bytes a sample instead of a
     Python int each, and pages that forked DataLoader workers keep sharing.
@@ -58,11 +68,13 @@ class ShardEntry:
     sha256: str
     offsets: np.ndarray = field(repr=False)
     crc32: np.ndarray | None = field(default=None, repr=False)
+    targets: tuple[str, ...] | None = None
 
     def __init__(self, name: str, num_samples: int, size: int, sha256: str, offsets: ArrayLike,
-                 crc32: ArrayLike | None = None) -> None:
+                 crc32: ArrayLike | None = None, targets: Iterable[str] | None = None) -> None:
         """``offsets`` and ``crc32``: any integer sequences; the fields hold read-only copies."""
-        for attr, value in (("name", name), ("num_samples", num_samples), ("size", size), ("sha256", sha256)):
+        for attr, value in (("name", name), ("num_samples", num_samples), ("size", size), ("sha256", sha256),
+                            ("targets", None if targets is None else _kinds(targets, name))):
             object.__setattr__(self, attr, value)
         offs = np.array(offsets, dtype=np.int64)  # a copy we own, whatever was given
         offs.flags.writeable = False
@@ -89,8 +101,8 @@ class ShardEntry:
             return NotImplemented
         a, b = self.crc32, other.crc32
         same_crc = (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
-        return (self.name, self.num_samples, self.size, self.sha256) == (
-            other.name, other.num_samples, other.size, other.sha256) and np.array_equal(
+        return (self.name, self.num_samples, self.size, self.sha256, self.targets) == (
+            other.name, other.num_samples, other.size, other.sha256, other.targets) and np.array_equal(
             self.offsets, other.offsets) and same_crc
 
     def byte_range(self, start: int, stop: int) -> tuple[int, int]:
@@ -102,16 +114,29 @@ class ShardEntry:
 class Manifest:
     """Tar ``shards``; or, for a source read in place, ``objects`` (an image folder) or
     ``parquet`` (row groups) with ``shards`` empty. The plan's units are the shards, the
-    objects or the row groups (:meth:`sample_counts`)."""
+    objects or the row groups (:meth:`sample_counts`). ``targets``: the target kinds the
+    data holds (``None``: not recorded); for tar shards that record theirs, the kinds every
+    shard with samples holds."""
 
     shards: tuple[ShardEntry, ...]
     classes: tuple[str, ...] = ()
     objects: ObjectTable | None = None
     parquet: RowGroupTable | None = None
+    targets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.objects is not None) + (self.parquet is not None) + bool(self.shards) > 1:
             raise ShardFormatError("a manifest describes tar shards, an image folder or Parquet files, not several")
+        if self.targets is not None:
+            object.__setattr__(self, "targets", _kinds(self.targets, MANIFEST_NAME))
+        if self.shards and all(s.targets is not None for s in self.shards):  # the shards' records decide
+            held = [set(s.targets or ()) for s in self.shards if s.num_samples]
+            every = set.intersection(*held) if held else set()
+            object.__setattr__(self, "targets", tuple(k for k in TARGET_KINDS if k in every))
+
+    def lacking(self, kind: str) -> list[str]:
+        """The shards (tar) that record no sample holding ``kind``; ``[]`` when none, or none recorded."""
+        return [s.name for s in self.shards if s.num_samples and s.targets is not None and kind not in s.targets]
 
     @property
     def kind(self) -> str:
@@ -154,6 +179,8 @@ class Manifest:
             "num_samples": self.num_samples,
             "classes": list(self.classes),
         }
+        if self.targets is not None:
+            doc["targets"] = list(self.targets)
         if self.objects is not None:
             doc.update(kind="folder", objects=self.objects.to_dict())
         elif self.parquet is not None:
@@ -173,14 +200,17 @@ class Manifest:
             kind = doc.get("kind", "tar")
             if kind not in KINDS:
                 raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+            targets = _kinds(doc["targets"], source) if "targets" in doc else None
             if kind != "tar":
                 return cls(shards=(), classes=tuple(str(c) for c in doc.get("classes", [])),
                            objects=ObjectTable.from_dict(doc["objects"]) if kind == "folder" else None,
-                           parquet=RowGroupTable.from_dict(doc["parquet"]) if kind == "parquet" else None)
+                           parquet=RowGroupTable.from_dict(doc["parquet"]) if kind == "parquet" else None,
+                           targets=targets)
             shards = tuple(
                 ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
                            sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]),
-                           crc32=_int_array(s["crc32"], "crc32") if "crc32" in s else None)
+                           crc32=_int_array(s["crc32"], "crc32") if "crc32" in s else None,
+                           targets=_kinds(s["targets"], str(s["name"])) if "targets" in s else None)
                 for s in doc["shards"]
             )
             classes = tuple(str(c) for c in doc.get("classes", []))
@@ -191,7 +221,36 @@ class Manifest:
         for s in shards:
             if "/" in s.name and ".." in s.name.split("/") or s.name.startswith("/"):
                 raise ShardFormatError(f"shard name {s.name!r} escapes the manifest's folder", shard=source)
-        return cls(shards=shards, classes=classes)
+        return cls(shards=shards, classes=classes, targets=targets)
+
+
+def _kinds(value, where: str) -> tuple[str, ...]:
+    """A recorded list of target kinds, checked (an unknown kind: written by a newer gpupipe)."""
+    if isinstance(value, str) or not all(isinstance(k, str) for k in value):
+        raise ShardFormatError(f"targets should be a list of target kinds, got {value!r}", shard=where)
+    unknown = sorted(set(value) - set(TARGET_KINDS))
+    if unknown:
+        raise ShardFormatError(f"unknown target kinds {unknown} (known: {', '.join(TARGET_KINDS)}); a newer gpupipe "
+                               "wrote it, or rerun `gpupipe index`", shard=where)
+    return tuple(k for k in TARGET_KINDS if k in value)
+
+
+def held_kinds(fields: Mapping[str, bytes]) -> set[str]:
+    """The target kinds a sample's members hold: ``masks`` for a ``.mask.png``; ``boxes`` for a
+    ``.json`` unless it is a JSON object without ``"boxes"`` (other metadata, e.g. a caption).
+    A ``.json`` that does not parse counts: it is a damaged annotation, reported when read."""
+    held = set()
+    if MASK_FIELD in fields:
+        held.add("masks")
+    data = fields.get(BOXES_FIELD)
+    if data is not None:
+        try:
+            doc = json.loads(bytes(data))
+        except (UnicodeDecodeError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or "boxes" in doc:
+            held.add("boxes")
+    return held
 
 
 def _shard_json(s: ShardEntry) -> dict:
@@ -199,6 +258,8 @@ def _shard_json(s: ShardEntry) -> dict:
            "offsets": s.offsets.tolist()}
     if s.crc32 is not None:
         doc["crc32"] = s.crc32.tolist()
+    if s.targets is not None:
+        doc["targets"] = list(s.targets)
     return doc
 
 
@@ -230,10 +291,12 @@ def index_shard(name: str, chunks: Iterable[bytes]) -> ShardEntry:
             yield m
 
     offsets, crcs = [], []
+    held: set[str] = set()
     for s in group_by_key(tracked(iter_members(hashed(), shard=name)), shard=name):
         offsets.append(s.offset)
         crcs.append(sample_crc32(s.key, s.fields))
+        held |= held_kinds(s.fields)
     for _ in hashed():  # bytes after the end-of-archive marker still count in size and checksum
         pass
     return ShardEntry(name=name, num_samples=len(offsets), size=size, sha256=digest.hexdigest(),
-                      offsets=tuple(offsets) + (last_end if offsets else 0,), crc32=crcs)
+                      offsets=tuple(offsets) + (last_end if offsets else 0,), crc32=crcs, targets=held)

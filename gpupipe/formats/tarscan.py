@@ -4,8 +4,9 @@ With the manifest's offsets a span's samples are known before a byte arrives: sa
 bytes ``[starts[i], starts[i + 1])``. :func:`scan_span` reads the members of every sample a member
 rank at a time (the first member of every sample, then the second, ...): header checksums, sizes,
 names and keys are checked as arrays, and what a batch needs comes back as columns — keys, where
-each image lies in the buffer, labels — with each sample's :func:`~gpupipe.formats.tar.sample_crc32`
-for the caller to compare with the manifest's.
+each image lies in the buffer, labels, and where other members asked for lie (a ``.json``, a
+``.mask.png``) — with each sample's :func:`~gpupipe.formats.tar.sample_crc32` for the caller to
+compare with the manifest's.
 
 It takes only the plain layout that ``gpupipe ingest``, ``webdataset`` and ``tar`` write for
 ASCII names: ustar/GNU headers of regular files, octal fields, ``<key>.<ext>`` names with a
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,7 +42,9 @@ _SLASH, _DOT, _BACKSLASH = ord("/"), ord("."), ord("\\")
 class ScannedSpan:
     """The samples of a span, as columns: image ``i`` is bytes ``[image_start[i], image_start[i] +
     image_size[i])`` of ``buffers[image_buffer[i]]`` (the segments as given, then a copy of each
-    image that lies across two); ``labels`` (-1: none); ``crcs`` each sample's ``sample_crc32``."""
+    image that lies across two); ``labels`` (-1: none); ``crcs`` each sample's ``sample_crc32``;
+    ``members``: for each extension in ``member_exts``, ``(buffer, start, size)`` of that member
+    of each sample, as for the images (size -1: the sample has none)."""
 
     keys: list[str]
     buffers: list[np.ndarray]
@@ -50,6 +53,7 @@ class ScannedSpan:
     image_size: np.ndarray
     labels: np.ndarray
     crcs: np.ndarray
+    members: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 class _Segments:
@@ -94,11 +98,11 @@ class _Segments:
 
 
 def scan_span(segments: Sequence, starts: np.ndarray, *, image_exts: Sequence[str],
-              label_exts: Sequence[str]) -> ScannedSpan | None:
+              label_exts: Sequence[str], member_exts: Sequence[str] = ()) -> ScannedSpan | None:
     """Scan the span made of ``segments`` (bytes-like, consecutive) whose samples start at
     ``starts`` (``n + 1`` offsets from the span's start, the last its end). ``image_exts`` /
-    ``label_exts`` in order of preference. ``None`` when anything is not in the plain layout
-    (the module docstring)."""
+    ``label_exts`` in order of preference; ``member_exts``: further members to locate.
+    ``None`` when anything is not in the plain layout (the module docstring)."""
     span = _Segments(segments)
     starts = np.asarray(starts, dtype=np.int64)
     n = len(starts) - 1
@@ -131,19 +135,28 @@ def scan_span(segments: Sequence, starts: np.ndarray, *, image_exts: Sequence[st
     first = names[:n] * (np.arange(names.shape[1]) < dot[:n, None])  # rank 0 is every sample, in order
     keys = [k.decode("ascii") for k in np.ascontiguousarray(first).view(f"S{names.shape[1]}").ravel().tolist()]
     crcs = _crcs(span, sample, row * BLOCK, length, size, n)
-    return _images(span, keys, (row[image] + 1) * BLOCK, size[image], labels, crcs)
-
-
-def _images(span: _Segments, keys: list[str], start: np.ndarray, size: np.ndarray, labels: np.ndarray,
-            crcs: np.ndarray) -> ScannedSpan:
-    """Where each image lies: in its segment, or (across an edge) in a copy of its own."""
-    seg, at, whole = span.locate(start, size)
     buffers = list(span.parts)
+    seg, at = _locate(span, buffers, (row[image] + 1) * BLOCK, size[image])
+    located: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for ext in member_exts:
+        m = _choose(exts, grid, [ext])
+        has = m >= 0
+        where = np.zeros(n, np.int64), np.zeros(n, np.int64), np.where(has, size[m], -1)
+        where[0][has], where[1][has] = _locate(span, buffers, (row[m[has]] + 1) * BLOCK, size[m[has]])
+        located[ext] = where
+    return ScannedSpan(keys=keys, buffers=buffers, image_buffer=seg, image_start=at, image_size=size[image],
+                       labels=labels, crcs=crcs, members=located)
+
+
+def _locate(span: _Segments, buffers: list[np.ndarray], start: np.ndarray, size: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """``(buffer, start in it)`` of each byte range: in its segment, or (across an edge) in a
+    copy of its own appended to ``buffers``."""
+    seg, at, whole = span.locate(start, size)
     for i in np.flatnonzero(~whole).tolist():
         buffers.append(np.frombuffer(b"".join(span.pieces(int(start[i]), int(size[i]))), dtype=np.uint8))
         seg[i], at[i] = len(buffers) - 1, 0
-    return ScannedSpan(keys=keys, buffers=buffers, image_buffer=seg, image_start=at, image_size=size, labels=labels,
-                       crcs=crcs)
+    return seg, at
 
 
 def _walk(span: _Segments, starts: np.ndarray) -> list[tuple[np.ndarray, ...]] | None:

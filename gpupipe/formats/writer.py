@@ -6,7 +6,7 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, held_kinds
 from gpupipe.formats.tar import TarShardWriter
 from gpupipe.storage.fetch import Fetcher, open_filesystem
 
@@ -18,7 +18,8 @@ class ShardSink:
 
     Each shard is built in memory and written with one ``pipe_file``-style put,
     so an object store never holds half a shard; ``close()`` writes ``index.json``
-    last, which makes the dataset visible only when it is complete.
+    last, which makes the dataset visible only when it is complete. The manifest records
+    the target kinds the samples hold (:func:`~gpupipe.formats.manifest.held_kinds`).
     """
 
     def __init__(self, dst: str, *, shard_size: int = 1000, storage_options: Mapping[str, Any] | None = None,
@@ -33,12 +34,14 @@ class ShardSink:
         self.entries: list[ShardEntry] = []
         self._buf: io.BytesIO | None = None
         self._writer: TarShardWriter | None = None
+        self._held: set[str] = set()
 
     def write(self, key: str, fields: dict[str, bytes]) -> None:
         if self._writer is None:
             self._buf = io.BytesIO()
             self._writer = TarShardWriter(self._buf)
         self._writer.write(key, fields)
+        self._held |= held_kinds(fields)
         if len(self._writer.offsets) >= self.shard_size:
             self._flush()
 
@@ -52,8 +55,8 @@ class ShardSink:
         offsets = tuple(self._writer.offsets)
         self.entries.append(ShardEntry(name=name, num_samples=len(offsets) - 1, size=len(data),
                                        sha256=hashlib.sha256(data).hexdigest(), offsets=offsets,
-                                       crc32=self._writer.crcs))
-        self._buf, self._writer = None, None
+                                       crc32=self._writer.crcs, targets=self._held))
+        self._buf, self._writer, self._held = None, None, set()
 
     def close(self) -> Manifest:
         self._flush()

@@ -91,18 +91,20 @@ class EncodedDataset(IterableDataset):
     def _whole_shards(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
         part = world.rank * world.num_workers + world.worker_id
+        skips = SkipLog()
         samples = iter_whole_shards(
             fetcher, self.source.shard_urls, seed=spec.seed, epoch=self.epoch, shuffle=spec.shuffle,
             buffer_size=self.stream.shuffle_buffer, part=part, num_parts=world.world_size * world.num_workers,
-            on_error=self.stream.on_error)
+            on_error=self.stream.on_error, skips=skips, targets=self.source.targets)
         batch: list = []
         for s in samples:
             batch.append(s)
             if len(batch) == b:
-                yield pack(batch, [True] * b, epoch=self.epoch)
-                batch = []
+                yield replace(pack(batch, [True] * b, epoch=self.epoch, kinds=self.source.targets), skipped=skips.count)
+                batch, skips.count = [], 0
         if batch and not spec.drop_last:
-            yield pack(batch, [True] * len(batch), epoch=self.epoch)
+            yield replace(pack(batch, [True] * len(batch), epoch=self.epoch, kinds=self.source.targets),
+                          skipped=skips.count)
 
 
 class _WholeChunks(IterableDataset):

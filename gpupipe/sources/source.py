@@ -127,10 +127,11 @@ class ResolvedSource:
     image (empty when an index described it); ``identity``: the version tag of what described
     the units — the index (its storage identity), or a digest of the listing made at start
     — which vouches for units the manifest has no checksum of (``""``: none; those units
-    are then never cached). ``targets``: the target kinds its samples carry (``Source.targets``);
-    ``annotations``: for an image folder read with a COCO file, its objects, row ``i`` for
-    object ``i`` (:class:`~gpupipe.formats.coco.CocoTable`: numpy arrays, which pickle compactly
-    into DataLoader workers)."""
+    are then never cached). ``targets``: the target kinds every sample must bring
+    (``Source.targets``, checked against what the manifest records); ``annotations``: for an
+    image folder read with a COCO file, its objects, row ``i`` for object ``i``
+    (:class:`~gpupipe.formats.coco.CocoTable`: numpy arrays, which pickle compactly into
+    DataLoader workers)."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
@@ -210,7 +211,10 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     urls[0], pinned = split_version(urls[0]) if len(urls) == 1 else (urls[0], None)
     fs, _ = open_filesystem(urls[0], source.storage_options)
     fetcher = Fetcher(fs, fetch or FetchConfig())
-    resolved = _with_targets(fetcher, _resolve(fetcher, source, urls, pinned, use_index), source)
+    resolved = _resolve(fetcher, source, urls, pinned, use_index)
+    if source.targets:
+        _check_targets(resolved, source)
+    resolved = _with_targets(fetcher, resolved, source)
     m = resolved.manifest
     if fetcher.config.cache_dir and m is not None and not resolved.identity and \
             ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
@@ -219,6 +223,24 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
                  "written less than %g s ago. `gpupipe index --checksums` makes them cacheable.",
                  _first_url(source.url), "images" if m.objects is not None else "row groups", RACY_S)
     return resolved
+
+
+def _check_targets(resolved: ResolvedSource, source: Source) -> None:
+    """Refuse target kinds the manifest records the data lacks (an old index records none: the
+    samples are checked as they are read)."""
+    m = resolved.manifest
+    if m is None or m.targets is None:
+        return
+    for kind in source.targets:
+        if kind in m.targets:
+            continue
+        lacking = m.lacking(kind)
+        where = (f"shard(s) {', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''} ({len(lacking)} of "
+                 f"{len(m.shards)}) under {_first_url(source.url)}") if lacking else _first_url(source.url)
+        member = {"boxes": ".json boxes", "masks": ".mask.png masks"}[kind]
+        raise ConfigError(f"source.targets: {kind!r} asked for, but its {MANIFEST_NAME} records no {member} in "
+                          f"{where}. Drop {kind!r} from targets, or point at data that has them (rerun "
+                          "`gpupipe index` if they were added since)")
 
 
 def _first_url(url: str | Sequence[str]) -> str:

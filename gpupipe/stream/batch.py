@@ -19,8 +19,9 @@ import torch
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample
 from gpupipe.storage.buffers import BufferPool
+from gpupipe.stream.targets import SampleTargets, TargetColumns, read_targets
 
-__all__ = ["EncodedBatch", "EncodedTargets", "SampleTable", "pack", "pack_table", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
+__all__ = ["EncodedBatch", "EncodedTargets", "SampleTable", "TargetColumns", "pack", "pack_table", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ppm", "tif", "tiff")
 LABEL_EXTENSIONS = ("cls", "label", "class", "cls2")
@@ -137,7 +138,9 @@ def label_of(sample: Sample) -> int:
 class SampleTable:
     """Samples as columns. Image ``i`` is bytes ``[start[i], start[i] + size[i])`` of
     ``buffers[buffer[i]]`` (``size`` 0: no image, a placeholder); ``labels``, ``sample_ids``
-    (int64), ``valid`` (bool) and ``keys`` as in :class:`EncodedBatch`.
+    (int64), ``valid`` (bool) and ``keys`` as in :class:`EncodedBatch`; ``targets`` the samples'
+    boxes and masks (:class:`~gpupipe.stream.targets.TargetColumns`, masks in ``buffers`` too)
+    when the source carries them.
     """
 
     buffers: tuple  # bytes-like objects (bytes, or uint8 numpy arrays), never copied here
@@ -148,79 +151,143 @@ class SampleTable:
     sample_ids: np.ndarray
     keys: list[str]
     valid: np.ndarray
+    targets: TargetColumns | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @classmethod
-    def from_samples(cls, samples: Sequence[Sample], valid: Iterable[bool]) -> SampleTable:
-        """One buffer per sample (its image field); invalid where ``valid`` is false or it has no image."""
+    def from_samples(cls, samples: Sequence[Sample], valid: Iterable[bool], kinds: Sequence[str] = (), *,
+                     num_classes: int | None = None, parsed: Sequence[SampleTargets] | None = None) -> SampleTable:
+        """One buffer per sample (its image field); invalid where ``valid`` is false or it has no image.
+
+        ``kinds``: the target kinds every sample carries, read from its fields with
+        :func:`~gpupipe.stream.targets.read_targets` (``ShardFormatError`` naming a sample without
+        them; a placeholder, with no fields, has none) unless ``parsed`` gives them already."""
         images = tuple(image_field(s) for s in samples)
-        size = np.fromiter((len(b) for b in images), dtype=np.int64, count=len(images))
-        ok = np.fromiter((bool(v) for v in valid), dtype=bool, count=len(images))
-        return cls(buffers=images, buffer=np.arange(len(images), dtype=np.int64), start=np.zeros(len(images), np.int64),
-                   size=size, labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=len(images)),
-                   sample_ids=np.fromiter((s.sample_id for s in samples), dtype=np.int64, count=len(images)),
-                   keys=[s.key for s in samples], valid=ok & (size > 0))
+        n = len(images)
+        size = np.fromiter((len(b) for b in images), dtype=np.int64, count=n)
+        ok = np.fromiter((bool(v) for v in valid), dtype=bool, count=n)
+        targets, masks = None, ()
+        if kinds:
+            if parsed is None:
+                parsed = [read_targets(s, kinds, num_classes) for s in samples]
+            targets, masks = TargetColumns.from_parsed(parsed, kinds, n)
+        return cls(buffers=images + masks, buffer=np.arange(n, dtype=np.int64), start=np.zeros(n, np.int64),
+                   size=size, labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=n),
+                   sample_ids=np.fromiter((s.sample_id for s in samples), dtype=np.int64, count=n),
+                   keys=[s.key for s in samples], valid=ok & (size > 0), targets=targets)
 
     @classmethod
     def concat(cls, tables: Sequence[SampleTable]) -> SampleTable:
         if len(tables) == 1:
             return tables[0]
         first = np.cumsum([0] + [len(t.buffers) for t in tables[:-1]])
+        carried = [t.targets is not None for t in tables]
+        if any(carried) and not all(carried):
+            raise ValueError("tables with and without targets cannot be joined")
+        targets = TargetColumns.concat([t.targets for t in tables], first.tolist()) if all(carried) else None  # type: ignore[misc]
         return cls(buffers=tuple(b for t in tables for b in t.buffers),
                    buffer=np.concatenate([t.buffer + f for t, f in zip(tables, first)]),
                    start=np.concatenate([t.start for t in tables]), size=np.concatenate([t.size for t in tables]),
                    labels=np.concatenate([t.labels for t in tables]),
                    sample_ids=np.concatenate([t.sample_ids for t in tables]),
-                   keys=[k for t in tables for k in t.keys], valid=np.concatenate([t.valid for t in tables]))
+                   keys=[k for t in tables for k in t.keys], valid=np.concatenate([t.valid for t in tables]),
+                   targets=targets)
 
     def take(self, index: np.ndarray | slice) -> SampleTable:
         """The samples at ``index`` (positions or a slice), in that order; the buffers are shared."""
         keys = self.keys[index] if isinstance(index, slice) else [self.keys[i] for i in index.tolist()]
         return SampleTable(buffers=self.buffers, buffer=self.buffer[index], start=self.start[index],
                            size=self.size[index], labels=self.labels[index], sample_ids=self.sample_ids[index],
-                           keys=keys, valid=self.valid[index])
+                           keys=keys, valid=self.valid[index],
+                           targets=None if self.targets is None else self.targets.take(index))
 
 
 def pack(samples: Sequence[Sample], valid: Iterable[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,
-         shared: bool = False) -> EncodedBatch:
+         shared: bool = False, kinds: Sequence[str] = ()) -> EncodedBatch:
     """Concatenate the samples' encoded images into one buffer; labels are the
-    samples' parsed ``label`` (the stream checks and parses them).
+    samples' parsed ``label`` (the stream checks and parses them); ``kinds``: the target
+    kinds read from each sample's fields (:meth:`SampleTable.from_samples`).
 
     Shape: B samples → data (sum of image sizes,) uint8, offsets (B+1,) int64.
     ``shared=True`` (in DataLoader workers) builds the tensors in shared memory.
     """
-    return pack_table(SampleTable.from_samples(samples, valid), epoch=epoch, chunk=chunk, batch=batch, shared=shared)
+    return pack_table(SampleTable.from_samples(samples, valid, kinds), epoch=epoch, chunk=chunk, batch=batch,
+                      shared=shared)
 
 
 def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: int = -1,
                shared: bool = False) -> EncodedBatch:
-    """The table's images, copied once each into one buffer, as an :class:`EncodedBatch`.
+    """The table's images (and masks), copied once each into one buffer, as an :class:`EncodedBatch`.
 
-    Shape: B samples → data (sum of image sizes,) uint8, offsets (B+1,) int64.
+    Shape: B samples → data (sum of image sizes,) uint8, offsets (B+1,) int64; with targets,
+    :class:`EncodedTargets` whose tensors share that buffer and ``offsets``'s (a sample not
+    valid carries no boxes and an empty mask).
     ``shared=True`` (in DataLoader workers) builds the tensors in shared memory.
     """
     n = len(table)
-    meta = torch.zeros(4, n + 1, dtype=torch.int64)  # one tensor, four views: one transfer between processes
-    total = int(table.size.sum())
+    t = None if table.targets is None else table.targets.only(table.valid)
+    rows = 4 + (t is not None and t.box_counts is not None) + (t is not None and t.mask_size is not None)
+    meta = torch.zeros(rows, n + 1, dtype=torch.int64)  # one tensor, several views: one transfer between processes
+    nbox = 0 if t is None or t.boxes is None else len(t.boxes)
+    head = 24 * nbox  # box labels (int64) and boxes (4 float32) before the images: aligned views
+    images = int(table.size.sum())
+    masks = 0 if t is None or t.mask_size is None else int(t.mask_size.sum())
+    total = head + images + masks
     if shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
-        data = _shared_bytes(total)
+        buffer = _shared_bytes(total)
         meta.share_memory_()
     else:  # in this process: a buffer no earlier batch still holds, without fresh page faults
-        data = torch.from_numpy(_batch_buffer(total))
+        buffer = torch.from_numpy(_batch_buffer(total))
     columns = meta.numpy()
     np.cumsum(table.size, out=columns[0, 1:])
     columns[1, :n], columns[2, :n], columns[3, :n] = table.labels, table.sample_ids, table.valid
-    view = data.numpy().data
-    sources = {i: memoryview(table.buffers[i]).cast("B") for i in np.unique(table.buffer[table.size > 0]).tolist()}
-    for i, a, z, at in zip(table.buffer.tolist(), table.start.tolist(), table.size.tolist(), columns[0, :n].tolist()):
-        if z:
-            view[at:at + z] = sources[i][a:a + z]
+    data = buffer[head:head + images]
+    _copy(buffer.numpy().data[head:], table.buffers, table.buffer, table.start, table.size, columns[0, :n])
+    targets = None if t is None else _pack_targets(t, table.buffers, buffer, meta, head, images)
     return EncodedBatch(
         data=data, offsets=meta[0], labels=meta[1, :n], sample_ids=meta[2, :n], valid=meta[3, :n].bool(),
-        keys=tuple(table.keys), epoch=epoch, chunk=chunk, batch=batch,
+        keys=tuple(table.keys), epoch=epoch, chunk=chunk, batch=batch, targets=targets,
     )
+
+
+def _copy(view: memoryview, buffers: tuple, buffer: np.ndarray, start: np.ndarray, size: np.ndarray,
+          at: np.ndarray) -> None:
+    """Copy pieces ``[start[i], start[i] + size[i])`` of ``buffers[buffer[i]]`` to ``view[at[i]:]``."""
+    sources = {i: memoryview(buffers[i]).cast("B") for i in np.unique(buffer[size > 0]).tolist()}
+    for i, a, z, to in zip(buffer.tolist(), start.tolist(), size.tolist(), at.tolist()):
+        if z:
+            view[to:to + z] = sources[i][a:a + z]
+
+
+def _pack_targets(t: TargetColumns, buffers: tuple, buffer: torch.Tensor, meta: torch.Tensor, head: int,
+                  images: int) -> EncodedTargets:
+    """The targets' tensors: box labels and boxes at the start of ``buffer``, masks after the
+    images, counts and mask offsets in the last rows of ``meta``."""
+    n, row = meta.shape[1] - 1, 4
+    out: dict[str, torch.Tensor] = {}
+    if t.box_counts is not None:
+        assert t.boxes is not None and t.box_labels is not None, "boxes come together"
+        nbox = len(t.boxes)
+        if nbox:
+            labels = buffer[:8 * nbox].view(torch.int64)
+            boxes = buffer[8 * nbox:24 * nbox].view(torch.float32).view(nbox, 4)
+            labels.numpy()[:] = t.box_labels
+            boxes.numpy()[:] = t.boxes
+        else:  # (an empty slice has no stride to view with another dtype)
+            labels, boxes = torch.zeros(0, dtype=torch.int64), torch.zeros(0, 4, dtype=torch.float32)
+        meta.numpy()[row, :n] = t.box_counts
+        out.update(box_counts=meta[row, :n], boxes=boxes, box_labels=labels)
+        row += 1
+    if t.mask_size is not None:
+        assert t.mask_buffer is not None and t.mask_start is not None, "masks come together"
+        offsets = meta.numpy()[row]
+        np.cumsum(t.mask_size, out=offsets[1:])
+        start = head + images
+        _copy(buffer.numpy().data[start:], buffers, t.mask_buffer, t.mask_start, t.mask_size, offsets[:n])
+        out.update(mask_data=buffer[start:start + int(offsets[n])], mask_offsets=meta[row])
+    return EncodedTargets(**out)
 
 
 _POOL_MIN = 1 << 20  # smaller batches are cheap to allocate

@@ -15,6 +15,11 @@ is delivered; a byte range whose bytes fail (a checksum, or a tar header) is rea
 again, and only if it keeps failing is it bad data. Bad data follows ``on_error``: ``"raise"`` stops with an error naming the shard
 and offset; ``"skip"`` replaces each unreadable sample by a placeholder marked
 invalid (so batch shapes and step counts never change), counts it and logs its key.
+
+When the source's ``targets`` name boxes or masks, every sample must carry them
+(:func:`~gpupipe.stream.targets.read_targets`): a sample without its ``.json`` or
+``.mask.png``, or whose boxes do not parse, is bad data like a sample without an image.
+A placeholder has no boxes and an empty mask.
 """
 from __future__ import annotations
 
@@ -27,13 +32,15 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
+from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
-from gpupipe.formats.tarscan import scan_span
+from gpupipe.formats.tarscan import ScannedSpan, scan_span
 from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
 from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import FetchConfig, Fetcher, ObjectVersion
 from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, SampleTable, image_field, label_of
 from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
+from gpupipe.stream.targets import SampleTargets, TargetColumns, member_fields, read_targets
 
 __all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards"]
 
@@ -146,24 +153,45 @@ def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRang
     return span
 
 
-def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog) -> SampleTable:
+@dataclass(frozen=True)
+class _Wanted:
+    """The target kinds every sample must carry, and the class count their labels are below
+    (``None``: not checked)."""
+
+    kinds: tuple[str, ...] = ()
+    num_classes: int | None = None
+
+    @classmethod
+    def of(cls, source: ResolvedSource) -> _Wanted:
+        classes = source.manifest.classes if source.manifest is not None else ()
+        return cls(tuple(source.targets), len(classes) if classes else None)
+
+
+def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog,
+             wanted: _Wanted = _Wanted()) -> SampleTable:
     """The span's samples, each checked; with ``skip``, bad and unreadable ones become
     placeholders (so the count never changes)."""
     if span.table is not None:  # scanned and checked whole
         return replace(span.table, sample_ids=span.table.sample_ids + first_id)
     out: list[Sample] = []
+    parsed: list[SampleTargets] = []
     for i, s in enumerate(span.samples):
         try:
             if i in span.problems or s is None:  # (a None sample always has its problem)
                 raise span.problems[i]
-            out.append(_checked(s, url, first_id + i))
+            checked = _checked(s, url, first_id + i)
+            if wanted.kinds:
+                parsed.append(read_targets(checked, wanted.kinds, wanted.num_classes))
+            out.append(checked)
         except GpupipeError as exc:
             if on_error is ErrorPolicy.RAISE:
                 raise
             key = s.key if s is not None else f"{url}#{i}"
             skips.add(key if s is None else f"{url}#{key}", getattr(exc, "reason", str(exc)))
             out.append(_placeholder(url, key, first_id + i))
-    return SampleTable.from_samples(out, [True] * len(out))
+            if wanted.kinds:
+                parsed.append(read_targets(out[-1], wanted.kinds))
+    return SampleTable.from_samples(out, [True] * len(out), wanted.kinds, parsed=parsed)
 
 
 def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: int, chunks: Sequence[Chunk],
@@ -174,6 +202,7 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
     assert source.manifest is not None, "iter_chunks needs a manifest"
     skips = skips if skips is not None else SkipLog()
     first_ids = spec.first_ids
+    wanted = _Wanted.of(source)
     planned: deque[tuple[Chunk, list[Span]]] = deque()
 
     def spans() -> Iterator[Span]:  # lazily: a folder chunk is a span per image
@@ -193,7 +222,7 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
             url = source.shard_urls[s.shard]
             # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
             got = _deliver(span, url, int(first_ids[s.shard]) + s.start, on_error if s.valid else ErrorPolicy.SKIP,
-                           skips if s.valid else SkipLog())
+                           skips if s.valid else SkipLog(), wanted)
             tables.append(got if s.valid else replace(got, valid=np.zeros(len(got), dtype=bool)))
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
         yield chunk, SampleTable.concat(tables).take(order)
@@ -205,6 +234,7 @@ def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) 
     spans of another epoch, which start elsewhere, find them."""
     assert source.manifest is not None, "iter_chunks checked it"
     entries = source.manifest.shards
+    wanted = _Wanted.of(source)
     pending: deque[Span] = deque()
 
     def ranges() -> Iterator[tuple[ByteRange, ObjectVersion]]:
@@ -218,7 +248,7 @@ def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) 
         entry, url = entries[s.shard], source.shard_urls[s.shard]
         crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
         offsets = entry.offsets[s.start:s.stop + 1]
-        scanned = None if isinstance(blocks, GpupipeError) else _scanned(blocks, offsets, crcs)
+        scanned = None if isinstance(blocks, GpupipeError) else _scanned(blocks, offsets, crcs, wanted, url)
         if scanned is not None:
             yield ReadSpan([], {}, scanned)
             continue
@@ -226,18 +256,51 @@ def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) 
                          source.unit_version(s.shard), offsets, crcs)
 
 
-def _scanned(blocks: list, offsets: np.ndarray, crcs: np.ndarray | None) -> SampleTable | None:
+def _scanned(blocks: list, offsets: np.ndarray, crcs: np.ndarray | None, wanted: _Wanted = _Wanted(),
+             url: str = "") -> SampleTable | None:
     """The span's samples from the vectorized scan (:func:`~gpupipe.formats.tarscan.scan_span`),
-    when it takes the span and every sample matches its manifest checksum; else ``None``, and
-    the span is read by the streaming reader, which finds, re-reads and reports what is wrong.
-    The blocks are not joined: each image is copied once, into its batch."""
-    got = scan_span(blocks, offsets - offsets[0], image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS)
+    when it takes the span, every sample matches its manifest checksum and carries the wanted
+    targets, well formed; else ``None``, and the span is read by the streaming reader, which
+    finds, re-reads and reports what is wrong.
+    The blocks are not joined: each image (and mask) is copied once, into its batch."""
+    got = scan_span(blocks, offsets - offsets[0], image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS,
+                    member_exts=member_fields(wanted.kinds))
     if got is None or (crcs is not None and not np.array_equal(got.crcs, crcs)):
+        return None
+    targets = _scanned_targets(got, wanted, url, int(offsets[0])) if wanted.kinds else None
+    if wanted.kinds and targets is None:
         return None
     n = len(got.keys)
     return SampleTable(buffers=tuple(got.buffers), buffer=got.image_buffer, start=got.image_start,
                        size=got.image_size, labels=got.labels, sample_ids=np.arange(n, dtype=np.int64),
-                       keys=got.keys, valid=np.ones(n, dtype=bool))
+                       keys=got.keys, valid=np.ones(n, dtype=bool), targets=targets)
+
+
+def _scanned_targets(got: ScannedSpan, wanted: _Wanted, url: str, base: int) -> TargetColumns | None:
+    """The targets of a scanned span: its ``.json`` boxes parsed, its masks where they lie;
+    ``None`` when a sample lacks one or its boxes do not parse (the streaming reader then
+    names it, and ``on_error`` decides)."""
+    out: dict[str, np.ndarray] = {}
+    if "boxes" in wanted.kinds:
+        where, start, size = got.members[BOXES_FIELD]
+        if (size <= 0).any():
+            return None
+        boxes, labels = [], []
+        for key, b, a, z in zip(got.keys, where.tolist(), start.tolist(), size.tolist()):
+            try:
+                bx, lab = parse_boxes(got.buffers[b].data[a:a + z], key, wanted.num_classes, shard=url, offset=base)
+            except ShardFormatError:
+                return None
+            boxes.append(bx)
+            labels.append(lab)
+        out.update(box_counts=np.fromiter((len(b) for b in labels), np.int64, count=len(labels)),
+                   boxes=np.concatenate(boxes), box_labels=np.concatenate(labels))
+    if "masks" in wanted.kinds:
+        where, start, size = got.members[MASK_FIELD]
+        if (size <= 0).any():
+            return None
+        out.update(mask_buffer=where, mask_start=start, mask_size=size)
+    return TargetColumns(**out)
 
 
 _READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}
@@ -245,9 +308,11 @@ _READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans
 
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,
                       buffer_size: int, part: int, num_parts: int,
-                      on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None) -> Iterator[Sample]:
+                      on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None,
+                      targets: Sequence[str] = ()) -> Iterator[Sample]:
     """Stream whole shards without a manifest: part ``part`` of ``num_parts`` gets every
-    ``num_parts``-th shard of the seeded shard order."""
+    ``num_parts``-th shard of the seeded shard order. ``targets``: the kinds every sample
+    must carry (checked here; :func:`~gpupipe.stream.batch.pack` with ``kinds`` reads them)."""
     skips = skips if skips is not None else SkipLog()
     order = permutation(len(shard_urls), (seed, epoch, 1)) if shuffle else np.arange(len(shard_urls))
     mine = [shard_urls[i] for i in order[part::num_parts]]
@@ -261,7 +326,10 @@ def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int,
                     raise blocks
                 for s in group_by_key(iter_members(blocks, shard=url), shard=url):
                     try:
-                        yield _checked(s, url, -1)
+                        checked = _checked(s, url, -1)
+                        if targets:
+                            read_targets(checked, targets)  # (no class list without a manifest)
+                        yield checked
                     except ShardFormatError as exc:
                         if on_error is ErrorPolicy.RAISE:
                             raise

@@ -9,6 +9,7 @@ Usage::
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--checksums] [--image-column NAME] [--label-column NAME] [--labels URL]
                       [--storage-option KEY=VALUE ...]
+    gpupipe synth DST [--images N] [--size W[xH]] [--classes N] [--targets boxes,masks] [--shard-size N] [--seed N]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
     gpupipe demo [--root DIR] [--images N] [--size PX] [--batch-size N] [--epochs N] [--workers N]
                  [--image-size PX] [--decode BACKEND] [--augment simple|complex|none]
@@ -195,6 +196,41 @@ def _inspect_size(n: int) -> str:
     return f"{size / 1024:.1f} TiB"
 
 
+# ---------------------------------------------------------------- synth
+
+
+def _synth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", help="folder (any fsspec URL) for the shards and index.json")
+    p.add_argument("--images", type=int, default=64, metavar="N", help="samples to write (default 64)")
+    p.add_argument("--size", default="64x48", metavar="W[xH]", help="image width x height in pixels (default 64x48)")
+    p.add_argument("--classes", type=int, default=3, metavar="N", help="object classes (default 3)")
+    p.add_argument("--targets", default="boxes,masks", metavar="KINDS",
+                   help="what each sample carries beside its image: boxes (.json), masks (.mask.png), both "
+                        "(default boxes,masks), or none (a .cls label: classification)")
+    p.add_argument("--shard-size", type=int, default=100, metavar="N", help="samples per shard (default 100)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="the same seed writes the same bytes (default 0)")
+    storage_arguments(p, what="the destination")
+
+
+def _synth_run(args: argparse.Namespace) -> int:
+    from gpupipe.core.targets import target_kinds
+    from gpupipe.tools.synth import write_detection_shards
+
+    try:
+        w, _, h = args.size.lower().partition("x")
+        size = (int(w), int(h or w))
+    except ValueError:
+        raise GpupipeError(f"--size: {args.size!r} is not W or WxH in pixels, e.g. 64x48") from None
+    if min(size) < 4 or args.images < 1 or args.classes < 1 or args.classes > 254 or args.shard_size < 1:
+        raise GpupipeError("synth: --size needs sides >= 4, --images and --shard-size >= 1, --classes 1..254")
+    kinds = target_kinds(args.targets, "--targets")
+    m = write_detection_shards(args.dst, num_images=args.images, size=size, num_classes=args.classes, targets=kinds,
+                               seed=args.seed, shard_size=args.shard_size, storage_options=dict(args.storage_options))
+    print(f"wrote {m.num_samples} samples ({size[0]}x{size[1]}, {args.classes} classes, targets: "
+          f"{', '.join(kinds) or 'none'}) in {len(m.shards)} shards under {args.dst}")
+    return 0
+
+
 # ---------------------------------------------------------------- demo
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -267,6 +303,7 @@ _COMMANDS: dict[str, tuple[str, AddArguments, Run]] = {
     "ingest": ("turn an image folder or Parquet files into shards + index.json", _ingest_arguments, _ingest_run),
     "index": ("write index.json for tar shards, an image folder or Parquet files", _index_arguments, _index_run),
     "inspect": ("summarise a dataset and show its first keys", _inspect_arguments, _inspect_run),
+    "synth": ("write generated detection/segmentation shards (images, boxes, masks)", _synth_arguments, _synth_run),
     "demo": ("generate sample images, ingest, stream and decode them, printing throughput", _demo_arguments, _demo_run),
     "bench": ("time the loader on a dataset: images/s and seconds per stage", _bench_arguments, _bench_run),
 }

@@ -42,6 +42,7 @@ from gpupipe.plan import shuffle_buffer
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
 from gpupipe.sources.source import ResolvedSource, Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, storage_errors
+from gpupipe.stream.batch import image_field
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
 
@@ -110,7 +111,9 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``label_column`` naming Parquet columns. ``dst_storage_options=None`` reuses
     ``storage_options`` when ``dst`` has the same protocol. A sample keeps the key and fields
     reading in place gives it: ``<path without extension>`` or ``<file>/<row>``, and
-    ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}`` (no ``cls``: unlabelled).
+    ``{jpg|png|webp|bmp|gif: bytes, "cls": b"<label>"}`` (no ``cls``: unlabelled), and the
+    ``json`` (boxes) and ``mask.png`` members a reader gives (:mod:`gpupipe.formats.annotations`),
+    copied as they are; ``index.json`` records the target kinds written.
 
     ``classes`` (or ``classes_from``: an ``index.json``, its folder or a ``classes.txt``, see
     :func:`~gpupipe.sources.classes.class_list`) fixes the class list and so the numbering, e.g. val's from train's
@@ -341,9 +344,9 @@ def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], 
         if item.sample is None:
             _skip(skipped, item.where, item.error)
             continue
-        fields = dict(item.sample.fields)
+        fields = dict(item.sample.fields)  # all of them: the image, its label, boxes (.json), mask (.mask.png)
         try:
-            probe(next(v for k, v in fields.items() if k != "cls"), max_pixels=max_pixels)
+            probe(image_field(item.sample), max_pixels=max_pixels)
         except DecodeError as exc:
             _skip(skipped, item.where, str(exc))
             continue

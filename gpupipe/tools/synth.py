@@ -7,13 +7,16 @@ all-zero data:
 * :func:`dead_leaves_jpeg` — the dead-leaves model of natural images (overlapping
   shapes with power-law sizes, so the spectrum falls off like a photo's), for the
   benchmarks. :func:`write_leaves_folder` writes many of them with a process pool;
-  image ``i`` of seed ``s`` is the same bytes whatever the worker count.
+  image ``i`` of seed ``s`` is the same bytes whatever the worker count;
+* :func:`detection_sample` — detection and segmentation data: a few filled rectangles of random
+  classes on a smooth background, with their boxes (``.json``) and class mask (``.mask.png``)
+  exactly around them; :func:`write_detection_shards` writes shards of them (``gpupipe synth``).
 """
 from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,7 +25,7 @@ from gpupipe.core.errors import MissingDependencyError
 from gpupipe.storage.fetch import open_filesystem
 
 __all__ = ["synthetic_jpeg", "write_image_folder", "LeavesConfig", "dead_leaves", "dead_leaves_jpeg",
-           "write_leaves_folder"]
+           "write_leaves_folder", "DetectionSample", "detection_sample", "write_detection_shards"]
 
 
 def _pil():
@@ -268,3 +271,72 @@ class _Serial:
     @staticmethod
     def imap(fn, items, chunksize: int = 1):
         return map(fn, items)
+
+
+# ---------------------------------------------------------------- detection data
+
+
+@dataclass(frozen=True)
+class DetectionSample:
+    """One generated detection sample: ``boxes`` (n, 4) float32 ``xyxy`` pixel edges of its
+    rectangles, ``labels`` (n,) int64, ``mask`` (H, W) uint8 (class + 1 per pixel, 0 for the
+    background; a later rectangle covers an earlier one), and ``fields``: the sample's members
+    (``jpg``, and ``json`` / ``mask.png`` as ``targets`` ask, or ``cls`` without targets)."""
+
+    boxes: np.ndarray
+    labels: np.ndarray
+    mask: np.ndarray
+    fields: dict[str, bytes] = field(repr=False)
+
+
+def detection_sample(seed: int, index: int, size: tuple[int, int] = (64, 48), num_classes: int = 3,
+                     targets: Sequence[str] = ("boxes", "masks"), max_objects: int = 4) -> DetectionSample:
+    """Sample ``index`` of the set drawn from ``seed``, the same whatever the order: every fourth
+    image has no objects; the others 1..``max_objects`` rectangles of random classes, some touching
+    the image's edges. ``size``: (width, height)."""
+    from gpupipe.formats.annotations import encode_boxes
+
+    rng = np.random.default_rng([seed, index])
+    w, h = size
+    n = 0 if index % 4 == 0 else int(rng.integers(1, max_objects + 1))
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = 110 + 50 * np.sin(xx * rng.uniform(0.05, 0.2) + rng.uniform(0, 6))[..., None] * np.ones(3, np.float32)
+    mask = np.zeros((h, w), np.uint8)
+    palette = np.random.default_rng([seed, 1 << 20]).uniform(0, 255, (num_classes, 3))
+    boxes = np.zeros((n, 4), np.float32)
+    labels = rng.integers(0, num_classes, n).astype(np.int64)
+    for k in range(n):
+        bw, bh = int(rng.integers(2, max(3, w // 2))), int(rng.integers(2, max(3, h // 2)))
+        x0, y0 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
+        edge = int(rng.integers(0, 6))  # 0..3: pushed against that edge, else where it fell
+        x0 = 0 if edge == 0 else w - bw if edge == 1 else x0
+        y0 = 0 if edge == 2 else h - bh if edge == 3 else y0
+        img[y0:y0 + bh, x0:x0 + bw] = palette[labels[k]]
+        mask[y0:y0 + bh, x0:x0 + bw] = labels[k] + 1
+        boxes[k] = (x0, y0, x0 + bw, y0 + bh)
+    pil = _pil()
+    jpeg, png = io.BytesIO(), io.BytesIO()
+    pil.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(jpeg, format="JPEG", quality=90)
+    fields = {"jpg": jpeg.getvalue()}
+    if "boxes" in targets:
+        fields["json"] = encode_boxes(boxes, labels)
+    if "masks" in targets:
+        pil.fromarray(mask, mode="L").save(png, format="PNG")
+        fields["mask.png"] = png.getvalue()
+    if not targets:
+        fields["cls"] = str(index % num_classes).encode()
+    return DetectionSample(boxes, labels, mask, fields)
+
+
+def write_detection_shards(dst: str, *, num_images: int, size: tuple[int, int] = (64, 48), num_classes: int = 3,
+                           targets: Sequence[str] = ("boxes", "masks"), seed: int = 0, shard_size: int = 100,
+                           storage_options: Mapping[str, Any] | None = None):
+    """Write :func:`detection_sample` 0..``num_images``-1 as shards + ``index.json`` (keys
+    ``det_NNNNNN``, classes ``class_0``...) under ``dst``; returns the manifest."""
+    from gpupipe.formats.writer import ShardSink
+
+    sink = ShardSink(dst, shard_size=shard_size, storage_options=storage_options,
+                     classes=tuple(f"class_{c}" for c in range(num_classes)))
+    for i in range(num_images):
+        sink.write(f"det_{i:06d}", detection_sample(seed, i, size, num_classes, targets).fields)
+    return sink.close()

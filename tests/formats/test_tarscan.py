@@ -21,6 +21,7 @@ from gpupipe.formats.tarscan import scan_span
 from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, image_field, label_of
 
 _EXTS = dict(image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS)
+_MEMBERS = ("json", "mask.png")  # located on request (a sample's boxes and mask)
 
 
 def _write(samples) -> tuple[bytes, list[int], list[int]]:
@@ -38,7 +39,8 @@ def _streamed(data: bytes, offsets: list[int], a: int, b: int):
         got = list(group_by_key(iter_members([data[offsets[a]:offsets[b]]], base_offset=offsets[a])))
         if len(got) != b - a:
             return None
-        return [(s.key, bytes(image_field(s)), label_of(s), sample_crc32(s.key, s.fields)) for s in got]
+        return [(s.key, bytes(image_field(s)), label_of(s), sample_crc32(s.key, s.fields),
+                 tuple(None if m not in s.fields else bytes(s.fields[m]) for m in _MEMBERS)) for s in got]
     except ShardFormatError:
         return None
 
@@ -47,15 +49,21 @@ def _scanned(data: bytes, offsets: list[int], a: int, b: int, block: int | None 
     """What the scan gives for samples [a, b), the span cut into ``block``-byte segments."""
     span = data[offsets[a]:offsets[b]]
     segments = [span] if block is None else [span[i:i + block] for i in range(0, len(span), block)]
-    got = scan_span(segments, np.asarray(offsets[a:b + 1]) - offsets[a], **_EXTS)
+    got = scan_span(segments, np.asarray(offsets[a:b + 1]) - offsets[a], **_EXTS, member_exts=_MEMBERS)
     if got is None:
         return None
-    return [(k, bytes(got.buffers[i][s:s + z]), int(lab), int(c)) for k, i, s, z, lab, c in
-            zip(got.keys, got.image_buffer, got.image_start, got.image_size, got.labels, got.crcs)]
+
+    def member(ext: str, j: int) -> bytes | None:
+        where, start, size = (int(c[j]) for c in got.members[ext])
+        return None if size < 0 else bytes(got.buffers[where][start:start + size])
+
+    return [(k, bytes(got.buffers[i][s:s + z]), int(lab), int(c), tuple(member(m, j) for m in _MEMBERS))
+            for j, (k, i, s, z, lab, c) in enumerate(
+                zip(got.keys, got.image_buffer, got.image_start, got.image_size, got.labels, got.crcs))]
 
 
 _keys = st.from_regex(r"[a-z0-9_]{1,12}(/[a-z0-9_]{1,6})?", fullmatch=True)
-_field = st.sampled_from(["jpg", "png", "jpeg", "cls", "json", "txt", "seg.png", "webp"])
+_field = st.sampled_from(["jpg", "png", "jpeg", "cls", "json", "txt", "seg.png", "webp", "mask.png"])
 
 
 @st.composite
@@ -85,7 +93,19 @@ def test_scan_agrees_with_the_streaming_reader(samples, data):
     scanned = _scanned(shard, offsets, a, b, block)
     if scanned is not None:
         assert scanned == _streamed(shard, offsets, a, b)
-        assert [c for *_, c in scanned] == crcs[a:b]
+        assert [c for *_, c, _ in scanned] == crcs[a:b]
+
+
+def test_members_are_located_across_segment_edges():
+    """Boxes and masks are found where they lie, also when a member straddles two segments
+    (then it is copied, like an image), and a sample without one says so (size -1)."""
+    samples = [(f"d{i}", {"jpg": bytes([i]) * (300 + 40 * i), "json": b'{"boxes":[],"labels":[]}' * (i + 1),
+                          **({"mask.png": bytes([7, i]) * (200 + 90 * i)} if i % 3 else {})}) for i in range(9)]
+    shard, offsets, _ = _write(samples)
+    for block in (None, 512, 1536):
+        got = _scanned(shard, offsets, 0, 9, block)
+        assert got is not None and got == _streamed(shard, offsets, 0, 9)
+        assert [m[1] is None for *_, m in got] == [i % 3 == 0 for i in range(9)]
 
 
 def test_plain_shards_take_the_fast_path():
@@ -94,7 +114,7 @@ def test_plain_shards_take_the_fast_path():
     for block in (None, 512, 1536, 4096):  # segments that cut headers off images, images in two
         got = _scanned(shard, offsets, 0, 50, block)
         assert got is not None and got == _streamed(shard, offsets, 0, 50)
-        assert [c for *_, c in got] == crcs
+        assert [c for *_, c, _ in got] == crcs
     assert _scanned(shard, offsets, 0, 50, 700) is None  # segments off the 512-byte grid are not taken
 
 
