@@ -16,6 +16,7 @@ EXPECTED = {
     "train_lightning_s3.py": "from s3://gpupipe-example/: val loss",
     "plain_pytorch_loop.py": "none repeated, none missing",
     "migrate_torchvision.py": "same key, same output: True",
+    "train_segmentation.py": "with boxes and masks: val loss",
 }
 
 

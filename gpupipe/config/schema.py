@@ -37,7 +37,8 @@ __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "S
 SPLITS = ("train", "val", "test", "predict")
 LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_EVAL_SAFE = frozenset({"Resize", "CenterCrop", "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale"})
+_EVAL_SAFE = frozenset({"Resize", "CenterCrop", "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale",
+                        "SanitizeBoundingBoxes"})
 
 
 class Secrets(Mapping[str, Any]):

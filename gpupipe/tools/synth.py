@@ -330,13 +330,15 @@ def detection_sample(seed: int, index: int, size: tuple[int, int] = (64, 48), nu
 
 def write_detection_shards(dst: str, *, num_images: int, size: tuple[int, int] = (64, 48), num_classes: int = 3,
                            targets: Sequence[str] = ("boxes", "masks"), seed: int = 0, shard_size: int = 100,
-                           storage_options: Mapping[str, Any] | None = None):
+                           storage_options: Mapping[str, Any] | None = None, max_objects: int = 4):
     """Write :func:`detection_sample` 0..``num_images``-1 as shards + ``index.json`` (keys
-    ``det_NNNNNN``, classes ``class_0``...) under ``dst``; returns the manifest."""
+    ``det_NNNNNN``, classes ``class_0``...) under ``dst``; returns the manifest. With several
+    objects an image's later rectangles may cover an earlier one (its box stays, its mask pixels
+    go); ``max_objects=1`` never overlaps."""
     from gpupipe.formats.writer import ShardSink
 
     sink = ShardSink(dst, shard_size=shard_size, storage_options=storage_options,
                      classes=tuple(f"class_{c}" for c in range(num_classes)))
     for i in range(num_images):
-        sink.write(f"det_{i:06d}", detection_sample(seed, i, size, num_classes, targets).fields)
+        sink.write(f"det_{i:06d}", detection_sample(seed, i, size, num_classes, targets, max_objects).fields)
     return sink.close()
