@@ -33,6 +33,7 @@ options are passed on, never printed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -169,10 +170,18 @@ def _inspect_run(args: argparse.Namespace) -> int:
         print(f"columns:  image={info['image_column']}, label={info['label_column'] or 'none (labels are -1)'}")
     if info["fields"]:
         print(f"fields:   {', '.join(info['fields'])}")
+    if info["targets"] is not None:
+        print(f"targets:  {', '.join(info['targets']) or 'none'} (in every shard, says index.json)")
     print("first objects:" if info["kind"] == "folder" else f"first keys ({info['first_shard']}):")
-    for key in info["first_keys"]:
-        print(f"  {key}")
+    for key, targets in itertools.zip_longest(info["first_keys"], info["first_targets"]):
+        print(f"  {key}" + (f"  {_inspect_targets(targets)}" if targets is not None else ""))
     return 0
+
+
+def _inspect_targets(targets: dict) -> str:
+    if "error" in targets:
+        return f"(bad .json: {targets['error']})"
+    return f"({targets['boxes']} box{'es' if targets['boxes'] != 1 else ''}{', mask' if targets['mask'] else ''})"
 
 
 def _inspect_units(info: dict) -> str:

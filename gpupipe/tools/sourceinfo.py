@@ -29,8 +29,10 @@ def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys:
     """A JSON-able summary of a dataset: ``kind`` (``tar``, ``folder``, ``parquet``),
     ``manifest`` (bool), ``shards`` (units), ``samples`` and ``bytes`` (``None`` without a
     manifest), ``classes``, ``first_shard``, ``first_keys`` (up to ``keys``) and the
-    ``fields`` of those samples; for a source read in place also the keys of
-    :func:`in_place_summary` (units, files, columns).
+    ``fields`` of those samples; ``targets``: the target kinds ``index.json`` records every
+    shard holds (``None``: it records none), and ``first_targets``: per first key, its box count
+    and whether it has a mask (``None`` where it has no ``.json``); for a source read in place
+    also the keys of :func:`in_place_summary` (units, files, columns).
 
     With a manifest the first keys come from one byte-range read; without, the first shard
     is streamed until ``keys`` samples have been seen.
@@ -43,6 +45,8 @@ def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys:
         "bytes": manifest.total_bytes if manifest else None,
         "classes": list(manifest.classes) if manifest else [],
         "first_shard": None, "first_keys": [], "fields": [],
+        "targets": list(manifest.targets) if manifest is not None and manifest.targets is not None else None,
+        "first_targets": [],
     }
     if resolved.kind != "tar":  # an image folder or Parquet read in place: its manifest says it all
         return {**out, **in_place_summary(resolved, keys)}
@@ -53,7 +57,23 @@ def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys:
     out["first_shard"] = samples[0].shard if samples else resolved.shard_urls[0]
     out["first_keys"] = [s.key for s in samples]
     out["fields"] = sorted({ext for s in samples for ext in s.fields})
+    out["first_targets"] = [_targets_of(s) for s in samples]
     return out
+
+
+def _targets_of(sample) -> dict[str, Any] | None:
+    """``{"boxes": n, "mask": bool}`` of a sample with a ``.json`` (``"error"``: why it does not
+    parse), ``None`` without one."""
+    from gpupipe.core.errors import ShardFormatError
+    from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
+
+    if BOXES_FIELD not in sample.fields:
+        return None
+    try:
+        boxes, _ = parse_boxes(sample.fields[BOXES_FIELD], sample.key)
+    except ShardFormatError as exc:
+        return {"error": exc.reason, "mask": MASK_FIELD in sample.fields}
+    return {"boxes": len(boxes), "mask": MASK_FIELD in sample.fields}
 
 
 def _first_samples(fs, shard_urls: Sequence[str], manifest: Manifest | None, keys: int) -> list:

@@ -115,8 +115,8 @@ def test_ingest_copies_boxes_and_masks(tmp_path, monkeypatch):
         (tmp_path / "src" / f"c{i % 2}" / f"im{i}.jpg").write_bytes(detection_sample(0, i).fields["jpg"])
     real = ingest_module.object_sample
 
-    def with_targets(name, data, label, url) -> Sample:
-        s = real(name, data, label, url)
+    def with_targets(name, data, label, url, targets=None) -> Sample:
+        s = real(name, data, label, url, targets)
         i = int(name.rsplit("im", 1)[1].split(".")[0])
         made = detection_sample(0, i).fields
         return replace(s, fields={**s.fields, "json": made["json"], "mask.png": made["mask.png"]})
@@ -129,3 +129,24 @@ def test_ingest_copies_boxes_and_masks(tmp_path, monkeypatch):
         made = detection_sample(0, int(key.rsplit("im", 1)[1])).fields
         assert (fields["json"], fields["mask.png"], fields["jpg"]) == (made["json"], made["mask.png"], made["jpg"])
     assert Manifest.from_json((tmp_path / "dst" / MANIFEST_NAME).read_text()).targets == ("boxes", "masks")
+
+
+def test_inspect_shows_the_recorded_kinds_and_each_first_samples_boxes(tmp_path, capsys):
+    written = write_detection(str(tmp_path), 6, damage={2: lambda f: {**f, "json": b"{oops"}})
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path), "--keys", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "targets:  boxes, masks (in every shard, says index.json)" in out
+    for key in list(written)[:4]:
+        s, fields = written[key]
+        line = next(x for x in out.splitlines() if x.strip().startswith(key))
+        if key == "det_000002":
+            assert "(bad .json:" in line and "does not parse" in line
+        else:
+            n = len(s.boxes)
+            assert line.strip() == f"{key}  ({n} box{'es' if n != 1 else ''}, mask)"
+    main(["synth", str(tmp_path / "plain"), "--images", "2", "--targets", "none"])
+    capsys.readouterr()
+    main(["inspect", str(tmp_path / "plain")])
+    out = capsys.readouterr().out
+    assert "targets:  none" in out and "box" not in out
