@@ -41,19 +41,13 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, encode_boxes
-from gpupipe.formats.folder import NameList, class_numbering
+from gpupipe.formats.folder import NameList, class_numbering, read_only
 
 __all__ = ["CocoTable", "parse_coco", "mask_png"]
 
 log = logging.getLogger(__name__)
 
 _NONE, _POLYGONS, _RLE = 0, 1, 2  # what an annotation's segmentation is
-
-
-def _frozen(values, dtype) -> np.ndarray:
-    out = np.ascontiguousarray(values, dtype=dtype)
-    out.flags.writeable = False
-    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,11 +109,11 @@ class CocoTable:
         offsets, a = _ranges(self.offsets, order)
         seg_offsets, p = _ranges(self.seg_offsets, a)
         poly_offsets, c = _ranges(self.poly_offsets, p)
-        return CocoTable(NameList(names), _frozen(self.sizes[order], np.int64), _frozen(offsets, np.int64),
-                         _frozen(self.boxes[a], np.float32), _frozen(self.labels[a], np.int64),
-                         _frozen(self.ann_ids[a], np.int64), _frozen(self.seg[a], np.int8),
-                         _frozen(seg_offsets, np.int64), _frozen(poly_offsets, np.int64),
-                         _frozen(self.coords[c], np.float64), self.classes, self.source)
+        return CocoTable(NameList(names), read_only(self.sizes[order], np.int64), read_only(offsets, np.int64),
+                         read_only(self.boxes[a], np.float32), read_only(self.labels[a], np.int64),
+                         read_only(self.ann_ids[a], np.int64), read_only(self.seg[a], np.int8),
+                         read_only(seg_offsets, np.int64), read_only(poly_offsets, np.int64),
+                         read_only(self.coords[c], np.float64), self.classes, self.source)
 
     def image_boxes(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """``(boxes (n, 4) float32 xyxy, labels (n,) int64)`` of image ``i``."""
@@ -197,11 +191,11 @@ def parse_coco(data: bytes, url: str, classes: Sequence[str] | None = None) -> C
     np.cumsum(counts, out=offsets[1:])
     seg_offsets, p = _ranges(parts["seg_offsets"], order)
     poly_offsets, c = _ranges(parts["poly_offsets"], p)
-    return CocoTable(NameList(names), _frozen(sizes, np.int64).reshape(-1, 2), _frozen(offsets, np.int64),
-                     _frozen(parts["boxes"][order], np.float32).reshape(-1, 4), _frozen(parts["labels"][order], np.int64),
-                     _frozen(parts["ids"][order], np.int64), _frozen(parts["seg"][order], np.int8),
-                     _frozen(seg_offsets, np.int64), _frozen(poly_offsets, np.int64),
-                     _frozen(parts["coords"][c], np.float64), found, url)
+    return CocoTable(NameList(names), read_only(sizes, np.int64).reshape(-1, 2), read_only(offsets, np.int64),
+                     read_only(parts["boxes"][order], np.float32).reshape(-1, 4), read_only(parts["labels"][order], np.int64),
+                     read_only(parts["ids"][order], np.int64), read_only(parts["seg"][order], np.int8),
+                     read_only(seg_offsets, np.int64), read_only(poly_offsets, np.int64),
+                     read_only(parts["coords"][c], np.float64), found, url)
 
 
 def _images(images: list, url: str) -> tuple[list[str], list[tuple[int, int]], dict[int, int]]:

@@ -90,7 +90,8 @@ class NameList(StringTable):
             self._offsets, other._offsets)
 
 
-def _read_only(values, dtype) -> np.ndarray:
+def read_only(values, dtype=np.int64) -> np.ndarray:
+    """A read-only copy of ``values``: the columns of a table that DataLoader workers share."""
     out = np.array(values, dtype=dtype)
     out.flags.writeable = False
     return out
@@ -110,9 +111,9 @@ class ObjectTable:
     def __init__(self, names: NameList, sizes: ArrayLike, labels: ArrayLike, crc32: ArrayLike | None = None) -> None:
         """Any integer sequences in; the fields hold read-only int64 copies of them."""
         object.__setattr__(self, "names", names)
-        object.__setattr__(self, "sizes", _read_only(sizes, np.int64))
-        object.__setattr__(self, "labels", _read_only(labels, np.int64))
-        object.__setattr__(self, "crc32", None if crc32 is None else _read_only(crc32, np.int64))
+        object.__setattr__(self, "sizes", read_only(sizes, np.int64))
+        object.__setattr__(self, "labels", read_only(labels, np.int64))
+        object.__setattr__(self, "crc32", None if crc32 is None else read_only(crc32, np.int64))
         self._check()
 
     def _check(self) -> None:

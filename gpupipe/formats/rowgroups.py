@@ -49,7 +49,7 @@ from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError, ShardFormatError, StorageError
 from gpupipe.core.types import Sample
-from gpupipe.formats.folder import NameList, class_numbering, label_problem
+from gpupipe.formats.folder import NameList, class_numbering, label_problem, read_only
 from gpupipe.formats.imageheader import field_name
 from gpupipe.formats.rowtargets import TARGET_COLUMNS, check_target_types, row_targets
 from gpupipe.formats.tar import safe_key, sample_fields
@@ -86,12 +86,6 @@ class Columns:
         return (img,) if self.label is None else (img, self.label)
 
 
-def _read_only(values, dtype=np.int64) -> np.ndarray:
-    out = np.array(values, dtype=dtype)
-    out.flags.writeable = False
-    return out
-
-
 @dataclass(frozen=True, eq=False)
 class RowGroupTable:
     """The row groups of a Parquet source, in file order then row-group order.
@@ -125,8 +119,8 @@ class RowGroupTable:
         arrays = {"file_sizes": file_sizes, "footer_sizes": footer_sizes, "file": file, "index": index,
                   "first_row": first_row, "rows": rows, "ranges": ranges}
         for name, values in arrays.items():
-            object.__setattr__(self, name, _read_only(values))
-        object.__setattr__(self, "crc32", None if crc32 is None else _read_only(crc32))
+            object.__setattr__(self, name, read_only(values))
+        object.__setattr__(self, "crc32", None if crc32 is None else read_only(crc32))
         self._check()
 
     def _check(self) -> None:

@@ -75,7 +75,28 @@ ARCHITECTURES: dict[str, Callable[[int], nn.Module]] = {
 }
 
 
-class ImageClassifier(pl.LightningModule):
+class _SgdModel(pl.LightningModule):
+    """What the models here share: one ``_step(batch, split_name) -> loss`` for every split, and
+    SGD with the ``lr``, ``momentum`` and ``weight_decay`` hyper-parameters."""
+
+    def _step(self, batch: Any, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return torch.optim.SGD(self.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
+
+
+class ImageClassifier(_SgdModel):
     """Cross-entropy classifier over ``(images, labels)`` batches (or dict batches with
     ``images``/``labels``/``valid``: padding and replaced images do not count).
 
@@ -128,19 +149,6 @@ class ImageClassifier(pl.LightningModule):
         self.log(f"{name}_loss", loss, prog_bar=True, batch_size=len(labels), sync_dist=name != "train")
         return loss
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return torch.optim.SGD(self.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
-
 
 def _data_classes(trainer) -> tuple[str, ...]:
     """The class list the trainer's datamodule reports (``()``: none, or no datamodule)."""
@@ -173,7 +181,7 @@ SEGMENTERS: dict[str, Callable[[int], nn.Module]] = {"small_fcn": small_fcn}
 IGNORE = 255  # a mask value the loss skips (VOC's "void" border)
 
 
-class MaskSegmenter(pl.LightningModule):
+class MaskSegmenter(_SgdModel):
     """Per-pixel cross-entropy over batches whose targets carry masks (``source.targets: masks``):
     ``(images, targets)`` with torchvision's per-image dicts, or dict batches with
     ``packed_targets``. Mask values are classes: 0 background, class ``c`` as ``c + 1``
@@ -218,19 +226,6 @@ class MaskSegmenter(pl.LightningModule):
         loss = F.cross_entropy(logits, masks, ignore_index=IGNORE)
         self.log(f"{name}_loss", loss, prog_bar=True, batch_size=len(images), sync_dist=name != "train")
         return loss
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return torch.optim.SGD(self.parameters(), lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
 
 
 def _unpack_masks(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
