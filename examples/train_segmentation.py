@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--images", type=int, default=512)
     p.add_argument("--epochs", type=int, default=2)
     args = p.parse_args(argv)
-    images, epochs = (256, 2) if args.fast else (args.images, args.epochs)
+    images, epochs = (128, 2) if args.fast else (args.images, args.epochs)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or tmp
         train, val = make_data(root, images)
