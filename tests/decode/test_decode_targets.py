@@ -15,13 +15,15 @@ import io
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import Sample
 from gpupipe.decode import DecodeConfig, make_decoder
 from gpupipe.decode.common import crop_boxes, shorter_geometry
-from gpupipe.decode.targets import BOX_TOLERANCE, check_boxes, move_mask, read_mask
+from gpupipe.decode.targets import BOX_TOLERANCE, check_boxes, move_mask, nearest_index, read_mask
 from gpupipe.formats.imageheader import probe
 from gpupipe.stream.batch import EncodedTargets, pack
 
@@ -396,3 +398,16 @@ def test_move_mask_shorter_is_resize_then_center_crop():
     got = move_mask(mask, None, ResizeMode.SHORTER, (12, 12))
     want = TF.center_crop(TF.resize(tv_tensors.Mask(torch.from_numpy(mask)), [12]), [12, 12])
     assert np.array_equal(got, want.numpy())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 600), st.integers(1, 600), st.integers(1, 600), st.integers(1, 600))
+def test_nearest_index_is_torchs_nearest_kernel(h, w, out_h, out_w):
+    """The masks' resize indexes with torch's own float32 rule: the same pixels as the kernel
+    torchvision's resize_mask runs, for any sizes (halving, doubling, odd ratios)."""
+    m = np.arange(h * w, dtype=np.int64).reshape(h, w)  # every source pixel distinct, as 3 uint8 digits: masks
+    digits = np.stack([(m >> s) & 255 for s in (0, 8, 16)]).astype(np.uint8)  # are uint8, and the kernel's
+    out = torch.nn.functional.interpolate(torch.from_numpy(digits)[None], size=[out_h, out_w],  # arithmetic
+                                          mode="nearest")[0].long().numpy()  # follows the dtype
+    ref = out[0] | (out[1] << 8) | (out[2] << 16)
+    assert np.array_equal(m[nearest_index(h, out_h)][:, nearest_index(w, out_w)], ref)
