@@ -128,6 +128,7 @@ class _RandomFlip(GeometricTransform):
     samples_outside = False
     covers_frame = True
     interpolation = None  # samples pixel centres exactly
+    warps_alone = False  # alone (not fused with a neighbour's warp), an index flip: the same pixels, a copy's cost
     _axis = 1  # 1: x (horizontal flip), 0: y
 
     def __init__(self, p: float = 0.5):
@@ -137,11 +138,32 @@ class _RandomFlip(GeometricTransform):
     def make_params(self, images, key):
         return {"flip": (draw(key, 0)[:, 0] < self.p).to(torch.float32)}
 
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each flipped sample's pixels in reverse order along the axis: what its matrix's warp
+        samples (pixel centres onto pixel centres), without a sampling grid — 64x3x224² uint8 on
+        2 CPU cores: ~6 ms against ~110 ms through :func:`warp` — and without a host sync."""
+        return _flip_where(images, params["flip"], -1 if self._axis == 1 else -2)
+
+    def transform_masks(self, masks: torch.Tensor, params: dict[str, torch.Tensor], in_hw) -> torch.Tensor:
+        return _flip_where(masks, params["flip"], -1 if self._axis == 1 else -2)
+
     def matrix(self, params, in_hw):
         f = params["flip"]
         s, t = 1 - 2 * f, f * (in_hw[self._axis] - 1)  # x' = -x + (W - 1) where flipped
         zero, one = torch.zeros_like(f), torch.ones_like(f)
         return _affine(s, zero, t, zero, one, zero) if self._axis == 1 else _affine(one, zero, zero, zero, s, t)
+
+
+def _flip_where(x: torch.Tensor, flip: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` (B, ...) with sample i reversed along ``dim`` where ``flip[i]`` is 1. On a GPU one
+    ``torch.where`` (no host sync); on the CPU, where that kernel takes 3x a copy (25 ms for
+    64x3x224² uint8 against 8 ms), the batch flipped and the others copied back row by row."""
+    if x.device.type != "cpu":
+        return torch.where(flip.to(device=x.device).view(-1, *([1] * (x.ndim - 1))) > 0, x.flip(dim), x)
+    out = x.flip(dim)
+    for i in (flip == 0).nonzero().flatten().tolist():
+        out[i] = x[i]
+    return out
 
 
 class RandomHorizontalFlip(_RandomFlip):

@@ -213,7 +213,7 @@ CHAINS = {
     "resize-down+centercrop": (lambda: [T.Resize(36), T.CenterCrop(32)],
                                lambda im, ps: v2.CenterCrop(32)(v2.Resize(36)(im)), EXACT, 1),
     "rrc+flip": (lambda: [T.RandomResizedCrop(48), T.RandomHorizontalFlip(1.0)],
-                 lambda im, ps: _FLIP(TF.resized_crop(im, *_box(ps[0]), [48, 48])), EXACT, 1),
+                 lambda im, ps: _FLIP(TF.resized_crop(im, *_box(ps[0]), [48, 48])), EXACT, 0),  # a lone flip: no warp
     "affine+flip": (lambda: [T.RandomAffine(20), T.RandomHorizontalFlip(1.0)],
                     lambda im, ps: _FLIP(TF.rotate(im, -float(ps[0]["angle"]), fill=0)), TOL_NEAREST, 1),
     "rotation+perspective": (lambda: [T.RandomRotation(20, interpolation="bilinear"), T.RandomPerspective(0.3, p=1.0)],
