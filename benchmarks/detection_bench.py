@@ -100,8 +100,8 @@ class TarDetection(torch.utils.data.IterableDataset):
                     target = {"boxes": tv_tensors.BoundingBoxes(torch.tensor(doc["boxes"], dtype=torch.float32).reshape(-1, 4),
                                                                 format="XYXY", canvas_size=canvas),
                               "labels": torch.tensor(doc["labels"], dtype=torch.int64),
-                              "masks": tv_tensors.Mask(torch.from_numpy(np.asarray(Image.open(io.BytesIO(sample["mask.png"])))))}
-                    yield pipe(tv_tensors.Image(TF.pil_to_tensor(image)), target)
+                              "masks": tv_tensors.Mask(torch.from_numpy(np.array(Image.open(io.BytesIO(sample["mask.png"])))))}
+                    yield pipe(tv_tensors.Image(TF.pil_to_tensor(image)), target)  # (its per-sample path, as written)
                     sample = {}
 
 
@@ -121,11 +121,11 @@ def _run_torchvision(root: str, workers: int, batch: int, epochs: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def _run_gpupipe(root: str, workers: int, batch: int, epochs: int) -> float:
+def _run_gpupipe(root: str, workers: int, batch: int, epochs: int, device: str = "cpu") -> float:
     import gpupipe.transforms as T
     from gpupipe.loader.gpu import GpuLoader
 
-    loader = GpuLoader(root, batch_size=batch, num_workers=workers, device="cpu", targets="boxes+masks",
+    loader = GpuLoader(root, batch_size=batch, num_workers=workers, device=device, targets="boxes+masks",
                        image_size=OUT, resize="random_resized_crop", decode="auto",
                        augment=[T.RandomHorizontalFlip(), T.SanitizeBoundingBoxes()])
     for _ in loader:
@@ -134,6 +134,8 @@ def _run_gpupipe(root: str, workers: int, batch: int, epochs: int) -> float:
     for _ in range(epochs):
         for batch_ in loader:
             n += len(batch_)
+    if device != "cpu":
+        torch.cuda.synchronize()
     return n / (time.perf_counter() - t0)
 
 
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--root", default=None, help="shards to use (written there when absent)")
+    p.add_argument("--device", default="cpu", help="where gpupipe decodes and augments (cuda on a GPU machine)")
     args = p.parse_args(argv)
     import_torchvision()
     import torchvision
@@ -157,10 +160,11 @@ def main(argv: list[str] | None = None) -> None:
         order = list(runs)
         for r in range(args.rounds):
             for name in order[r % 2:] + order[:r % 2]:
-                run = _run_gpupipe if name == "gpupipe" else _run_torchvision
-                runs[name].append(run(root, args.workers, args.batch, args.epochs))
+                runs[name].append(_run_gpupipe(root, args.workers, args.batch, args.epochs, args.device) if name == "gpupipe"
+                                  else _run_torchvision(root, args.workers, args.batch, args.epochs))
                 print(f"round {r + 1}: {name}: {runs[name][-1]:.0f} img/s", flush=True)
         print(f"\n{args.images} images {SIZE[0]}x{SIZE[1]} -> {OUT}x{OUT}, boxes + masks, {args.workers} workers, "
+              f"gpupipe on {args.device}, "
               f"batch {args.batch}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}")
         medians = {k: statistics.median(v) for k, v in runs.items()}
         for name, v in runs.items():
