@@ -42,15 +42,17 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.targets import target_kinds
-from gpupipe.core.types import ByteRange, StringTable
-from gpupipe.formats.coco import CocoTable, parse_coco
+from gpupipe.core.types import StringTable
+from gpupipe.formats.coco import CocoTable
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
-from gpupipe.formats.folder import FolderListing, NameList, ObjectTable, classify_listing
+from gpupipe.formats.folder import FolderListing, NameList, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from gpupipe.formats.rowgroups import require_pyarrow, with_target_columns
+from gpupipe.formats.rowgroups import require_pyarrow
+from gpupipe.sources.annotated import check_targets, first_url, with_targets
 from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
 from gpupipe.storage.identity import RACY_S, ObjectVersion, digest_of, identity_of
+from gpupipe.storage.objects import read_whole, with_protocol
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 
@@ -213,38 +215,17 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     fetcher = Fetcher(fs, fetch or FetchConfig())
     resolved = _resolve(fetcher, source, urls, pinned, use_index)
     if source.targets:
-        _check_targets(resolved, source)
-    resolved = _with_targets(fetcher, resolved, source)
+        check_targets(resolved, source)
+    resolved = with_targets(fetcher, resolved, source,
+                            resolved.shard_urls.root if isinstance(resolved.shard_urls, UnitURLs) else None)
     m = resolved.manifest
     if fetcher.config.cache_dir and m is not None and not resolved.identity and \
             ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
         log.info("%s: its %s are read past stream.fetch.cache_dir: no checksums in the index, and no identity of "
                  "the index (or of the files listed) to vouch for them — the storage gives none, or something was "
                  "written less than %g s ago. `gpupipe index --checksums` makes them cacheable.",
-                 _first_url(source.url), "images" if m.objects is not None else "row groups", RACY_S)
+                 first_url(source.url), "images" if m.objects is not None else "row groups", RACY_S)
     return resolved
-
-
-def _check_targets(resolved: ResolvedSource, source: Source) -> None:
-    """Refuse target kinds the manifest records the data lacks (an old index records none: the
-    samples are checked as they are read)."""
-    m = resolved.manifest
-    if m is None or m.targets is None:
-        return
-    for kind in source.targets:
-        if kind in m.targets:
-            continue
-        lacking = m.lacking(kind)
-        where = (f"shard(s) {', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''} ({len(lacking)} of "
-                 f"{len(m.shards)}) under {_first_url(source.url)}") if lacking else _first_url(source.url)
-        member = {"boxes": ".json boxes", "masks": ".mask.png masks"}[kind]
-        raise ConfigError(f"source.targets: {kind!r} asked for, but its {MANIFEST_NAME} records no {member} in "
-                          f"{where}. Drop {kind!r} from targets, or point at data that has them (rerun "
-                          "`gpupipe index` if they were added since)")
-
-
-def _first_url(url: str | Sequence[str]) -> str:
-    return url if isinstance(url, str) else url[0]
 
 
 def _resolve(fetcher: Fetcher, source: Source, urls: list[str], pinned: int | None, use_index: bool) -> ResolvedSource:
@@ -268,7 +249,7 @@ def _resolve(fetcher: Fetcher, source: Source, urls: list[str], pinned: int | No
             found = sorted(fetcher.call(u, "glob"))
             if not found:
                 raise StorageError(_nothing_matches(fetcher, u), url=u)
-            paths.extend(_with_protocol(protocol, p) for p in found)
+            paths.extend(with_protocol(protocol, p) for p in found)
         else:
             paths.append(u)
     if paths and all(p.endswith(".parquet") for p in paths):
@@ -335,55 +316,6 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
     return _with_manifest(folder, manifest, source, identity)
 
 
-def _with_targets(fetcher: Fetcher, resolved: ResolvedSource, source: Source) -> ResolvedSource:
-    """``resolved`` reading the target kinds ``source`` asks for (see :func:`resolve`)."""
-    m = resolved.manifest
-    if not source.targets or m is None:
-        return replace(resolved, targets=source.targets)
-    if m.parquet is not None:
-        assert isinstance(resolved.shard_urls, UnitURLs), "a Parquet source names its units so"
-        table = with_target_columns(m.parquet, source.targets, resolved.shard_urls.root)
-        return replace(resolved, manifest=replace(m, parquet=table), targets=source.targets)
-    if m.objects is None:
-        return replace(resolved, targets=source.targets)
-    assert isinstance(resolved.shard_urls, UnitURLs), "an image folder names its units so"
-    folder = resolved.shard_urls.root
-    url, data = _annotations_file(fetcher, folder, source)
-    coco = parse_coco(data, url, source.classes).aligned(list(m.objects.names), folder)
-    t = m.objects
-    objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32)
-    return replace(resolved, manifest=replace(m, objects=objects, classes=coco.classes), targets=source.targets,
-                   annotations=coco)
-
-
-def _annotations_file(fetcher: Fetcher, folder: str, source: Source) -> tuple[str, bytes]:
-    """The URL and bytes of the COCO file of image folder ``folder`` (see :func:`resolve`)."""
-    if source.annotations is not None:
-        got = _read_text(fetcher, source.annotations)
-        if got is None:
-            raise ConfigError(f"source.annotations: {source.annotations} does not exist; give the COCO "
-                              "instances_*.json of the images in " + folder)
-        return source.annotations, got[0]
-    protocol = folder.split("://", 1)[0] + "://" if "://" in folder else ""
-    try:
-        listed = fetcher.call(folder + "instances_*.json", "glob")
-    except (StorageError, NotImplementedError):  # storage that cannot list (http): the file beside, or named
-        listed = []
-    inside = sorted(_with_protocol(protocol, p) for p in listed)
-    if len(inside) > 1:
-        raise ConfigError(f"source.annotations: {folder} holds {len(inside)} COCO files ({', '.join(inside[:3])}); "
-                          "name the one to read with annotations: (Source(annotations=...))")
-    parent, name = posixpath.split(folder.rstrip("/"))
-    beside = f"{parent}/annotations/instances_{name}.json"
-    for url in inside or [beside]:
-        got = _read_text(fetcher, url)
-        if got is not None:
-            return url, got[0]
-    raise ConfigError(f"source.annotations: no COCO annotations for {folder} (source.targets asks for "
-                      f"{'+'.join(source.targets)}): looked for {folder}instances_*.json and {beside}; name the file "
-                      "with annotations: in YAML (Source(annotations=...))")
-
-
 def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:
     (log.warning if warn else log.debug)(
         "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` writes one: a "
@@ -413,7 +345,7 @@ def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_inde
 def _delta_source(fetcher: Fetcher, folder: str, source: Source, version: int, use_index: bool) -> ResolvedSource:
     """The Parquet files of version ``version`` of the Delta table at ``folder``: from its
     ``_gpupipe_index.json`` when that describes this version, else from the log and footers."""
-    got = _read_text(fetcher, folder + DELTA_INDEX) if use_index else None
+    got = read_whole(fetcher, folder + DELTA_INDEX) if use_index else None
     text = None if got is None else got[0]
     indexed = None if text is None else parse_index(text, folder + DELTA_INDEX)
     if indexed is not None and indexed != version:
@@ -489,21 +421,8 @@ def _manifest_for(fetcher: Fetcher, shard_urls: list[str]) -> tuple[Manifest | N
 def _load_manifest(fetcher: Fetcher, url: str) -> tuple[Manifest, str] | None:
     """The manifest at ``url`` and its identity; ``None`` when there is none (other storage
     errors raise)."""
-    got = _read_text(fetcher, url)
+    got = read_whole(fetcher, url)
     return None if got is None else (Manifest.from_json(got[0], source=url), got[1])
-
-
-def _read_text(fetcher: Fetcher, url: str) -> tuple[bytes, str] | None:
-    """The bytes at ``url`` and their identity (the version tag from the one ``info()`` a
-    whole read needs for the size; the cache answers only for that tag); ``None`` when there
-    is no such object (other storage errors raise)."""
-    try:
-        version = fetcher.stat(url)
-        return fetcher.read(ByteRange(url), version=version), version.tag
-    except StorageError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError) and "bucket" not in str(exc.__cause__).lower():
-            return None
-        raise
 
 
 def _is_folder(fetcher: Fetcher, url: str) -> bool:
@@ -514,7 +433,4 @@ def _is_folder(fetcher: Fetcher, url: str) -> bool:
     return bool(fetcher.call(url, "isdir"))
 
 
-def _with_protocol(protocol: str, path: str) -> str:
-    if not protocol or path.startswith(protocol):
-        return path
-    return protocol + path
+#END

@@ -32,7 +32,7 @@ from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.storage.fetch import Fetcher, Version
 
-__all__ = ["fetch_objects", "read_object_fresh"]
+__all__ = ["fetch_objects", "read_object_fresh", "read_whole", "with_protocol"]
 
 log = logging.getLogger(__name__)
 _JITTER = random.Random()  # timing only; never touches data order
@@ -125,3 +125,23 @@ async def _get(fetcher: Fetcher, url: str, start: int, stop: int) -> bytes:
             log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
             await asyncio.sleep(delay)
     raise AssertionError("unreachable: give_up ends the last attempt")
+
+
+def read_whole(fetcher: Fetcher, url: str) -> tuple[bytes, str] | None:
+    """The bytes at ``url`` and their identity (the version tag from the one ``info()`` a
+    whole read needs for the size; the cache answers only for that tag); ``None`` when there
+    is no such object (other storage errors raise)."""
+    try:
+        version = fetcher.stat(url)
+        return fetcher.read(ByteRange(url), version=version), version.tag
+    except StorageError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError) and "bucket" not in str(exc.__cause__).lower():
+            return None
+        raise
+
+
+def with_protocol(protocol: str, path: str) -> str:
+    """``path`` as a URL of ``protocol`` (``"s3://"``; ``""``: local), as fsspec's listings drop it."""
+    if not protocol or path.startswith(protocol):
+        return path
+    return protocol + path
