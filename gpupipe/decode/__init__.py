@@ -28,11 +28,15 @@ from gpupipe.core.errors import ConfigError, MissingDependencyError
 from gpupipe.decode.base import BACKENDS, DecodeConfig, DecodedBatch, Decoder, DecodeStats, ResizeMode
 
 __all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS",
-           "make_decoder", "available_backends"]
+           "make_decoder", "available_backends", "preload"]
 
 log = logging.getLogger(__name__)
 
 
+# What a backend imports on its first batch, beyond its own module: DALI's Python side takes
+# 0.3-0.45 s of CPU to import (its operator registry), inside the first epoch unless done ahead.
+_FIRST_USE_IMPORTS = {"dali": ("nvidia.dali.fn", "nvidia.dali.types", "nvidia.dali.pipeline"),
+                      "nvjpeg": ("torchvision.io",), "pil": ("PIL.Image", "PIL.ImageOps")}
 _PACKAGES = {"dali": ("nvidia.dali", "nvidia-dali", "dali"), "nvjpeg": ("torchvision", "torchvision", "nvjpeg"),
              "pil": ("PIL", "Pillow", "pil")}
 
@@ -67,3 +71,22 @@ def make_decoder(config: DecodeConfig, device: torch.device | str | None = None)
         raise MissingDependencyError(package, extra=extra, feature=f"the {name!r} decode backend")
     mod, attr = BACKENDS[name].split(":")
     return getattr(importlib.import_module(mod), attr)(config, dev)
+
+
+def preload(config: DecodeConfig, device: torch.device | str | None = None) -> None:
+    """Import now what the decoder ``make_decoder(config, device)`` would import on its first batch
+    (its module and its library: DALI's Python side is 0.3-0.45 s of CPU), so that a loader made
+    now does not pay it inside its first epoch (docs/benchmarks.md, issue 28). Touches no device
+    and never raises: a backend that is missing says so in :func:`make_decoder`, as before."""
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = config.backend
+    if name == "auto":
+        name = next(iter(available_backends(dev)), "")
+    if name not in _PACKAGES or not _importable(_PACKAGES[name][0]):
+        return
+    for module in (BACKENDS[name].split(":")[0], *_FIRST_USE_IMPORTS.get(name, ())):
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 -- a broken install is make_decoder's to report, with its own message
+            log.debug("preload: importing %s failed; the decoder will say why when it is made", module, exc_info=True)
+            return

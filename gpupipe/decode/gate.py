@@ -4,9 +4,11 @@ A native decoder gets an image only if :func:`native_decodable` says so: an 8-bi
 extended or progressive Huffman JPEG whose whole header is strictly well-formed
 (:mod:`gpupipe.formats.jpeg`: segments exactly where the lengths say, one SOF, the tables
 the first scan needs, an SOS that fits the frame) and whose Exif segments agree on the
-orientation. Everything else -- other formats, other JPEG codings, and headers libjpeg
-recovers from -- is decoded by Pillow, which decodes it or refuses it with an exception
-(a counted skip under ``on_error: skip``).
+orientation; and, for a decoder that takes them (DALI on the CPU), a *plain* PNG
+(:mod:`gpupipe.formats.png`: 8-bit gray/RGB(A), not interlaced, every chunk's CRC right, only
+chunks that leave the pixels alone). Everything else -- other formats, other JPEG codings, other
+PNGs, and headers libjpeg recovers from -- is decoded by Pillow, which decodes it or refuses it
+with an exception (a counted skip under ``on_error: skip``).
 
 Why so strict: the JPEG parser under DALI (nvImageCodec) kills the process with SIGSEGV on
 headers that libjpeg and Pillow tolerate -- stray bytes between segments, ``FF 00`` where a
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from gpupipe.formats.imageheader import ImageHeader
 from gpupipe.formats.jpeg import HUFFMAN_SOF
@@ -41,10 +43,13 @@ _NVIMGCODEC = ("nvidia-nvimgcodec-cu12", "nvidia-nvimgcodec-cu13", "nvidia-nvimg
                "nvidia-nvimgcodec-tegra-cu13", "nvidia-nvimgcodec")
 
 
-def why_not_native(header: ImageHeader) -> str:
-    """Why an image goes to Pillow instead of a native decoder; "" when it may go native."""
-    if header.format != "jpeg":
+def why_not_native(header: ImageHeader, formats: Collection[str] = ("jpeg",)) -> str:
+    """Why an image goes to Pillow instead of a native decoder that takes ``formats``
+    (``"jpeg"``, ``"png"``); "" when it may go native."""
+    if header.format not in formats:
         return header.format
+    if header.format == "png":
+        return f"PNG that is not plain: {header.irregular}" if header.irregular else ""
     if header.sof not in HUFFMAN_SOF:
         return f"JPEG coding SOF 0xFF{header.sof:02X}"
     if header.bit_depth != 8:
@@ -56,15 +61,16 @@ def why_not_native(header: ImageHeader) -> str:
     return ""
 
 
-def native_decodable(header: ImageHeader) -> bool:
-    """Whether a native decoder may get this image (see the module docstring)."""
-    return not why_not_native(header)
+def native_decodable(header: ImageHeader, formats: Collection[str] = ("jpeg",)) -> bool:
+    """Whether a native decoder that takes ``formats`` may get this image (see the module docstring)."""
+    return not why_not_native(header, formats)
 
 
-def route(headers: Sequence[ImageHeader | None], good: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The rows ``good`` (of a batch with these ``headers``) split into (for the native decoder,
-    for Pillow)."""
-    native = [i for i in good if (h := headers[i]) is not None and native_decodable(h)]  # good rows have one
+def route(headers: Sequence[ImageHeader | None], good: Sequence[int],
+          formats: Collection[str] = ("jpeg",)) -> tuple[list[int], list[int]]:
+    """The rows ``good`` (of a batch with these ``headers``) split into (for the native decoder
+    that takes ``formats``, for Pillow)."""
+    native = [i for i in good if (h := headers[i]) is not None and native_decodable(h, formats)]  # good rows have one
     chosen = set(native)
     return native, [i for i in good if i not in chosen]
 

@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from gpupipe.core.errors import DecodeError
-from gpupipe.formats import jpeg
+from gpupipe.formats import jpeg, png
 from gpupipe.formats.exif import exif_orientation
 
 __all__ = ["ImageHeader", "probe", "check_complete", "sniff", "field_name", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS"]
@@ -59,7 +59,8 @@ class ImageHeader:
     later APP1 Exif segment declares another orientation than the first (the one that counts,
     as for Pillow and exiftool); DALI reads the later one, so such images go to Pillow.
     ``irregular``: why a JPEG header is not strictly well-formed ("" when it is; see
-    :mod:`gpupipe.formats.jpeg`): such images never reach a native decoder.
+    :mod:`gpupipe.formats.jpeg`), or why a PNG is not a plain one (:mod:`gpupipe.formats.png`):
+    such images never reach a native decoder.
     """
 
     format: str
@@ -72,7 +73,7 @@ class ImageHeader:
     sof: int = field(default=0, compare=False)  # which decoders can take it, not what it declares
     exif_conflict: bool = field(default=False, compare=False)  # likewise
     scan: int = field(default=0, compare=False)  # JPEG: where the first scan's data starts (0: not known)
-    irregular: str = field(default="", compare=False)  # JPEG: why the header is not strictly well-formed
+    irregular: str = field(default="", compare=False)  # why not strictly well-formed (JPEG) or plain (PNG)
 
 
 def probe(data: bytes | memoryview, *, max_pixels: int | None = None, name: str = "") -> ImageHeader:
@@ -266,7 +267,8 @@ def _png(view: memoryview) -> ImageHeader:
     if compression or filtering or interlace > 1:
         raise DecodeError(f"PNG: invalid IHDR methods (compression {compression}, "
                           f"filter {filtering}, interlace {interlace})")
-    return ImageHeader("png", width, height, channels, _png_chunks(view), bit_depth=depth)
+    orientation = _png_chunks(view)
+    return ImageHeader("png", width, height, channels, orientation, bit_depth=depth, irregular=png.plain(view))
 
 
 def _png_chunks(view: memoryview) -> int:

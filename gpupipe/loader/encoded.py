@@ -12,6 +12,7 @@ defaults in :mod:`gpupipe.core.machine`.
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -38,6 +39,10 @@ from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, s
 __all__ = ["LoaderStats", "EncodedDataset", "EncodedLoader"]
 
 log = logging.getLogger(__name__)
+# Imported lazily by the first batch of a process's first pass (the shuffle's numpy.random, numpy.ma by
+# np.unique): 60-90 ms of CPU inside the first epoch here. A loader imports them when it is made;
+# forked workers then inherit them (docs/benchmarks.md, issue 28).
+_FIRST_PASS_IMPORTS = ("numpy.random", "numpy.ma")
 
 
 @dataclass
@@ -151,7 +156,9 @@ class EncodedLoader:
         elif options:
             raise ConfigError(f"EncodedLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")
         self.split, self.world = split, world or World.detect()
-        start_in_agreement(self, lambda: self._start(split))  # ranks check, in one collective, that they plan alike
+        start_in_agreement(self, lambda: self._start(split))
+        for module in _FIRST_PASS_IMPORTS:
+            importlib.import_module(module)  # ranks check, in one collective, that they plan alike
 
     def _start(self, split: SplitConfig) -> None:
         """The source, the plan and the ledger of this rank (run by :func:`start_in_agreement`)."""
