@@ -14,13 +14,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gpupipe.core.errors import ConfigError
 
-__all__ = ["Boxes", "Targets", "TARGET_KINDS", "target_kinds"]
+__all__ = ["Boxes", "Targets", "TARGET_KINDS", "target_kinds", "ragged_rows"]
 
 TARGET_KINDS = ("boxes", "masks")
+
+
+def ragged_rows(counts: np.ndarray, index: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
+    """Items ``index`` of a ragged array whose item i owns ``counts[i]`` consecutive rows:
+    ``(counts[index], rows)``, ``rows`` the flat positions of their rows, in that order (one
+    ``np.repeat``, no loop over items). How packed boxes, polygons and the like are reordered."""
+    counts = np.asarray(counts, dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    picked, starts = counts[index], first[index]
+    before = np.cumsum(picked) - picked
+    return picked, np.repeat(starts - before, picked) + np.arange(int(picked.sum()), dtype=np.int64)
 
 
 def target_kinds(value: str | Iterable[str] | None, setting: str = "source.targets") -> tuple[str, ...]:

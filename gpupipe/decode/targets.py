@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from gpupipe.core.errors import DecodeError
-from gpupipe.core.targets import Boxes, Targets
+from gpupipe.core.targets import Boxes, Targets, ragged_rows
 from gpupipe.decode.base import ResizeMode
 from gpupipe.decode.common import Checked, record_bad, shorter_geometry, upright_size
 
@@ -246,9 +246,7 @@ class TargetJob:
             return Boxes(torch.from_numpy(np.tile(stand_in.boxes, (k, 1))).to(device),
                          torch.from_numpy(np.tile(stand_in.labels, k)).to(device),
                          torch.full((k,), len(stand_in.boxes), dtype=torch.int64, device=device))
-        src = np.asarray(rows, np.int64)
-        take = counts[src]
-        index = np.repeat(self.offsets[src] - (np.cumsum(take) - take), take) + np.arange(int(take.sum()))
+        take, index = ragged_rows(counts, np.asarray(rows, np.int64))
         return Boxes(torch.from_numpy(moved[index]).to(device), torch.from_numpy(labels[index]).to(device),
                      torch.from_numpy(take).to(device))
 

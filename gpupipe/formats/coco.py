@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
+from gpupipe.core.targets import ragged_rows
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, encode_boxes
 from gpupipe.formats.folder import NameList, class_numbering, read_only
 
@@ -162,12 +163,10 @@ def mask_png(mask: np.ndarray) -> bytes:
 def _ranges(offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``order`` of a ragged array cut by ``offsets``: the new offsets, and the flat index of
     every element they hold, in order."""
-    order = np.asarray(order, dtype=np.int64)
-    starts = offsets[order]
-    lengths = offsets[order + 1] - starts
-    new = np.zeros(len(order) + 1, dtype=np.int64)
+    lengths, rows = ragged_rows(np.diff(offsets), np.asarray(order, dtype=np.int64))
+    new = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=new[1:])
-    return new, np.repeat(starts - new[:-1], lengths) + np.arange(int(new[-1]), dtype=np.int64)
+    return new, rows
 
 
 def parse_coco(data: bytes, url: str, classes: Sequence[str] | None = None) -> CocoTable:

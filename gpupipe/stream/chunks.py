@@ -280,27 +280,25 @@ def _scanned_targets(got: ScannedSpan, wanted: _Wanted, url: str, base: int) -> 
     """The targets of a scanned span: its ``.json`` boxes parsed, its masks where they lie;
     ``None`` when a sample lacks one or its boxes do not parse (the streaming reader then
     names it, and ``on_error`` decides)."""
-    out: dict[str, np.ndarray] = {}
+    columns = TargetColumns()
     if "boxes" in wanted.kinds:
         where, start, size = got.members[BOXES_FIELD]
         if (size <= 0).any():
             return None
-        boxes, labels = [], []
+        parsed = []
         for key, b, a, z in zip(got.keys, where.tolist(), start.tolist(), size.tolist()):
             try:
-                bx, lab = parse_boxes(got.buffers[b].data[a:a + z], key, wanted.num_classes, shard=url, offset=base)
+                parsed.append(SampleTargets(*parse_boxes(got.buffers[b].data[a:a + z], key, wanted.num_classes,
+                                                         shard=url, offset=base)))
             except ShardFormatError:
                 return None
-            boxes.append(bx)
-            labels.append(lab)
-        out.update(box_counts=np.fromiter((len(b) for b in labels), np.int64, count=len(labels)),
-                   boxes=np.concatenate(boxes), box_labels=np.concatenate(labels))
+        columns, _ = TargetColumns.from_parsed(parsed, ("boxes",), 0)
     if "masks" in wanted.kinds:
         where, start, size = got.members[MASK_FIELD]
         if (size <= 0).any():
             return None
-        out.update(mask_buffer=where, mask_start=start, mask_size=size)
-    return TargetColumns(**out)
+        columns = replace(columns, mask_buffer=where, mask_start=start, mask_size=size)
+    return columns
 
 
 _READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}

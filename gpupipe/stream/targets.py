@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupipe.core.errors import ShardFormatError
+from gpupipe.core.targets import ragged_rows
 from gpupipe.core.types import Sample
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
 
@@ -70,15 +71,6 @@ def read_targets(sample: Sample, kinds: Sequence[str], num_classes: int | None =
     return SampleTargets(boxes, labels, mask)
 
 
-def _ragged_rows(counts: np.ndarray, index: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
-    """``(counts[index], rows)``: the box rows of the samples at ``index``, in that order."""
-    first = np.cumsum(counts) - counts
-    picked, starts = counts[index], first[index]
-    before = np.cumsum(picked) - picked
-    rows = np.repeat(starts - before, picked) + np.arange(int(picked.sum()), dtype=np.int64)
-    return picked, rows
-
-
 @dataclass(frozen=True)
 class TargetColumns:
     """The targets of a table's n samples, as columns (a kind not carried is ``None``).
@@ -124,7 +116,7 @@ class TargetColumns:
         out: dict[str, np.ndarray | None] = {}
         if self.box_counts is not None:
             assert self.boxes is not None and self.box_labels is not None, "boxes come together"
-            out["box_counts"], rows = _ragged_rows(self.box_counts, index)
+            out["box_counts"], rows = ragged_rows(self.box_counts, index)
             out["boxes"], out["box_labels"] = self.boxes[rows], self.box_labels[rows]
         if self.mask_size is not None:
             assert self.mask_buffer is not None and self.mask_start is not None, "masks come together"
