@@ -20,7 +20,9 @@ import torch
 from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.decode.base import DecodedBatch, ResizeMode
-from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
+from gpupipe.decode.columns import keyed_crops, probed
+from gpupipe.formats.headers import ProbedHeaders
+from gpupipe.formats.imageheader import ImageHeader
 
 if TYPE_CHECKING:
     from gpupipe.decode.targets import RowTargets, TargetJob
@@ -50,28 +52,25 @@ class Checked:
     headers: list[ImageHeader | None]
     reasons: list[str | None]
     uncounted: list[bool]
+    probed: ProbedHeaders | None = None  # the same headers as a table and an index
 
     def good(self) -> list[int]:
         return [i for i, r in enumerate(self.reasons) if r is None]
 
+    def good_mask(self) -> np.ndarray:
+        """(B,) bool: the images not found bad so far."""
+        return np.fromiter((r is None for r in self.reasons), dtype=bool, count=len(self.reasons))
+
 
 def check_batch(batch, max_pixels: int | None) -> Checked:
-    """Magic bytes, header dimensions, ``max_pixels`` and completeness of every image."""
-    headers: list[ImageHeader | None] = []
-    reasons: list[str | None] = []
-    uncounted = [not bool(v) for v in batch.valid.tolist()]
-    for i in range(len(batch.keys)):
-        data = batch.image(i)
-        try:
-            header = probe(data, max_pixels=max_pixels)
-            check_complete(data, header)
-        except DecodeError as exc:
-            headers.append(None)
-            reasons.append(str(exc))
-            continue
-        headers.append(header)
-        reasons.append(None)
-    return Checked(headers, reasons, uncounted)
+    """Magic bytes, header dimensions, ``max_pixels`` and completeness of every image: read
+    from the columns the batch carries (probed where it was packed,
+    :mod:`gpupipe.decode.columns`), else probed now."""
+    headers = probed(batch, max_pixels)
+    reasons: list[str | None] = [None] * len(headers)
+    for i, reason in headers.reasons.items():
+        reasons[i] = reason
+    return Checked(headers.headers(), reasons, torch.logical_not(batch.valid).tolist(), headers)
 
 
 def record_bad(checked: Checked, i: int, reason: str, policy: ErrorPolicy, stats, key: str) -> None:
@@ -89,7 +88,9 @@ def record_bad(checked: Checked, i: int, reason: str, policy: ErrorPolicy, stats
 
 def enforce(checked: Checked, batch, policy: ErrorPolicy, stats) -> None:
     """Apply ``policy`` to every image the pre-decode check rejected."""
-    for i, reason in enumerate(checked.reasons):
+    bad = checked.probed.reasons.keys() if checked.probed is not None else range(len(checked.reasons))
+    for i in sorted(bad):
+        reason = checked.reasons[i]
         if reason is not None:
             record_bad(checked, i, reason, policy, stats, batch.keys[i])
 
@@ -100,7 +101,10 @@ def prepare(batch, config, stats) -> tuple[Checked, np.ndarray]:
     checked = check_batch(batch, config.max_pixels)
     enforce(checked, batch, config.on_error, stats)
     count_stretched(checked.headers, config, stats)
-    return checked, crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, config)
+    boxes = keyed_crops(batch, config) if config.resize is ResizeMode.RANDOM_CROP else None
+    if boxes is None:
+        boxes = crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, config)
+    return checked, boxes
 
 
 def count_stretched(headers: Sequence[ImageHeader | None], config, stats) -> None:

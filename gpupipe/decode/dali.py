@@ -32,6 +32,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,8 +41,8 @@ import torch
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import StandIn, account, crop_first, decode_threads, finish, prepare, upright_size
-from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route
+from gpupipe.decode.common import StandIn, crop_first, decode_threads, finish, prepare, upright_size
+from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route, route_probed
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
 from gpupipe.decode.roi import any_partial, dali_slices
@@ -63,8 +65,8 @@ class DaliDecoder:
     def __init__(self, config: DecodeConfig, device: torch.device):
         self.config, self.device = config, device
         self.stats = DecodeStats()
-        # (window decode?, DALI resizes?) -> (pipeline, its batch size)
-        self._pipes: dict[tuple[bool, bool], tuple[Pipeline, int]] = {}
+        # (window decode?, DALI resizes?) -> the pipeline
+        self._pipes: dict[tuple[bool, bool], _Pipe] = {}
         self._pool = pool(config)
         self._stand_in = StandIn()
         self.region_decode = device.type != "cuda" or gpu_region_decode_safe()
@@ -89,7 +91,9 @@ class DaliDecoder:
                       # None (CPU only) is what DALI's docs and code take; its overload's annotation says int
                       device_id=self.device.index or 0 if gpu else None)  # type: ignore[arg-type]
         def pipeline():
-            enc = fn.external_source(name="enc", dtype=uint8, no_copy=False)
+            # each row's bytes: a row of a padded (B, stride) array, or an array of its own, cut to its size
+            enc = fn.slice(fn.external_source(name="enc", dtype=uint8, no_copy=False), 0,
+                           fn.external_source(name="size", dtype=types.DALIDataType.INT32), axes=[0])
             kwargs: dict[str, Any] = {"device": "mixed" if gpu else "cpu", "output_type": rgb,
                                       "adjust_orientation": True,
                                       **({"hw_decoder_load": cfg.hw_decoder_load,  # libjpeg's chroma filter:
@@ -138,20 +142,42 @@ class DaliDecoder:
         ``past_box``), so a fractional box loses nothing to float32."""
         return not self._dali_resizes and self.config.resize is ResizeMode.SHORTER
 
-    def _run(self, inputs: list[np.ndarray], placement: dict[str, np.ndarray]):
-        window = "win_start" in placement
+    def _pipe(self, window: bool, rows: int) -> _Pipe:
+        """The pipeline of this kind (window decode or not) for ``rows`` images: built on first
+        use, again for a larger batch (a batch it already holds keeps the old one alive)."""
         kind = (window, self._dali_resizes)
-        pipe, size = self._pipes.get(kind, (None, 0))
-        if pipe is None or len(inputs) > size:
-            size = max(len(inputs), size)
-            pipe = self._build(size, window)
-            self._pipes[kind] = (pipe, size)
-        pipe.feed_input("enc", inputs)
+        pipe = self._pipes.get(kind)
+        if pipe is None or not pipe.ok or rows > pipe.size:
+            size = max(rows, pipe.size if pipe is not None and pipe.ok else 0)
+            pipe = self._pipes[kind] = _Pipe(self._build(size, window), size)
+        return pipe
+
+    def _submit(self, inputs: tuple, placement: dict[str, np.ndarray]) -> _Pipe:
+        """Feed one batch (:func:`_encoded`'s bytes and sizes, and the per-row boxes) and start
+        its run; the outputs are taken by :meth:`_take` (DALI's executor decodes meanwhile)."""
+        enc, sizes = inputs
+        pipe = self._pipe("win_start" in placement, len(sizes))
+        pipe.pipe.feed_input("enc", enc)
+        pipe.pipe.feed_input("size", sizes.reshape(-1, 1))
         for name, rows in placement.items():
             if self._dali_resizes or name.startswith("win_"):  # the box goes to DALI only if DALI resizes
-                pipe.feed_input(name, list(rows))
-        (out,) = pipe.run()
+                pipe.pipe.feed_input(name, rows)
+        pipe.pipe.schedule_run()
+        return pipe
+
+    @staticmethod
+    def _take(pipe: _Pipe):
+        """The outputs of the oldest run started on ``pipe``; a DALI error marks it broken."""
+        try:
+            (out,) = pipe.pipe.outputs()
+        except RuntimeError:
+            pipe.ok = False  # DALI invalidates a pipeline after an error
+            raise
         return out
+
+    def _run(self, inputs: tuple, placement: dict[str, np.ndarray]):
+        """Feed, run and take one batch (nothing else in flight on the pipeline)."""
+        return self._take(self._submit(inputs, placement))
 
     @property
     def _dali_resizes(self) -> bool:
@@ -160,14 +186,64 @@ class DaliDecoder:
 
     # -- decode --------------------------------------------------------------------------------
     def decode(self, batch) -> DecodedBatch:
+        return next(self.decode_stream([batch]))
+
+    def decode_stream(self, batches: Iterable) -> Iterator[DecodedBatch]:
+        """Decode ``batches`` in order, feeding DALI one batch ahead: batch i+1 is checked and
+        fed (and DALI's threads decode it) before batch i's outputs are taken, so the decoder
+        never waits for this thread's Python. A pass broken off leaves nothing in flight."""
+        pending: _Job | None = None
+        try:
+            for batch in batches:
+                job = self._start(batch)
+                done, pending = pending, job
+                if done is not None:
+                    yield self._finish(done)
+            if pending is not None:
+                done, pending = pending, None
+                yield self._finish(done)
+        finally:
+            if pending is not None and pending.pipe is not None and pending.pipe.ok:
+                try:  # take what was fed, so that the next pass does not find it
+                    self._take(pending.pipe)
+                except RuntimeError:
+                    self._pipes.clear()
+
+    def _start(self, batch) -> _Job:
+        """Everything before the decoder's outputs: the columns' verdicts (``on_error`` applied),
+        crop boxes, targets, DALI fed and started, then Pillow for the rows DALI does not take."""
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
         targets = start_targets(self._pool, batch, checked, boxes, cfg, self.stats)
-        native, others = route(checked.headers, checked.good(), self.native_formats)
-        side = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
-        out, refused = self._decode_native(batch, native, self._placement(boxes, checked))
-        side.update(decode_many(self._pool, batch, list(refused), boxes, checked, cfg, self.stats, refused))
+        if checked.probed is not None:
+            native, others = route_probed(checked.probed, checked.good_mask(), self.native_formats)
+        else:
+            native, others = route(checked.headers, checked.good(), self.native_formats)
+        job = _Job(batch, checked, boxes, targets, native, self._placement(boxes, checked))
+        if native:
+            job.fed = self._rows(batch, native, job.placement)
+            job.pipe = self._submit(*job.fed)
+        job.side = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
+        job.seconds = time.perf_counter() - t0
+        return job
+
+    def _finish(self, job: _Job) -> DecodedBatch:
+        """The outputs of ``job``'s run (fed again if DALI failed on a batch before it), with
+        the recovery of :meth:`_decode_native` if DALI fails on this one; then the batch."""
+        t0 = time.perf_counter()
+        batch, cfg, out = job.batch, self.config, None
+        if job.pipe is not None:
+            if not job.pipe.ok:  # fed to a pipeline that an earlier batch's error invalidated
+                job.pipe = self._submit(*job.fed)
+            try:
+                out = self._output(self._take(job.pipe), job.fed[1])
+            except RuntimeError:
+                self._pipes.clear()
+                out, refused = self._decode_native(batch, job.native, job.placement)
+                job.side.update(decode_many(self._pool, batch, list(refused), job.boxes, job.checked, cfg,
+                                            self.stats, refused))
+        side = job.side
         if out is None:  # nothing for DALI in this batch
             h, w = next(iter(side.values())).shape[:2] if side else (self.config.image_size or (1, 1))
             out = torch.zeros((len(batch), h, w, 3), dtype=torch.uint8, device=self.device)
@@ -176,49 +252,97 @@ class DaliDecoder:
                 raise DecodeError(f"decoded images have different sizes {tuple(pixels.shape)} and "
                                   f"{tuple(out.shape[1:])}; set decode image_size")
             out[i] = torch.from_numpy(pixels).to(out.device)
-        result = finish(out, checked, batch, self._stand_in, targets)
-        account(self.stats, batch, t0)
+        result = finish(out, job.checked, batch, self._stand_in, job.targets)
+        self.stats.batches += 1
+        self.stats.images += len(batch)
+        self.stats.seconds += job.seconds + time.perf_counter() - t0
         return result
 
     def _decode_native(self, batch, native: list[int], placement) -> tuple[torch.Tensor | None, dict[int, str]]:
-        """DALI on rows ``native``: (B, H, W, 3) with those rows decoded (None if there are
-        none), and why DALI refused the ones it refused."""
-        if not native:
-            return None, {}
-        try:
-            return self._dense(batch, native, placement), {}
-        except RuntimeError:
-            self._pipes.clear()  # DALI invalidates a pipeline after an error
+        """DALI on rows ``native``, one batch at a time, after DALI failed on them together:
+        each image alone to find the ones DALI refuses (and why), then the others together:
+        (B, H, W, 3) with those rows decoded (None if none is left)."""
         refused = {}
         for i in native:  # find the culprits one by one
             try:
-                self._run([np.frombuffer(batch.image(i), np.uint8)], {k: v[i:i + 1] for k, v in placement.items()})
+                self._run(*self._rows(batch, [i], placement, alone=True))
             except RuntimeError as exc:
                 self._pipes.clear()
                 refused[i] = f"DALI: {_dali_reason(exc)}"
                 log.info("DALI refused %s (%s); trying Pillow", batch.keys[i], refused[i])
         kept = [i for i in native if i not in refused]
-        return (self._dense(batch, kept, placement) if kept else None), refused
+        if not kept:
+            return None, refused
+        inputs, rows_placement = self._rows(batch, kept, placement)
+        return self._output(self._run(inputs, rows_placement), rows_placement), refused
 
-    def _dense(self, batch, rows: list[int], placement) -> torch.Tensor:
-        """Decode the whole batch with every row outside ``rows`` fed one of ``rows``:
-        (B, H, W, 3) uint8 on the device."""
-        chosen = set(rows)
-        src = [i if i in chosen else rows[0] for i in range(len(batch))]
-        inputs = [np.frombuffer(batch.image(j), np.uint8) for j in src]
-        rows_placement = {k: v[src] for k, v in placement.items()}
-        out = self._run(inputs, rows_placement)
+    def _rows(self, batch, rows: list[int], placement, alone: bool = False) -> tuple[tuple, dict[str, np.ndarray]]:
+        """What DALI is fed for rows ``rows`` of ``batch``: every other row gets one of ``rows``
+        (so the output is one dense (B, H, W, 3) tensor), or with ``alone`` only ``rows``.
+        Returns ((bytes, sizes), the per-row placement of those rows)."""
+        n = len(batch)
+        if alone or len(rows) == n:
+            src = np.asarray(rows, dtype=np.int64)
+        else:
+            src = np.full(n, rows[0], dtype=np.int64)
+            src[rows] = rows
+        identity = len(src) == n and bool((src == np.arange(n)).all())
+        return _encoded(batch, None if identity else src), (placement if identity else
+                                                             {k: v[src] for k, v in placement.items()})
+
+    def _output(self, out, placement) -> torch.Tensor:
+        """DALI's output as (B, H, W, 3) uint8 on the device, resized by torch on the CPU."""
         size = self.config.resize_to  # None: no boxes were placed
-        if self._dali_resizes or "roi_start" not in rows_placement or size is None:
+        if self._dali_resizes or "roi_start" not in placement or size is None:
             return _to_torch(out, self.device, self.config)
         decoded = [np.asarray(out[i]) for i in range(len(out))]  # views of DALI's buffer, read before the next run
-        return resize_boxes(decoded, rows_placement["roi_start"], rows_placement["roi_end"],
-                            relative="win_start" in rows_placement and not self._boxes_in_pixels, size=size,
+        return resize_boxes(decoded, placement["roi_start"], placement["roi_end"],
+                            relative="win_start" in placement and not self._boxes_in_pixels, size=size,
                             executor=self._pool, parts=decode_threads(self.config), past_box=self._boxes_in_pixels)
 
     def close(self) -> None:
         self._pipes.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Pipe:
+    """A DALI pipeline, the batch size it was built for, and whether it still works."""
+
+    def __init__(self, pipe: Pipeline, size: int) -> None:
+        self.pipe, self.size, self.ok = pipe, size, True
+
+
+@dataclass
+class _Job:
+    """One batch between :meth:`DaliDecoder._start` and :meth:`DaliDecoder._finish`."""
+
+    batch: Any
+    checked: Any
+    boxes: np.ndarray
+    targets: Any
+    native: list[int]
+    placement: dict[str, np.ndarray]
+    fed: tuple = ()
+    pipe: _Pipe | None = None
+    side: dict[int, np.ndarray] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _encoded(batch, src: np.ndarray | None) -> tuple[np.ndarray | list[np.ndarray], np.ndarray]:
+    """DALI's ``enc`` and ``size`` inputs for rows ``src`` of ``batch`` (None: all, in order):
+    the batch's (B, stride) array when it is packed padded (one array for the whole batch: no
+    per-row work here or in DALI's feed), else a numpy view per image; and the sizes, int32."""
+    sizes = batch.image_sizes()
+    data = batch.data.numpy()
+    if batch.stride:
+        rows = data[:len(batch) * batch.stride].reshape(len(batch), batch.stride)
+        if src is None:
+            return rows, sizes.astype(np.int32)
+        return rows[src], sizes[src].astype(np.int32)
+    starts = batch.offsets.numpy()[:-1]
+    if src is not None:
+        starts, sizes = starts[src], sizes[src]
+    return [data[a:a + z] for a, z in zip(starts.tolist(), sizes.tolist())], sizes.astype(np.int32)
 
 
 def _to_torch(out, device: torch.device, config) -> torch.Tensor:

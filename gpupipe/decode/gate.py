@@ -24,10 +24,13 @@ import functools
 import importlib.metadata
 from collections.abc import Collection, Sequence
 
+import numpy as np
+
+from gpupipe.formats.headers import ProbedHeaders
 from gpupipe.formats.imageheader import ImageHeader
 from gpupipe.formats.jpeg import HUFFMAN_SOF
 
-__all__ = ["native_decodable", "why_not_native", "route", "gpu_region_decode_safe", "nvimgcodec_version"]
+__all__ = ["native_decodable", "why_not_native", "route", "route_probed", "gpu_region_decode_safe", "nvimgcodec_version"]
 
 
 # GPU region decode (DALI's decoders.image_slice / image_random_crop on "mixed") goes through
@@ -73,6 +76,14 @@ def route(headers: Sequence[ImageHeader | None], good: Sequence[int],
     native = [i for i in good if (h := headers[i]) is not None and native_decodable(h, formats)]  # good rows have one
     chosen = set(native)
     return native, [i for i in good if i not in chosen]
+
+
+def route_probed(probed: ProbedHeaders, good: np.ndarray,
+                 formats: Collection[str] = ("jpeg",)) -> tuple[list[int], list[int]]:
+    """:func:`route` on a batch's probed headers (``good``: (B,) bool): the gate's verdict once
+    per distinct header, spread to the images by the index — the same split."""
+    ok = probed.per_header([native_decodable(h, formats) for h in probed.table], False).astype(bool)
+    return np.flatnonzero(good & ok).tolist(), np.flatnonzero(good & ~ok).tolist()
 
 
 @functools.lru_cache(maxsize=1)

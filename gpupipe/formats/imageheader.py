@@ -121,6 +121,8 @@ def check_complete(data: bytes | memoryview, header: ImageHeader, *, name: str =
 
 def _jpeg_complete(view: memoryview, header: ImageHeader) -> None:
     scan = header.scan if 0 < header.scan < len(view) else jpeg.walk(view).scan  # a header cut off raises here
+    if len(view) - 2 >= scan and view[-2] == 0xFF and view[-1] == 0xD9:  # the usual end: no copy of the tail
+        return
     start = max(scan, len(view) - MAX_TRAILER - 2)
     if bytes(view[start:]).rfind(b"\xff\xd9") < 0:
         raise DecodeError(f"truncated JPEG: no EOI marker (FF D9) in the last {len(view) - start} bytes "
@@ -245,8 +247,21 @@ def _check_size(header: ImageHeader, max_pixels: int | None) -> ImageHeader:
 
 
 def _jpeg(view: memoryview) -> ImageHeader:
-    """Walk JPEG markers from SOI to the first SOS (:func:`gpupipe.formats.jpeg.walk`)."""
+    """Walk JPEG markers from SOI to the first SOS (:func:`gpupipe.formats.jpeg.walk`); one
+    header object per distinct walk (a batch of one encoder's images shares a few)."""
     j = jpeg.walk(view)
+    made = _JPEG_HEADERS.get(j)
+    if made is None:
+        if len(_JPEG_HEADERS) >= 512:
+            _JPEG_HEADERS.clear()
+        made = _JPEG_HEADERS[j] = _jpeg_header(j)
+    return made
+
+
+_JPEG_HEADERS: dict[jpeg.JpegHeader, ImageHeader] = {}
+
+
+def _jpeg_header(j: jpeg.JpegHeader) -> ImageHeader:
     return ImageHeader("jpeg", j.width, j.height, j.channels, j.orientation, j.progressive, j.precision, j.sof,
                        j.exif_conflict, j.scan, j.irregular)
 

@@ -26,6 +26,8 @@ from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
 from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
+from gpupipe.decode.base import DecodeConfig
+from gpupipe.decode.columns import annotate
 from gpupipe.loader.agree import start_in_agreement
 from gpupipe.loader.epoch import EpochLedger
 from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
@@ -43,6 +45,9 @@ log = logging.getLogger(__name__)
 # np.unique): 60-90 ms of CPU inside the first epoch here. A loader imports them when it is made;
 # forked workers then inherit them (docs/benchmarks.md, issue 28).
 _FIRST_PASS_IMPORTS = ("numpy.random", "numpy.ma")
+# A batch for a decoder is packed padded (each image at a multiple of the largest: one array to
+# feed) when that takes at most this many times the bytes packed back to back.
+PAD_RATIO = 2.0
 
 
 @dataclass
@@ -61,9 +66,19 @@ class EncodedDataset(IterableDataset):
     """The worker side. Everything on it is plain data (a test pickles it)."""
 
     def __init__(self, source: ResolvedSource, spec: PlanSpec, stream: StreamConfig, world: World,
-                 epoch: int = 0, progress: Mapping | None = None):
+                 epoch: int = 0, progress: Mapping | None = None, decode: DecodeConfig | None = None):
         self.source, self.spec, self.stream, self.world = source, spec, stream, world
         self.epoch, self.progress = epoch, dict(progress) if progress else None
+        self.decode = decode  # set: each batch goes out padded, its headers probed for this decoder
+
+    def _finish(self, batch: EncodedBatch) -> EncodedBatch:
+        """What the decoder would otherwise work out per image in the training process, done here
+        (:func:`gpupipe.decode.columns.annotate`)."""
+        return batch if self.decode is None else annotate(batch, self.decode)
+
+    @property
+    def _pad(self) -> float:
+        return PAD_RATIO if self.decode is not None else 0.0
 
     def __iter__(self) -> Iterator[EncodedBatch]:
         world = self.world.for_current_worker()
@@ -88,9 +103,9 @@ class EncodedDataset(IterableDataset):
         for chunk, table in iter_chunks(fetcher, self.source, spec, self.epoch, mine,
                                         on_error=self.stream.on_error, skips=skips):
             for i in range(chunk.num_batches - chunk.first_batch):
-                batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker,
+                batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
                                    epoch=self.epoch, chunk=chunk.index, batch=chunk.first_batch + i)
-                yield replace(batch, skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
+                yield replace(self._finish(batch), skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
                 skips.count, wait0 = 0, fetcher.stats.wait_s
 
     def _whole_shards(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
@@ -105,11 +120,12 @@ class EncodedDataset(IterableDataset):
         for s in samples:
             batch.append(s)
             if len(batch) == b:
-                yield replace(pack(batch, [True] * b, epoch=self.epoch, kinds=self.source.targets), skipped=skips.count)
+                packed = pack(batch, [True] * b, epoch=self.epoch, kinds=self.source.targets, pad=self._pad)
+                yield replace(self._finish(packed), skipped=skips.count)
                 batch, skips.count = [], 0
         if batch and not spec.drop_last:
-            yield replace(pack(batch, [True] * len(batch), epoch=self.epoch, kinds=self.source.targets),
-                          skipped=skips.count)
+            packed = pack(batch, [True] * len(batch), epoch=self.epoch, kinds=self.source.targets, pad=self._pad)
+            yield replace(self._finish(packed), skipped=skips.count)
 
 
 class _WholeChunks(IterableDataset):
@@ -176,6 +192,8 @@ class EncodedLoader:
         warn_if_more_workers_than_cores(self.num_workers, self.world)
         # prefetch_factor counts items per worker, and with a manifest an item is a whole chunk
         self.pin_memory, self.prefetch_factor = False, 1
+        # set by GpuLoader: the decoder's settings, for the workers to probe headers and draw crops for
+        self.decode: DecodeConfig | None = None
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
@@ -203,7 +221,7 @@ class EncodedLoader:
     def _dataset(self) -> EncodedDataset:
         """The worker side for the rest of the current epoch (plain data: it pickles)."""
         return EncodedDataset(self.source, self.ledger.plan, self.stream, self.world, self.epoch,
-                              self.ledger.progress.to_dict())
+                              self.ledger.progress.to_dict(), self.decode)
 
     def __iter__(self) -> Iterator[EncodedBatch]:
         self.ledger.begin()

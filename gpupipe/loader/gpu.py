@@ -9,11 +9,12 @@ handed to the training loop, not the ones decoded ahead (:mod:`gpupipe.loader.ep
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -99,6 +100,7 @@ class GpuLoader:
         self.split = split
         self.encoded = EncodedLoader(split, world)
         self.encoded.pin_memory = self.device.type == "cuda"  # encoded bytes reach the GPU from pinned pages
+        self.encoded.decode = split.decode  # the workers probe headers and draw crop boxes for the decoder
         stage = split.augment_stage()
         self.augment = stage.to(self.device) if stage is not None else None
         self.stats = StageStats()
@@ -180,14 +182,16 @@ class GpuLoader:
         decoder = self.decoder
         side = self._side_stream()
         timeline = self.timeline is not None
-        stages = [Stage("decode", functools.partial(self._decode, decoder, side), timeline=timeline)]
+        stages = [Stage("decode", functools.partial(self._decode, decoder, side), timeline=timeline,
+                        flow=functools.partial(self._decode_ahead, decoder, side)
+                        if hasattr(decoder, "decode_stream") else None)]
         augment = self.augment
         if augment is not None and self.overlap:
             stages.append(Stage("augment", functools.partial(self._augment, augment, side), timeline=timeline,
                                 threads=self.augment_threads))
         elif augment is not None:  # one thread decodes, then augments (benchmarks/overlap_bench.py)
-            stages = [Stage("decode", _then(stages[0].run, functools.partial(self._augment, augment, side)),
-                            timeline=timeline)]
+            stages = [Stage("decode", _then(functools.partial(self._decode, decoder, side),
+                                            functools.partial(self._augment, augment, side)), timeline=timeline)]
         run = Stages(self.encoded.batches, stages, self.split.prefetch)
         stats = self.stats  # this pass's stage times go here, even if ``stats`` is replaced meanwhile
         base = (stats.wait_bytes_s, stats.decode_s, stats.augment_s)
@@ -224,11 +228,37 @@ class GpuLoader:
         """The decode stage: bytes → uint8 images (and labels, mask) on the device."""
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             out = decoder.decode(encoded)
-            if side is not None:
-                out.images = out.images.clone(memory_format=torch.channels_last)  # DALI reuses its buffers
-            out.labels = out.labels.to(self.device, non_blocking=True)
-            out.valid = out.valid.to(self.device, non_blocking=True)
+            self._to_device(out, side)
         return out, (encoded.chunk, encoded.batch)
+
+    def _decode_ahead(self, decoder, side, encoded: Iterator[EncodedBatch]
+                      ) -> Iterator[tuple[DecodedBatch, tuple[int, int]]]:
+        """The decode stage for a decoder that works one batch ahead (``decode_stream``): the
+        same results as :meth:`_decode` batch by batch."""
+        places: collections.deque[tuple[int, int]] = collections.deque()
+
+        def tapped() -> Iterator[EncodedBatch]:
+            for batch in encoded:
+                places.append((batch.chunk, batch.batch))
+                yield batch
+
+        outputs = decoder.decode_stream(tapped())
+        try:
+            while True:
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    out = next(outputs, None)
+                    if out is None:
+                        return
+                    self._to_device(out, side)
+                yield out, places.popleft()
+        finally:
+            outputs.close()
+
+    def _to_device(self, out: DecodedBatch, side) -> None:
+        if side is not None:
+            out.images = out.images.clone(memory_format=torch.channels_last)  # DALI reuses its buffers
+        out.labels = out.labels.to(self.device, non_blocking=True)
+        out.valid = out.valid.to(self.device, non_blocking=True)
 
     def _augment(self, augment: AugmentStage, side,
                  item: tuple[DecodedBatch, tuple[int, int]]) -> tuple[DecodedBatch, tuple[int, int]]:

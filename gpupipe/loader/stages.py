@@ -47,6 +47,9 @@ class Stage:
     busy_s: float = 0.0
     timeline: bool = False
     threads: int | None = None
+    # the first stage only: a function from the source's iterator to this stage's results, for a
+    # stage that works ahead (a decoder fed one batch ahead); ``run`` is then not used
+    flow: Callable[[Iterator[Any]], Iterator[Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None and int(self.threads) < 1:
@@ -128,22 +131,43 @@ class Stages:
 
     def _first(self, stage: Stage, outbox: queue.Queue, source) -> None:
         items = source()
+        flowing = stage.flow(self._waited(items)) if stage.flow is not None else None
         try:
             while not self.event.is_set():
-                t0 = time.perf_counter()
-                item = next(items, END)
-                self.wait_source_s += time.perf_counter() - t0
+                t0, waited = time.perf_counter(), self.wait_source_s
+                if flowing is None:
+                    item = next(items, END)
+                    self.wait_source_s += time.perf_counter() - t0
+                    if item is not END:
+                        item = stage(item)
+                else:
+                    item = next(flowing, END)
+                    t1 = time.perf_counter()
+                    stage.busy_s += (t1 - t0) - (self.wait_source_s - waited)
+                    if stage.timeline and item is not END:
+                        stage.spans.append((t0, t1))
                 if item is END:
                     break
-                if not self._put(outbox, stage(item)):
+                if not self._put(outbox, item):
                     return
             self._put(outbox, END)
         except BaseException as exc:  # hand it on: the consumer raises it
             self._put(outbox, exc)
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            for it in (flowing, items):
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+
+    def _waited(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, adding the time spent waiting for each to :attr:`wait_source_s`."""
+        while True:
+            t0 = time.perf_counter()
+            item = next(items, END)
+            self.wait_source_s += time.perf_counter() - t0
+            if item is END:
+                return
+            yield item
 
     def _put(self, q: queue.Queue, item: Any) -> bool:
         while not self.event.is_set():

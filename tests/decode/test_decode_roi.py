@@ -206,9 +206,9 @@ def test_conflicting_exif_segments_decode_as_pillow_does(resize, monkeypatch):
 
     data = corpus.cases()["exif-6-two-app1"][0]
     fed = []
-    run = dali.DaliDecoder._run
-    monkeypatch.setattr(dali.DaliDecoder, "_run", lambda self, inputs, placement: fed.extend(
-        bytes(x) for x in inputs) or run(self, inputs, placement))
+    submit = dali.DaliDecoder._submit
+    monkeypatch.setattr(dali.DaliDecoder, "_submit", lambda self, inputs, placement: fed.extend(
+        bytes(np.asarray(row)[:n]) for row, n in zip(*inputs)) or submit(self, inputs, placement))
     out = decode("dali", [data, PHOTO[1]], image_size=(16, 20), resize=resize, seed=5)
     ref = decode("pil", [data, PHOTO[1]], image_size=(16, 20), resize=resize, seed=5)
     assert out.valid.all() and out.images.shape == (2, 3, 16, 20)

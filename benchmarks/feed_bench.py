@@ -1,0 +1,167 @@
+"""How close gpupipe's decode feed comes to DALI's own pipeline on the same shards (issue 34).
+
+    python benchmarks/feed_bench.py --root .bench/tiny-6000 [--size 32] [--images 6000]
+        [--workers 0,1] [--rounds 5] [--writer ingest|tarwriter] [--threads 2]
+
+Makes (once) ``--images`` dead-leaves JPEGs of ``--size``² px in shards of 1,000, written by
+``gpupipe ingest`` or by webdataset's ``TarWriter`` (pax headers, then ``gpupipe index``), then
+times, in rounds that alternate the loaders (medians, so the ratio holds on a noisy machine),
+decode only, batch 256, shuffled, DALI's CPU decoder with ``--threads`` threads on both sides:
+
+* gpupipe: ``GpuLoader(shards, decode="dali", device="cpu", resize="none")`` with 0 and 1 stream workers;
+* DALI's own pipeline: ``fn.readers.webdataset`` → ``fn.decoders.image`` (prefetch 2).
+
+Beside images/s it prints the training process's CPU per sample outside the native decoder:
+``utime + stime`` of this process's threads but DALI's own (named ``[DALI]...``), per sample
+delivered (:func:`gpupipe.tools.bench.measure.thread_cpu`), and the workers' CPU apart.
+A benchmark, not a test: numbers go to docs/benchmarks.md with the command and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def make_data(root: str, images: int, size: int, writer: str) -> str:
+    """``root/shards`` with ``images`` JPEGs of ``size``² px (made once)."""
+    from gpupipe.formats.manifest import MANIFEST_NAME
+
+    shards = os.path.join(root, "shards")
+    if os.path.exists(os.path.join(shards, MANIFEST_NAME)):
+        return shards
+    from gpupipe.tools.synth import write_leaves_folder
+
+    folder = os.path.join(root, "images")
+    write_leaves_folder(folder, [(size, size)] * images, seed=0, quality=90, workers=os.cpu_count() or 1,
+                        progress=False)
+    if writer == "ingest":
+        from gpupipe.tools.ingest import ingest
+
+        ingest(folder, shards, shard_size=1000, seed=0, progress=False)
+        return shards
+    import webdataset as wds
+
+    from gpupipe.tools.indexer import index
+
+    files = sorted(glob.glob(os.path.join(folder, "*", "*.jpg")))
+    classes = sorted({os.path.basename(os.path.dirname(f)) for f in files})
+    order = np.random.default_rng(0).permutation(len(files))
+    os.makedirs(shards, exist_ok=True)
+    for s in range(0, len(files), 1000):
+        with wds.TarWriter(os.path.join(shards, f"shard-{s // 1000:05d}.tar")) as sink:
+            for i in order[s:s + 1000].tolist():
+                with open(files[i], "rb") as f:
+                    data = f.read()
+                sink.write({"__key__": f"{i:08d}", "jpg": data,
+                            "cls": str(classes.index(os.path.basename(os.path.dirname(files[i])))).encode()})
+    index(shards, progress=False)
+    return shards
+
+
+def gpupipe_run(shards: str, workers: int, threads: int, batch: int):
+    from gpupipe import GpuLoader
+
+    loader = GpuLoader(shards, batch_size=batch, decode="dali", device="cpu", num_threads=threads,
+                       num_workers=workers, shuffle=True, drop_last=True)
+
+    def run() -> int:
+        n = 0
+        for images, _ in loader:
+            n += len(images)
+        return n
+
+    return run
+
+
+def dali_run(shards: str, threads: int, batch: int, tmp: str):
+    from nvidia.dali import fn, pipeline_def, types
+
+    from gpupipe.tools.bench.dali import write_index
+
+    files = sorted(glob.glob(os.path.join(shards, "*.tar")))
+    index = write_index(files, tmp)
+    import json
+
+    with open(os.path.join(shards, "index.json")) as f:
+        steps = sum(s["num_samples"] for s in json.load(f)["shards"]) // batch
+
+    @pipeline_def(batch_size=batch, num_threads=threads, seed=0, prefetch_queue_depth=2,  # type: ignore[call-overload]
+                  device_id=None)
+    def pipe():
+        jpegs, _ = fn.readers.webdataset(paths=files, index_paths=index, ext=["jpg", "cls"], random_shuffle=True,
+                                         initial_fill=1024, missing_component_behavior="skip", name="reader")
+        return fn.decoders.image(jpegs, device="cpu", output_type=types.DALIImageType.RGB)
+
+    p = pipe()
+    p.build()
+
+    def run() -> int:
+        n = 0
+        for _ in range(steps):
+            (out,) = p.run()
+            n += len(out)
+        return n
+
+    return run
+
+
+def timed(run) -> dict:
+    from gpupipe.tools.bench.measure import thread_cpu
+
+    before, c0, t0 = thread_cpu(), _children_cpu(), time.perf_counter()
+    n = run()
+    wall, after, c1 = time.perf_counter() - t0, thread_cpu(), _children_cpu()
+    return {"img_s": n / wall, "outside_us": 1e6 * (after["outside"] - before["outside"]) / n,
+            "native_us": 1e6 * (after["native"] - before["native"]) / n, "workers_us": 1e6 * (c1 - c0) / n}
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=".bench/tiny-6000")
+    ap.add_argument("--images", type=int, default=6000)
+    ap.add_argument("--size", type=int, default=32)
+    ap.add_argument("--writer", choices=["ingest", "tarwriter"], default="ingest")
+    ap.add_argument("--workers", default="0,1")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    shards = make_data(args.root, args.images, args.size, args.writer)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs["dali"] = dali_run(shards, args.threads, args.batch, tmp)
+        for w in (int(v) for v in args.workers.split(",")):
+            runs[f"gpupipe w={w}"] = gpupipe_run(shards, w, args.threads, args.batch)
+        for run in runs.values():
+            run()  # warm-up: builds, first touch
+        results: dict[str, list[dict]] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                results[name].append(timed(run))
+    dali = statistics.median(r["img_s"] for r in results["dali"])
+    print(f"{args.images} JPEGs {args.size}x{args.size} ({args.writer}), batch {args.batch}, "
+          f"{args.threads} DALI threads, median of {args.rounds}")
+    for name, rs in results.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(f"  {name:14s} {med['img_s']:9.0f} img/s  {med['img_s'] / dali:5.2f} of DALI   CPU us/sample: "
+              f"outside native {med['outside_us']:6.1f}  native {med['native_us']:6.1f}  "
+              f"workers {med['workers_us']:6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
