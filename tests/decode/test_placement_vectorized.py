@@ -1,4 +1,4 @@
-"""Issue 34: the decode thread places a batch's crop boxes with a fixed number
+"""Issue 34: the decode thread places a batch's crop boxes and decode windows with a fixed number
 of numpy operations, not a Python loop per sample. The vectorized functions must give exactly
 what the per-row code gave (the same integers, the same float64 bits, the same float32 casts):
 the ``_rowwise_*`` functions below are that per-row code as it was (commit 161d1bb), kept here as
@@ -24,9 +24,31 @@ from gpupipe.decode.common import (
     upright_size,
     upright_sizes,
 )
+from gpupipe.decode.roi import _EDGE, any_partial, dali_slices, decode_window, decode_windows
 from gpupipe.formats.imageheader import ImageHeader
 
 # -- the per-row reference (the code these functions replace) --------------------------------
+
+
+def _rowwise_any_partial(boxes, images, size, **window) -> bool:
+    return any(image is not None and decode_window(box, image, size, **window) != (0, 0, *image)
+               for box, image in zip(boxes, images))
+
+
+def _rowwise_dali_slices(boxes, images, size, **window) -> dict[str, np.ndarray]:
+    out = {k: np.zeros((len(boxes), 2), np.float32) for k in ("win_start", "win_end", "roi_start", "roi_end")}
+    out["win_end"][:] = out["roi_end"][:] = 1.0
+    for i, (box, image) in enumerate(zip(boxes, images)):
+        if image is None:
+            continue
+        top, left, h, w = decode_window(box, image, size, **window)
+        extent = np.array(image, np.float64)
+        out["win_start"][i] = (np.array([top, left]) + _EDGE) / extent
+        out["win_end"][i] = np.minimum(1.0, (np.array([top + h, left + w]) + _EDGE) / extent)
+        start = np.array([box[0] - top, box[1] - left], np.float64)
+        out["roi_start"][i] = start / (h, w)
+        out["roi_end"][i] = (start + (box[2], box[3])) / (h, w)
+    return out
 
 
 def _rowwise_crop_boxes(images, config) -> np.ndarray:
@@ -106,6 +128,57 @@ def batches(draw):
     images = [im for im, _ in drawn]
     boxes = np.array([b for _, b in drawn], np.float64).reshape(-1, 4)
     return size, images, boxes
+
+
+# -- decode windows and DALI's slice inputs -----------------------------------------------------
+
+@settings(max_examples=600, deadline=None)
+@given(batch=batches(), past_box=st.booleans(), from_origin=st.booleans())
+def test_dali_slices_and_any_partial_are_the_rowwise_ones_bit_for_bit(batch, past_box, from_origin):
+    size, images, boxes = batch
+    hw, exists = _arrays(images)
+    window = {"past_box": past_box, "from_origin": from_origin}
+    got, want = dali_slices(boxes, hw, exists, size, **window), _rowwise_dali_slices(boxes, images, size, **window)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert _same_bits(got[k], want[k]), k
+    assert any_partial(boxes, hw, exists, size, **window) == _rowwise_any_partial(boxes, images, size, **window)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=batches(), past_box=st.booleans(), from_origin=st.booleans())
+def test_decode_windows_are_decode_window_row_by_row(batch, past_box, from_origin):
+    size, images, boxes = batch
+    keep = [i for i, im in enumerate(images) if im is not None]
+    hw = np.array([images[i] for i in keep], np.int64).reshape(-1, 2)
+    got = decode_windows(boxes[keep], hw, size, past_box=past_box, from_origin=from_origin)
+    assert got.dtype == np.int64 and got.shape == (len(keep), 4)
+    want = [decode_window(boxes[i], images[i], size, past_box=past_box, from_origin=from_origin) for i in keep]
+    assert got.tolist() == [list(w) for w in want]
+
+
+def test_integer_boxes_and_an_empty_batch():
+    """Integer boxes (as ``random_resized_crop`` draws them) go in as they are; no rows, no work."""
+    boxes = np.array([(10, 20, 100, 50), (0, 0, 157, 203), (100, 190, 40, 13)], np.int64)
+    images = [(157, 203)] * 3
+    hw, exists = _arrays(images)
+    for past_box in (True, False):
+        got = dali_slices(boxes, hw, exists, (25, 25), past_box=past_box)
+        want = _rowwise_dali_slices(boxes, images, (25, 25), past_box=past_box)
+        assert all(_same_bits(got[k], want[k]) for k in want)
+    empty = dali_slices(np.zeros((0, 4)), np.zeros((0, 2), np.int64), np.zeros(0, bool), (8, 8))
+    assert all(v.shape == (0, 2) and v.dtype == np.float32 for v in empty.values())
+    assert not any_partial(np.zeros((0, 4)), np.zeros((0, 2), np.int64), np.zeros(0, bool), (8, 8))
+
+
+def test_rows_that_do_not_exist_get_the_whole_image_and_are_never_partial():
+    boxes = np.array([(5.0, 5.0, 10.0, 10.0)] * 2)
+    hw = np.array([(100, 100), (0, 0)], np.int64)
+    out = dali_slices(boxes, hw, np.array([False, False]), (8, 8))
+    assert [out[k].tolist() for k in ("win_start", "win_end", "roi_start", "roi_end")] == [
+        [[0, 0]] * 2, [[1, 1]] * 2, [[0, 0]] * 2, [[1, 1]] * 2]
+    assert not any_partial(boxes, hw, np.array([False, False]), (8, 8))
+    assert any_partial(boxes, hw, np.array([True, False]), (8, 8))
 
 
 # -- shorter's geometry and the crop boxes ----------------------------------------------------
