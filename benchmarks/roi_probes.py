@@ -98,12 +98,12 @@ def windows(folder: str) -> None:
 
 def _rrc(jpegs: list[bytes], side: int):
     from gpupipe.decode import DecodeConfig
-    from gpupipe.decode.common import crop_boxes, upright_size
+    from gpupipe.decode.common import crop_boxes_from_sizes, upright_sizes
     from gpupipe.formats.imageheader import probe
 
-    headers = [probe(d) for d in jpegs]
+    upright_hw, exists = upright_sizes([probe(d) for d in jpegs])
     config = DecodeConfig(image_size=(side, side), resize="random_resized_crop")
-    return crop_boxes(headers, list(range(len(jpegs))), 0, config), [upright_size(h) for h in headers]
+    return crop_boxes_from_sizes(upright_hw, exists, list(range(len(jpegs))), 0, config), upright_hw, exists
 
 
 def split(folder: str, side: int = 224) -> None:
@@ -111,15 +111,15 @@ def split(folder: str, side: int = 224) -> None:
     and the window resized by Pillow on a 2-thread pool instead of DALI's fn.resize."""
     from PIL import Image
 
-    from gpupipe.decode.roi import dali_slices, decode_window
+    from gpupipe.decode.roi import dali_slices, decode_windows
 
     jpegs = _jpegs(folder)
-    boxes, images = _rrc(jpegs, side)
+    boxes, upright_hw, exists = _rrc(jpegs, side)
     size = (side, side)
-    sl = dali_slices(boxes, images, size)
+    sl = dali_slices(boxes, upright_hw, exists, size)
     win = {k: sl[k] for k in ("win_start", "win_end")}
     absolute = {"roi_start": boxes[:, :2].astype(np.float32), "roi_end": (boxes[:, :2] + boxes[:, 2:]).astype(np.float32)}
-    rows = [decode_window(b, im, size) for b, im in zip(boxes, images)]
+    rows = decode_windows(boxes, upright_hw, size)
     pool = ThreadPoolExecutor(THREADS)
 
     def pillow_resize(out, at: int) -> None:
@@ -144,7 +144,7 @@ def drift(folder: str) -> None:
     (The bench data has no EXIF orientation; the contract suite covers orientations.)"""
     jpegs = _jpegs(folder, 200)
     for side in (32, 48, 64, 96):
-        boxes, _ = _rrc(jpegs, side)
+        boxes, _, _ = _rrc(jpegs, side)
         diffs: dict = {}
         for data, box in zip(jpegs, boxes):
             ratio = min(box[2], box[3]) / side

@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,15 +21,16 @@ from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.decode.base import DecodedBatch, ResizeMode
 from gpupipe.decode.columns import keyed_crops, probed
-from gpupipe.formats.headers import ProbedHeaders
+from gpupipe.formats.headers import ProbedHeaders, upright_hw
 from gpupipe.formats.imageheader import ImageHeader
 
 if TYPE_CHECKING:
     from gpupipe.decode.targets import RowTargets, TargetJob
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
-           "random_resized_crop_box", "shorter_geometry", "shorter_box", "crop_first", "replacements", "record_bad",
-           "upright_size", "count_stretched", "STRETCH_TOLERANCE"]
+           "crop_boxes_from_sizes", "random_resized_crop_box", "shorter_geometry", "shorter_geometries", "shorter_box",
+           "shorter_boxes", "crop_first", "replacements", "record_bad", "upright_size", "upright_sizes",
+           "count_stretched", "count_stretched_sizes", "STRETCH_TOLERANCE"]
 
 log = logging.getLogger(__name__)
 _TAG_CROP = 3
@@ -53,9 +54,23 @@ class Checked:
     reasons: list[str | None]
     uncounted: list[bool]
     probed: ProbedHeaders | None = None  # the same headers as a table and an index
+    _upright: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def good(self) -> list[int]:
         return [i for i, r in enumerate(self.reasons) if r is None]
+
+    def upright(self) -> tuple[np.ndarray, np.ndarray]:
+        """(B, 2) int64 upright (height, width) of each image (0 where the probe refused it) and
+        (B,) bool, whether it has a header (:func:`upright_sizes`); from the probed table when
+        there is one: a lookup per distinct header, then numpy."""
+        if self._upright is None:
+            p = self.probed
+            if p is None:
+                self._upright = upright_sizes(self.headers)
+            else:
+                hw = p.per_header([upright_hw(h) for h in p.table], (0, 0)).astype(np.int64).reshape(-1, 2)
+                self._upright = hw, p.index >= 0
+        return self._upright
 
     def good_mask(self) -> np.ndarray:
         """(B,) bool: the images not found bad so far."""
@@ -100,35 +115,35 @@ def prepare(batch, config, stats) -> tuple[Checked, np.ndarray]:
     rejected ones, and place each crop box."""
     checked = check_batch(batch, config.max_pixels)
     enforce(checked, batch, config.on_error, stats)
-    count_stretched(checked.headers, config, stats)
+    upright_hw, exists = checked.upright()
+    count_stretched_sizes(upright_hw, exists, config, stats)
     boxes = keyed_crops(batch, config) if config.resize is ResizeMode.RANDOM_CROP else None
     if boxes is None:
-        boxes = crop_boxes(checked.headers, batch.sample_ids.tolist(), batch.epoch, config)
+        boxes = crop_boxes_from_sizes(upright_hw, exists, batch.sample_ids.tolist(), batch.epoch, config)
     return checked, boxes
 
 
 def count_stretched(headers: Sequence[ImageHeader | None], config, stats) -> None:
+    """:func:`count_stretched_sizes` of the images of ``headers`` (None: not an image)."""
+    count_stretched_sizes(*upright_sizes(headers), config, stats)
+
+
+def count_stretched_sizes(upright_hw: np.ndarray, exists: np.ndarray, config, stats) -> None:
     """Under resize ``fixed``, count in ``stats`` the images whose aspect ratio the resize changes
     by more than :data:`STRETCH_TOLERANCE` (``stats.stretched``, ``stats.worst_stretch``), and
-    warn the first time some are (a decoder is one loader's: once per loader). A division per
-    header already read: nothing next to a decode."""
+    warn the first time some are (a decoder is one loader's: once per loader). Shape:
+    ``upright_hw`` (B, 2) int64 upright (h, w), ``exists`` (B,) bool (False: not an image)."""
     if config.resize is not ResizeMode.FIXED or config.image_size is None:
         return
     out_h, out_w = config.image_size
-    found, worst, worst_hw, seen = 0, 1.0, (0, 0), 0
-    for header in headers:
-        if header is None:
-            continue
-        h, w = upright_size(header)
-        seen += 1
-        stretch = (w * out_h) / (h * out_w)
-        stretch = max(stretch, 1 / stretch)
-        if stretch > 1 + STRETCH_TOLERANCE:
-            found += 1
-            if stretch > worst:
-                worst, worst_hw = stretch, (h, w)
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)[np.asarray(exists, bool)]
+    stretch = (hw[:, 1] * out_h) / (hw[:, 0] * out_w)
+    stretch = np.maximum(stretch, 1 / stretch)
+    found = int(np.count_nonzero(stretch > 1 + STRETCH_TOLERANCE))
     if not found:
         return
+    at = int(np.argmax(stretch))  # the first of the largest: over the tolerance, since some are
+    worst, (h, w) = float(stretch[at]), hw[at].tolist()
     first = stats.stretched == 0
     stats.stretched += found
     stats.worst_stretch = max(stats.worst_stretch, worst)
@@ -137,8 +152,7 @@ def count_stretched(headers: Sequence[ImageHeader | None], config, stats) -> Non
                     "by more than %d%% (the most: width x height %dx%d to %dx%d, %.2fx); torchvision's "
                     "Resize(size) with one number keeps it. To keep it: resize='shorter' (Resize + CenterCrop) or, "
                     "for training, resize='random_resized_crop'. Said once per loader; decoder.stats.stretched "
-                    "counts them all", found, seen, round(STRETCH_TOLERANCE * 100),
-                    worst_hw[1], worst_hw[0], out_w, out_h, worst)
+                    "counts them all", found, len(hw), round(STRETCH_TOLERANCE * 100), w, h, out_w, out_h, worst)
 
 
 def account(stats, batch, started: float) -> None:
@@ -164,6 +178,15 @@ def upright_size(header: ImageHeader) -> tuple[int, int]:
     if header.orientation in (5, 6, 7, 8):
         return header.width, header.height
     return header.height, header.width
+
+
+def upright_sizes(headers: Sequence[ImageHeader | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(B, 2) int64 upright (height, width) of every header (:func:`upright_size`; 0 where
+    None) and (B,) bool, whether the row has a header."""
+    raw = np.array([(0, 0, 0, False) if h is None else (h.height, h.width, h.orientation, True) for h in headers],
+                   np.int64).reshape(-1, 4)
+    swap = (raw[:, 2] >= 5) & (raw[:, 2] <= 8)
+    return np.where(swap[:, None], raw[:, 1::-1], raw[:, :2]), raw[:, 3].astype(bool)
 
 
 def random_resized_crop_box(h: int, w: int, scale, ratio, rng: np.random.Generator) -> tuple[int, int, int, int]:
@@ -220,6 +243,36 @@ def shorter_box(h: int, w: int, size: tuple[int, int]) -> tuple[float, float, fl
     return top * sy, left * sx, size[0] * sy, size[1] * sx
 
 
+def shorter_geometries(upright_hw: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """:func:`shorter_geometry` of every row at once, the same integers. Shape: (B, 2) int64
+    (h, w), each at least 1 → (B, 4) int64 (resized height, resized width, crop top, crop left)."""
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)
+    out_h, out_w = size
+    wide = hw[:, 0] <= hw[:, 1]
+    short, long = hw.min(axis=1), hw.max(axis=1)
+    need_short, need_long = np.where(wide, out_h, out_w), np.where(wide, out_w, out_h)
+    s = np.maximum(need_short, np.ceil(need_long * short / long).astype(np.int64))
+    new_long = (s * long / short).astype(np.int64)  # truncated, as int() does
+    short_of = new_long < need_long
+    while short_of.any():  # as shorter_geometry's while; never taken for sides under 2**40 (s >= need_long *
+        # short / long exactly, and float64 keeps that): rows short of it get one more, all at once
+        s += short_of
+        new_long = (s * long / short).astype(np.int64)
+        short_of = new_long < need_long
+    rh, rw = np.where(wide, s, new_long), np.where(wide, new_long, s)
+    top, left = np.rint((rh - out_h) / 2.0), np.rint((rw - out_w) / 2.0)  # round half to even, as round()
+    return np.stack([rh, rw, top.astype(np.int64), left.astype(np.int64)], axis=1)
+
+
+def shorter_boxes(upright_hw: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """:func:`shorter_box` of every row at once, the same floats. Shape: (B, 2) int64 (h, w) →
+    (B, 4) float64 (top, left, height, width) in source pixels."""
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)
+    geometry = shorter_geometries(hw, size)
+    scale = hw / geometry[:, :2]
+    return np.concatenate([geometry[:, 2:] * scale, np.asarray(size, np.int64) * scale], axis=1)
+
+
 def crop_first(config) -> bool:
     """Whether a box is cut out and then resized (torchvision's ``resized_crop``: the filter
     never reads past the box), as ``random_resized_crop`` does; the other modes resize the
@@ -228,26 +281,34 @@ def crop_first(config) -> bool:
 
 
 def crop_boxes(headers: Sequence[ImageHeader | None], sample_ids, epoch: int, config) -> np.ndarray:
-    """(B, 4) float64 boxes (top, left, height, width) in upright image coordinates.
+    """:func:`crop_boxes_from_sizes` of the images of ``headers`` (None: not an image)."""
+    upright_hw, exists = upright_sizes(headers)
+    return crop_boxes_from_sizes(upright_hw, exists, sample_ids, epoch, config)
+
+
+def crop_boxes_from_sizes(upright_hw: np.ndarray, exists: np.ndarray, sample_ids, epoch: int,
+                          config) -> np.ndarray:
+    """(B, 4) float64 boxes (top, left, height, width) in upright image coordinates, zeros where
+    not ``exists``. Shape: ``upright_hw`` (B, 2) int64 upright (h, w), ``exists`` (B,) bool,
+    ``sample_ids`` (B,) ints.
 
     ``fixed``: the whole image; ``shorter``: torchvision's ``Resize(s)`` + ``CenterCrop``
-    carried back to the source (:func:`shorter_box`, fractional); ``random_resized_crop``:
+    carried back to the source (:func:`shorter_boxes`, fractional); ``random_resized_crop``:
     torchvision's rule (whole pixels), drawn from a generator keyed by (seed, epoch, sample
     id) — the same sample gets the same crop whatever the batch, worker count or resume point.
     """
-    boxes = np.zeros((len(headers), 4), dtype=np.float64)
-    for i, header in enumerate(headers):
-        if header is None:
-            continue
-        h, w = upright_size(header)
-        if config.resize is ResizeMode.RANDOM_CROP:
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)
+    exists = np.asarray(exists, bool)
+    boxes = np.zeros((len(hw), 4), dtype=np.float64)
+    if config.resize is ResizeMode.RANDOM_CROP:
+        for i in np.flatnonzero(exists).tolist():
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
                 [config.seed, epoch, int(sample_ids[i]) & 0xFFFFFFFFFFFF, _TAG_CROP])))
-            boxes[i] = random_resized_crop_box(h, w, config.scale, config.ratio, rng)
-        elif config.resize is ResizeMode.SHORTER:
-            boxes[i] = shorter_box(h, w, config.image_size)
-        else:
-            boxes[i] = (0, 0, h, w)
+            boxes[i] = random_resized_crop_box(int(hw[i, 0]), int(hw[i, 1]), config.scale, config.ratio, rng)
+    elif config.resize is ResizeMode.SHORTER:
+        boxes[exists] = shorter_boxes(hw[exists], config.image_size)
+    else:
+        boxes[exists, 2:] = hw[exists]
     return boxes
 
 

@@ -41,7 +41,7 @@ import torch
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeMode
-from gpupipe.decode.common import StandIn, crop_first, decode_threads, finish, prepare, upright_size
+from gpupipe.decode.common import StandIn, crop_first, decode_threads, finish, prepare
 from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route, route_probed
 from gpupipe.decode.pil import decode_many, pool
 from gpupipe.decode.resize import resize_boxes
@@ -126,9 +126,9 @@ class DaliDecoder:
             return {}
         window = {"past_box": not crop_first(cfg), "from_origin": self._boxes_in_pixels}
         if cfg.resize in _ROI_MODES and self.region_decode:
-            images = [None if h is None else upright_size(h) for h in checked.headers]
-            if any_partial(boxes, images, size, **window):
-                slices = dali_slices(boxes, images, size, **window)
+            upright_hw, exists = checked.upright()
+            if any_partial(boxes, upright_hw, exists, size, **window):
+                slices = dali_slices(boxes, upright_hw, exists, size, **window)
                 if self._boxes_in_pixels:  # the window starts at the image's corner: image pixels are window pixels
                     slices["roi_start"], slices["roi_end"] = boxes[:, :2], boxes[:, :2] + boxes[:, 2:]
                 return slices

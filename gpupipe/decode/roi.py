@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["filter_reach", "decode_window", "any_partial", "dali_slices", "draft_scale", "drafted_box", "transpose_box"]
+__all__ = ["filter_reach", "decode_window", "decode_windows", "any_partial", "dali_slices", "draft_scale", "drafted_box",
+           "transpose_box"]
 
 # A quarter pixel into each integer edge: DALI turns relative slice coordinates into pixels by
 # rounding; the quarter keeps float error from moving an edge by one pixel either way.
@@ -55,33 +56,56 @@ def decode_window(box: Sequence[float], image: tuple[int, int], size: tuple[int,
     return top, left, bottom - top, right - left
 
 
-def any_partial(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int],
+def decode_windows(boxes: np.ndarray, upright_hw: np.ndarray, size: tuple[int, int], *, past_box: bool = True,
+                   from_origin: bool = False) -> np.ndarray:
+    """:func:`decode_window` of every row at once. Shape: boxes (B, 4) float64 (top, left,
+    height, width), ``upright_hw`` (B, 2) int64 → (B, 4) int64 (top, left, height, width); the
+    same integers as :func:`decode_window` row by row (float64 floor/ceil, then integers)."""
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)
+    reach = np.zeros(len(boxes), np.int64)
+    if past_box:
+        scale = np.maximum(np.maximum(boxes[:, 2] / size[0], boxes[:, 3] / size[1]), 1.0)
+        reach = np.ceil(scale).astype(np.int64) + 1
+    reach = reach[:, None]
+    start = np.maximum(0, np.floor(boxes[:, :2]).astype(np.int64) - reach)
+    end = np.minimum(hw, np.ceil(boxes[:, :2] + boxes[:, 2:]).astype(np.int64) + reach)
+    if from_origin:
+        start[:] = 0
+    return np.concatenate([start, end - start], axis=1)
+
+
+def any_partial(boxes: np.ndarray, upright_hw: np.ndarray, exists: np.ndarray, size: tuple[int, int],
                 **window) -> bool:
-    """Whether the window of any row is smaller than its image (``images[i]``: upright (h, w),
-    None for a row not decoded as itself); ``window``: :func:`decode_window`'s options."""
-    return any(image is not None and decode_window(box, image, size, **window) != (0, 0, *image)
-               for box, image in zip(boxes, images))
+    """Whether the window of any row that ``exists`` is smaller than its image. Shape: boxes
+    (B, 4) float64, ``upright_hw`` (B, 2) int64 upright (h, w), ``exists`` (B,) bool (False:
+    a row not decoded as itself); ``window``: :func:`decode_window`'s options."""
+    exists = np.asarray(exists, bool)
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)[exists]
+    win = decode_windows(np.asarray(boxes).reshape(-1, 4)[exists], hw, size, **window)
+    return bool((win[:, :2] != 0).any() or (win[:, 2:] != hw).any())
 
 
-def dali_slices(boxes: np.ndarray, images: Sequence[tuple[int, int] | None], size: tuple[int, int],
+def dali_slices(boxes: np.ndarray, upright_hw: np.ndarray, exists: np.ndarray, size: tuple[int, int],
                 **window) -> dict[str, np.ndarray]:
     """Per-row inputs of the ROI pipeline, each (B, 2) float32 in (y, x) order:
     ``win_start``/``win_end``, the window relative to the upright image (for ``image_slice``);
     ``roi_start``/``roi_end``, the box relative to the window (for ``fn.resize``).
-    ``images[i]`` is the upright (h, w) of row i, None for a row never decoded as itself;
-    ``window``: :func:`decode_window`'s options."""
-    out = {k: np.zeros((len(boxes), 2), np.float32) for k in ("win_start", "win_end", "roi_start", "roi_end")}
+    Shape: boxes (B, 4) float64, ``upright_hw`` (B, 2) int64 upright (h, w), ``exists`` (B,)
+    bool; a row that does not exist (never decoded as itself) gets the whole image, (0, 0) to
+    (1, 1). ``window``: :func:`decode_window`'s options. Computed in float64, then cast."""
+    exists = np.asarray(exists, bool)
+    out = {k: np.zeros((len(exists), 2), np.float32) for k in ("win_start", "win_end", "roi_start", "roi_end")}
     out["win_end"][:] = out["roi_end"][:] = 1.0
-    for i, (box, image) in enumerate(zip(boxes, images)):
-        if image is None:
-            continue
-        top, left, h, w = decode_window(box, image, size, **window)
-        extent = np.array(image, np.float64)
-        out["win_start"][i] = (np.array([top, left]) + _EDGE) / extent
-        out["win_end"][i] = np.minimum(1.0, (np.array([top + h, left + w]) + _EDGE) / extent)
-        start = np.array([box[0] - top, box[1] - left], np.float64)
-        out["roi_start"][i] = start / (h, w)
-        out["roi_end"][i] = (start + (box[2], box[3])) / (h, w)
+    box = np.asarray(boxes, np.float64).reshape(-1, 4)[exists]
+    hw = np.asarray(upright_hw, np.int64).reshape(-1, 2)[exists]
+    win = decode_windows(box, hw, size, **window)
+    extent, corner, extent_win = hw.astype(np.float64), win[:, :2], win[:, 2:]
+    start = box[:, :2] - corner
+    out["win_start"][exists] = (corner + _EDGE) / extent
+    out["win_end"][exists] = np.minimum(1.0, (corner + extent_win + _EDGE) / extent)
+    out["roi_start"][exists] = start / extent_win
+    out["roi_end"][exists] = (start + box[:, 2:]) / extent_win
     return out
 
 

@@ -93,7 +93,7 @@ def test_dali_slices_round_back_to_the_window(extent):
     for _ in range(200):
         h, w = int(rng.integers(1, extent[0] + 1)), int(rng.integers(1, extent[1] + 1))
         boxes.append((int(rng.integers(0, extent[0] - h + 1)), int(rng.integers(0, extent[1] - w + 1)), h, w))
-    out = dali_slices(np.array(boxes), [extent] * len(boxes), (64, 64))
+    out = dali_slices(np.array(boxes), np.tile(extent, (len(boxes), 1)), np.ones(len(boxes), bool), (64, 64))
     for i, box in enumerate(boxes):
         top, left, h, w = decode_window(box, extent, (64, 64))
         for how in (np.round, np.floor):
