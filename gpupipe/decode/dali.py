@@ -198,7 +198,10 @@ class DaliDecoder:
                 job = self._start(batch)
                 done, pending = pending, job
                 if done is not None:
-                    yield self._finish(done)
+                    result = self._finish(done)
+                    if job.pipe is not None and not job.pipe.ok:  # DALI failed on ``done``: feed ``job`` again
+                        job.pipe = self._submit(*job.fed)  # now, before a later batch is fed after it
+                    yield result
             if pending is not None:
                 done, pending = pending, None
                 yield self._finish(done)
