@@ -323,7 +323,11 @@ class StandIn:
         self.targets: RowTargets | None = None
 
     def keep(self, pixels: torch.Tensor, label: torch.Tensor, targets: RowTargets | None = None) -> None:
-        self.pixels, self.label, self.targets = pixels.clone(), label.clone(), targets
+        """Keep a copy (the batch goes on to be augmented, perhaps in place). On the CPU numpy
+        copies it: torch's ``clone`` of one 250x250 image spread over intra-op threads that wait
+        for cores the decoder's threads hold, 19 ms of the decode thread a batch on 2 cores."""
+        copy = torch.from_numpy(pixels.numpy().copy()) if pixels.device.type == "cpu" else pixels.clone()
+        self.pixels, self.label, self.targets = copy, label.clone(), targets
 
     def take(self, shape, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         if self.pixels is None or self.label is None or tuple(self.pixels.shape) != tuple(shape):

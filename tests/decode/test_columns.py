@@ -209,3 +209,18 @@ def test_fed_ahead_is_batch_by_batch_also_when_dali_fails_in_between(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     count, skipped = map(int, run.stdout.split()[-2:])
     assert count == 4 and skipped in (0, 1)  # Pillow may still read what DALI refused
+
+
+@pytest.mark.dali
+def test_a_delivered_batch_stays_intact_while_later_ones_are_decoded():
+    """On the CPU DALI's output is handed over without a copy where its executor reference-counts
+    outputs: batches kept by the consumer must not change while later batches are decoded."""
+    pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
+    natural = corpus.natural_jpegs(16, (40, 30))
+    batches = [_encode([(f"b{b}i{i}", natural[(b * 4 + i) % 16]) for i in range(4)], pad=2.0) for b in range(4)]
+    decoder = make_decoder(DecodeConfig(backend="dali", num_threads=2), "cpu")
+    kept = []
+    for out in decoder.decode_stream(iter(batches * 3)):
+        kept.append((out.images, out.images.clone()))
+    assert all(torch.equal(images, copy) for images, copy in kept)
+    assert not torch.equal(kept[0][1], kept[1][1])  # (distinct batches: a reused buffer would show)

@@ -176,9 +176,12 @@ def _print_row(row: dict) -> None:
     mem = f", {row['gpu_max_memory_allocated_mb']:.0f} MB" if "gpu_max_memory_allocated_mb" in row else ""
     skipped = f" | skipped {row['skipped']} bad image(s)" if row.get("skipped") else ""
     own = "*" if row.get("workers_chosen_by") == "loader default" else ""
+    us = (f" | CPU us/img: training process {row['cpu_us_per_image_outside']:.1f} + native decoder "
+          f"{row['cpu_us_per_image_native']:.1f}, workers {row['cpu_us_per_image_workers']:.1f}"
+          if "cpu_us_per_image_outside" in row else "")
     print(f"{row['set']:>10} {row['loader']:>10} w={str(row['workers']) + own:<3} {row['images_per_s']:9,.0f} images/s "
           f"({row['images_per_s_min']:,.0f}-{row['images_per_s_max']:,.0f}) | CPU {row['cpu_percent']:.0f}% | "
-          f"RSS {row['peak_rss_mb']:,.0f} MB{gpu}{mem}{skipped}{extra}", flush=True)
+          f"RSS {row['peak_rss_mb']:,.0f} MB{gpu}{mem}{skipped}{us}{extra}", flush=True)
 
 
 def _write(result: dict, args: argparse.Namespace) -> None:

@@ -14,7 +14,7 @@ import resource
 import threading
 from typing import Any
 
-__all__ = ["cpu_seconds", "thread_cpu", "Sampler", "gpu_note", "tree_rss_mb", "environment"]
+__all__ = ["cpu_seconds", "thread_cpu", "children_cpu", "Sampler", "gpu_note", "tree_rss_mb", "environment"]
 
 
 def cpu_seconds() -> float:
@@ -163,3 +163,20 @@ def thread_cpu() -> dict[str, float]:
             out["native"] += seconds
             out["outside"] -= seconds
     return out
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's child processes (DataLoader workers) so far: those waited
+    for (``getrusage``) and those still running or not yet waited for (``/proc/PID/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = done.ru_utime + done.ru_stime
+    for pid in _children():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupipe.core.errors import ConfigError
-from gpupipe.tools.bench.measure import Sampler, cpu_seconds, gpu_note
+from gpupipe.tools.bench.measure import Sampler, children_cpu, cpu_seconds, gpu_note, thread_cpu
 from gpupipe.tools.bench.steps import Step
 
 __all__ = ["LOADERS", "Target", "RunSpec", "run_benchmark", "validate", "check_loaders"]
@@ -72,6 +72,7 @@ class _Runs:
     seconds: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     rss: list[float] = field(default_factory=list)
+    us: list[dict] = field(default_factory=list)
     gpu: list[dict] = field(default_factory=list)
     stages: list[dict] = field(default_factory=list)
 
@@ -191,16 +192,21 @@ def _timed(opened: _Opened, spec: RunSpec, batches: int) -> dict:
             for _ in range(spec.skip):
                 next(stream)
             _sync(spec.device)
-            t1 = time.perf_counter()
+            t1, own1, kids1 = time.perf_counter(), thread_cpu(), children_cpu()
             images = sum(next(stream) for _ in range(batches))
             _sync(spec.device)
-            t2 = time.perf_counter()
+            t2, own2, kids2 = time.perf_counter(), thread_cpu(), children_cpu()
         finally:
             stream.close()  # workers stop (and are waited for) before the CPU time is read
         c1, t3 = cpu_seconds(), time.perf_counter()
     cores = _cores()
     out: dict[str, Any] = {"rate": images / (t2 - t1), "seconds": t2 - t1, "cpu": 100.0 * (c1 - c0) / ((t3 - t0) * cores),
-           "sampled": sampler.result()}
+           "sampled": sampler.result(),
+           # CPU per image of the timed batches: the training process outside the native decoder's
+           # threads (what caps a GPU: shared/DESIGN.md section 2), those threads, the worker processes
+           "us": {"outside": 1e6 * (own2["outside"] - own1["outside"]) / images,
+                  "native": 1e6 * (own2["native"] - own1["native"]) / images,
+                  "workers": 1e6 * (kids2 - kids1) / images}}
     if cuda:
         out["sampled"]["gpu_max_memory_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     if opened.stats:
@@ -231,6 +237,7 @@ def _record(runs: _Runs, r: dict) -> None:
     runs.seconds.append(r["seconds"])
     runs.cpu.append(r["cpu"])
     runs.rss.append(r["sampled"]["peak_rss_mb"])
+    runs.us.append(r["us"])
     runs.gpu.append({k: v for k, v in r["sampled"].items() if k != "peak_rss_mb"})
     if "stages" in r:
         runs.stages.append(r["stages"])
@@ -245,7 +252,8 @@ def _row(target: Target, loader: str, workers: int | None, opened: _Opened, runs
         "images_per_s": round(med(runs.rates), 1), "images_per_s_min": round(min(runs.rates), 1),
         "images_per_s_max": round(max(runs.rates), 1), "images_per_s_runs": [round(r, 1) for r in runs.rates],
         "seconds_runs": [round(s, 3) for s in runs.seconds], "cpu_percent": round(med(runs.cpu), 1),
-        "peak_rss_mb": round(max(runs.rss), 1)}
+        "peak_rss_mb": round(max(runs.rss), 1),
+        **{f"cpu_us_per_image_{k}": round(med(u[k] for u in runs.us), 2) for k in ("outside", "native", "workers")}}
     for key in ("gpu_util_percent", "gpu_max_memory_allocated_mb"):
         values = [g[key] for g in runs.gpu if key in g]
         if values:
