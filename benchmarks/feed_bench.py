@@ -65,10 +65,10 @@ def make_data(root: str, images: int, size: int, writer: str) -> str:
     return shards
 
 
-def gpupipe_run(shards: str, workers: int, threads: int, batch: int):
+def gpupipe_run(shards: str, workers: int, threads: int, batch: int, device: str):
     from gpupipe import GpuLoader
 
-    loader = GpuLoader(shards, batch_size=batch, decode="dali", device="cpu", num_threads=threads,
+    loader = GpuLoader(shards, batch_size=batch, decode="dali", device=device, num_threads=threads,
                        num_workers=workers, shuffle=True, drop_last=True)
 
     def run() -> int:
@@ -80,7 +80,7 @@ def gpupipe_run(shards: str, workers: int, threads: int, batch: int):
     return run
 
 
-def dali_run(shards: str, threads: int, batch: int, tmp: str):
+def dali_run(shards: str, threads: int, batch: int, tmp: str, device: str):
     from nvidia.dali import fn, pipeline_def, types
 
     from gpupipe.tools.bench.dali import write_index
@@ -92,12 +92,14 @@ def dali_run(shards: str, threads: int, batch: int, tmp: str):
     with open(os.path.join(shards, "index.json")) as f:
         steps = sum(s["num_samples"] for s in json.load(f)["shards"]) // batch
 
+    gpu = device.startswith("cuda")
+
     @pipeline_def(batch_size=batch, num_threads=threads, seed=0, prefetch_queue_depth=2,  # type: ignore[call-overload]
-                  device_id=None)
+                  device_id=0 if gpu else None)
     def pipe():
         jpegs, _ = fn.readers.webdataset(paths=files, index_paths=index, ext=["jpg", "cls"], random_shuffle=True,
                                          initial_fill=1024, missing_component_behavior="skip", name="reader")
-        return fn.decoders.image(jpegs, device="cpu", output_type=types.DALIImageType.RGB)
+        return fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.DALIImageType.RGB)
 
     p = pipe()
     p.build()
@@ -139,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="cpu (DALI's CPU decoder on both sides) or cuda (mixed)")
     args = ap.parse_args(argv)
     shards = make_data(args.root, args.images, args.size, args.writer)
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        runs["dali"] = dali_run(shards, args.threads, args.batch, tmp)
+        runs["dali"] = dali_run(shards, args.threads, args.batch, tmp, args.device)
         for w in (int(v) for v in args.workers.split(",")):
-            runs[f"gpupipe w={w}"] = gpupipe_run(shards, w, args.threads, args.batch)
+            runs[f"gpupipe w={w}"] = gpupipe_run(shards, w, args.threads, args.batch, args.device)
         for run in runs.values():
             run()  # warm-up: builds, first touch
         results: dict[str, list[dict]] = {name: [] for name in runs}
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append(timed(run))
     dali = statistics.median(r["img_s"] for r in results["dali"])
     print(f"{args.images} JPEGs {args.size}x{args.size} ({args.writer}), batch {args.batch}, "
-          f"{args.threads} DALI threads, median of {args.rounds}")
+          f"{args.threads} DALI threads, {args.device}, median of {args.rounds}")
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"  {name:14s} {med['img_s']:9.0f} img/s  {med['img_s'] / dali:5.2f} of DALI   CPU us/sample: "

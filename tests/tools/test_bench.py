@@ -101,6 +101,8 @@ def test_runner_writes_json_and_plot_for_every_loader(tiny_data: Path, tmp_path:
         assert r["set"] == "simple" and r["images_per_s"] > 0 and len(r["images_per_s_runs"]) == 2
         assert r["images_per_s_min"] <= r["images_per_s"] <= r["images_per_s_max"]
         assert r["cpu_percent"] > 0 and r["peak_rss_mb"] > 0 and r["batches"] == 2 and r["batch_size"] == 8
+        assert {"cpu_us_per_image_outside", "cpu_us_per_image_native", "cpu_us_per_image_workers"} <= set(r)
+    assert "CPU us/img: training process" in capsys.readouterr().out
     g = next(r for r in rows if r["loader"] == "gpupipe")
     assert {"decode_ms", "augment_ms", "wait_bytes_ms", "handoff_wait_ms"} <= set(g["stages_per_image_ms"])
     b = next(r for r in rows if r["loader"] == "baseline")
@@ -366,3 +368,43 @@ def test_host_stage_takes_one_source(tiny_data: Path, tmp_path: Path, capsys):
     cfg.write_text("source: {train: x}\n")
     assert main(["bench", str(cfg), "--stage", "host"]) == 2
     assert "one SOURCE" in capsys.readouterr().err
+
+
+def test_thread_cpu_tells_the_native_decoders_threads_from_the_rest_and_children_cpu_counts_workers():
+    """``thread_cpu`` puts a thread named as DALI names its own (``[DALI]...``) under ``native`` and
+    this thread's work under ``outside``; ``children_cpu`` counts a child process while it runs
+    and after it was waited for."""
+    import ctypes
+    import multiprocessing
+    import threading
+    import time as _time
+
+    from gpupipe.tools.bench.measure import children_cpu, thread_cpu
+
+    def burn(seconds: float) -> None:
+        end = _time.process_time() + seconds
+        while _time.process_time() < end:
+            pass
+
+    def native() -> None:
+        ctypes.CDLL(None).prctl(15, b"[DALI] Executor", 0, 0, 0)  # PR_SET_NAME, as DALI names its threads
+        end = _time.thread_time() + 0.3
+        while _time.thread_time() < end:
+            pass
+        done.wait()
+
+    done = threading.Event()
+    before = thread_cpu()
+    t = threading.Thread(target=native)
+    t.start()
+    _time.sleep(0.6)
+    mid = thread_cpu()
+    done.set()
+    t.join()
+    assert mid["native"] - before["native"] >= 0.2
+    assert mid["outside"] - before["outside"] < 0.2
+    c0 = children_cpu()
+    p = multiprocessing.get_context("fork").Process(target=burn, args=(0.3,))
+    p.start()
+    p.join()
+    assert children_cpu() - c0 >= 0.2
