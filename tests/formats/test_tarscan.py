@@ -133,8 +133,7 @@ def _tarfile_shard(samples, fmt=tarfile.GNU_FORMAT) -> tuple[bytes, list[int]]:
 
 
 def test_unusual_layouts_are_left_to_the_streaming_reader():
-    cases = [("k" * 120, [("jpg", b"abc")]),  # a pax header for the long name
-             ("a", [("JPG", b"abc")]),  # the extension is lower-cased in the sample
+    cases = [("a", [("JPG", b"abc")]),  # the extension is lower-cased in the sample
              ("b", [("cls", b"1")]),  # no image
              ("c", [("jpg", b"")]),  # an empty image
              ("d", [("jpg", b"abc"), ("cls", b"cat")]),  # a label that is not an integer
