@@ -14,9 +14,10 @@ long-name header where there is one) to the next sample's start, and reads them 
 * a ustar prefix is joined to the name with ``/``, and leading ``./`` are removed.
 
 Header checksums and fields are checked as arrays; the pax records of every ``x`` header of a step
-are parsed together, a record rank at a time. Anything read otherwise than plainly (a record that is
-not ``"%d %s=%s\\n"`` in ASCII decimal, a NUL in a path, an extended header left pending at a sample's
-end, another typeflag) gives ``None``: the streaming reader decides those.
+are parsed together (:func:`~gpupipe.formats.paxscan.pax_records`). Anything read otherwise than
+plainly (a record that is not ``"%d %s=%s\\n"`` in ASCII decimal, a NUL in a path, an extended
+header left pending at a sample's end, another typeflag) gives ``None``: the streaming reader
+decides those.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpupipe.formats.paxscan import cut, pax_records
 from gpupipe.formats.tar import BLOCK, MAX_MEMBER_BYTES
 
 __all__ = ["Segments", "SpanMembers", "walk_span"]
@@ -36,12 +38,10 @@ _KIND[ord("x")], _KIND[ord("L")], _KIND[ord("5")] = _PAX, _LONG, _DIR
 _KIND[[ord("g"), ord("K")]] = _META
 _MAX_HEADERS = 256  # headers per sample taken here
 _MAX_RANKS = 64  # members per sample taken here
-_MAX_RECORDS = 64  # records per pax header taken here
 _EXT_DATA = 1 << 13  # pax / long-name data read here (a path is at most 4096 bytes on any system)
 _EXT_LIMIT = 1 << 20  # the streaming reader's limit on an extended header's data
 _USTAR = np.frombuffer(b"ustar\0", dtype=np.uint8)
-_SLASH, _DOT, _BACKSLASH, _SPACE, _EQUALS, _NEWLINE = (ord(c) for c in "/.\\ =\n")
-_PATH, _SIZE = np.frombuffer(b"path", dtype=np.uint8), np.frombuffer(b"size", dtype=np.uint8)
+_SLASH, _DOT, _BACKSLASH = ord("/"), ord("."), ord("\\")
 
 
 class Segments:
@@ -159,7 +159,7 @@ class _Walk:
         data = _data(self.span, first, size)
         at, length, value = np.zeros(len(size), np.int64), np.full(len(size), -1, np.int64), np.full(len(size), -1)
         if (~long).any():
-            records = _pax_records(data[~long], size[~long])
+            records = pax_records(data[~long], size[~long])
             if records is None:
                 return False
             at[~long], length[~long], value[~long] = records
@@ -167,7 +167,7 @@ class _Walk:
         length[long] = np.where(nul.any(axis=1), nul.argmax(axis=1), data.shape[1])  # zeros past each size
         given = length > 0
         self.name[samples[length == 0]] = -1  # an empty name is no name: the header's is taken
-        self.name[samples[given]] = self.names.add(_cut(data[given], at[given], length[given]))
+        self.name[samples[given]] = self.names.add(cut(data[given], at[given], length[given]))
         self.size[samples[value >= 0]] = value[value >= 0]
         self.open[samples] = True
         return True
@@ -261,82 +261,6 @@ def _data(span: Segments, first: np.ndarray, size: np.ndarray) -> np.ndarray:
     rows = [span.row(np.minimum(first + j, last)) for j in range((width + BLOCK - 1) // BLOCK)]
     data = (rows[0] if len(rows) == 1 else np.concatenate(rows, axis=1))[:, :width]
     return data * (np.arange(width) < size[:, None])
-
-
-def _cut(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """``(k, max length)`` uint8: bytes ``[at, at + length)`` of each row of ``data``, NULs past them."""
-    cols = np.arange(int(length.max()) if len(length) else 0)
-    got = np.take_along_axis(data, np.minimum(at[:, None] + cols, data.shape[1] - 1), axis=1)
-    return got * (cols < length[:, None])
-
-
-def _decimal(data: np.ndarray, at: np.ndarray, digits: np.ndarray, most: int) -> np.ndarray | None:
-    """The ``digits`` (at most ``most``) ASCII decimal digits at ``at`` of each row, or ``None``."""
-    cols = np.arange(most)
-    text = np.take_along_axis(data, np.minimum(at[:, None] + cols, data.shape[1] - 1), axis=1).astype(np.int64)
-    inside = cols < digits[:, None]
-    text = np.where(inside, text - ord("0"), 0)
-    if (text < 0).any() or (text > 9).any():
-        return None
-    return (text * np.where(inside, 10 ** np.maximum(digits[:, None] - 1 - cols, 0), 0)).sum(axis=1)
-
-
-def _pax_records(data: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per pax header (rows of ``data``, ``size`` bytes each), as the streaming reader reads it: where
-    its last ``path`` value starts and its length (-1: none), and its last ``size`` value (-1: none).
-    ``None`` for a record that is not ``"%d %s=%s\\n"`` with ASCII decimals, a path with a NUL, or a
-    size that is not 1 to 18 digits or is larger than a member taken here."""
-    k = len(size)
-    path_at, path_len, value = np.zeros(k, np.int64), np.full(k, -1, np.int64), np.full(k, -1, np.int64)
-    pos, live = np.zeros(k, np.int64), np.arange(k)
-    for _ in range(_MAX_RECORDS):
-        live = live[(pos[live] < size[live]) & (data[live, np.minimum(pos[live], data.shape[1] - 1)] != 0)]
-        if not live.size:
-            return path_at, path_len, value
-        d = data[live]
-        record = _record(d, pos[live], size[live])
-        if record is None:
-            return None
-        end, at, key = record
-        length = np.maximum(end - 1 - at, 0)  # the value: up to the record's last byte
-        p, s = key == 1, key == 2
-        if p.any():
-            if (_cut(d[p], at[p], length[p]) == 0)[np.arange(int(length[p].max())) < length[p, None]].any():
-                return None  # a NUL in a path: the streaming reader refuses the name
-            path_at[live[p]], path_len[live[p]] = at[p], length[p]
-        if s.any():
-            digits = length[s]
-            got = _decimal(d[s], at[s], digits, 18) if ((digits >= 1) & (digits <= 18)).all() else None
-            if got is None or (got > MAX_MEMBER_BYTES).any():
-                return None
-            value[live[s]] = got
-        pos[live] = end
-    return None
-
-
-def _record(d: np.ndarray, pos: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The pax record at ``pos`` of each row of ``d`` (``size`` bytes each): ``(end, where its value
-    starts, key)``, key 1 for ``path``, 2 for ``size``, 0 for any other (whose value is not read);
-    ``None`` unless it is ``"<length> <key>[=<value>]\\n"`` with 1 to 7 ASCII digits and lies in the data.
-    Only narrow windows are read: the length, the newline, the four bytes of a key and what follows."""
-    window = np.take_along_axis(d, np.minimum(pos[:, None] + np.arange(8), d.shape[1] - 1), axis=1)
-    spaces = (window == _SPACE) & (pos[:, None] + np.arange(8) < size[:, None])
-    if not spaces.any(axis=1).all():
-        return None
-    space = pos + spaces.argmax(axis=1)
-    digits = space - pos
-    length = _decimal(d, pos, digits, 7) if (digits >= 1).all() else None
-    if length is None or (length <= digits).any() or (pos + length > size).any():
-        return None
-    end = pos + length
-    if (d[np.arange(len(d)), end - 1] != _NEWLINE).any():
-        return None  # the streaming reader does not look at this byte
-    word = np.take_along_axis(d, np.minimum(space[:, None] + 1 + np.arange(5), d.shape[1] - 1), axis=1)
-    region = end - space - 2  # "<key>=<value>": the key is what comes before its first "=", or all of it
-    four = (region == 4) | ((region > 4) & (word[:, 4] == _EQUALS))
-    path, size_ = four & (word[:, :4] == _PATH).all(axis=1), four & (word[:, :4] == _SIZE).all(axis=1)
-    key = np.where(path, 1, np.where(size_, 2, 0))
-    return end, space + 6, key
 
 
 class _NameRows:
