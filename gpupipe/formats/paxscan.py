@@ -18,24 +18,29 @@ __all__ = ["cut", "pax_records"]
 _MAX_RECORDS = 64  # records per pax header taken here
 _SPACE, _EQUALS, _NEWLINE = ord(" "), ord("="), ord("\n")
 _PATH, _SIZE = np.frombuffer(b"path", dtype=np.uint8), np.frombuffer(b"size", dtype=np.uint8)
+_POWERS = np.int64(10) ** np.arange(19)
+_EIGHT, _FIVE = np.arange(8), np.arange(5)
 
 
 def cut(data: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.ndarray:
     """``(k, max length)`` uint8: bytes ``[at, at + length)`` of each row of ``data``, NULs past them."""
     cols = np.arange(int(length.max()) if len(length) else 0)
-    got = np.take_along_axis(data, np.minimum(at[:, None] + cols, data.shape[1] - 1), axis=1)
-    return got * (cols < length[:, None])
+    return _window(data, at, cols) * (cols < length[:, None])
+
+
+def _window(data: np.ndarray, at: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``(k, len(cols))``: bytes ``at + cols`` of each row of ``data`` (the last byte past its end)."""
+    return data[np.arange(len(data))[:, None], np.minimum(at[:, None] + cols, data.shape[1] - 1)]
 
 
 def _decimal(data: np.ndarray, at: np.ndarray, digits: np.ndarray, most: int) -> np.ndarray | None:
-    """The ``digits`` (at most ``most``) ASCII decimal digits at ``at`` of each row, or ``None``."""
+    """The ``digits`` (at most ``most``, up to 18) ASCII decimal digits at ``at`` of each row, or ``None``."""
     cols = np.arange(most)
-    text = np.take_along_axis(data, np.minimum(at[:, None] + cols, data.shape[1] - 1), axis=1).astype(np.int64)
+    value = _window(data, at, cols) - np.uint8(ord("0"))  # a byte below "0" wraps past 9
     inside = cols < digits[:, None]
-    text = np.where(inside, text - ord("0"), 0)
-    if (text < 0).any() or (text > 9).any():
+    if ((value > 9) & inside).any():
         return None
-    return (text * np.where(inside, 10 ** np.maximum(digits[:, None] - 1 - cols, 0), 0)).sum(axis=1)
+    return (value * (_POWERS[np.maximum(digits[:, None] - 1 - cols, 0)] * inside)).sum(axis=1)
 
 
 def pax_records(data: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -77,8 +82,7 @@ def _record(d: np.ndarray, pos: np.ndarray, size: np.ndarray) -> tuple[np.ndarra
     starts, key)``, key 1 for ``path``, 2 for ``size``, 0 for any other (whose value is not read);
     ``None`` unless it is ``"<length> <key>[=<value>]\\n"`` with 1 to 7 ASCII digits and lies in the data.
     Only narrow windows are read: the length, the newline, the four bytes of a key and what follows."""
-    window = np.take_along_axis(d, np.minimum(pos[:, None] + np.arange(8), d.shape[1] - 1), axis=1)
-    spaces = (window == _SPACE) & (pos[:, None] + np.arange(8) < size[:, None])
+    spaces = (_window(d, pos, _EIGHT) == _SPACE) & (pos[:, None] + _EIGHT < size[:, None])
     if not spaces.any(axis=1).all():
         return None
     space = pos + spaces.argmax(axis=1)
@@ -89,7 +93,7 @@ def _record(d: np.ndarray, pos: np.ndarray, size: np.ndarray) -> tuple[np.ndarra
     end = pos + length
     if (d[np.arange(len(d)), end - 1] != _NEWLINE).any():
         return None  # the streaming reader does not look at this byte
-    word = np.take_along_axis(d, np.minimum(space[:, None] + 1 + np.arange(5), d.shape[1] - 1), axis=1)
+    word = _window(d, space + 1, _FIVE)
     region = end - space - 2  # "<key>=<value>": the key is what comes before its first "=", or all of it
     four = (region == 4) | ((region > 4) & (word[:, 4] == _EQUALS))
     path, size_ = four & (word[:, :4] == _PATH).all(axis=1), four & (word[:, :4] == _SIZE).all(axis=1)
