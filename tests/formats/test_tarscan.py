@@ -379,19 +379,33 @@ def test_every_member_naming_takes_the_fast_path(shard, data):
     _assert_fast_and_same(shard, [(0, n), (a, b)], data.draw(st.sampled_from([None, 512, 1536])))
 
 
-def test_edge_names_match_the_streaming_reader():
+def _base256(header: bytes, field: slice, value: int) -> bytes:
+    """``header`` with a numeric field in GNU base-256 (the first byte 0x80), its checksum redone."""
+    h = bytearray(header)
+    width = field.stop - field.start
+    h[field] = b"\x80" + value.to_bytes(width - 1, "big")
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def test_edge_fields_match_the_streaming_reader():
     """Names at the edges of each field: a 100-byte name (no NUL), a 155-byte prefix, a pax ``path``
-    record without ``=`` (an empty name: the header's), a long name without its NUL."""
+    record without ``=`` (an empty name: the header's), a long name without its NUL; sizes and
+    times in GNU base-256."""
     pad = b"\xff" * 10 + bytes(BLOCK - 10)
     members = [_header(b"a" * 96 + b".jpg", b"0", 10) + pad,
                _header(b"b.jpg", b"0", 10, prefix=b"p" * 155) + pad,
                _entry(b"x", b"7 path\n") + _header(b"c.jpg", b"0", 10) + pad,
                _entry(b"x", _pax(("path", "zz.jpg"))) + _entry(b"x", b"7 path\n") + _header(b"d.jpg", b"0", 10) + pad,
-               _entry(b"L", b"e.jpg") + _header(b"zz.jpg", b"0", 10) + pad]
+               _entry(b"L", b"e.jpg") + _header(b"zz.jpg", b"0", 10) + pad,
+               _base256(_base256(_header(b"f.jpg", b"0", 0, gnu=True), slice(124, 136), 10), slice(136, 148), 7) + pad]
     shard = b"".join(members) + bytes(2 * BLOCK)
     _assert_fast_and_same(shard)
     offsets, _ = _indexed(shard)
-    assert [k for k, *_ in _scanned(shard, offsets, 0, 5)] == ["a" * 96, "p" * 155 + "/b", "c", "d", "e"]
+    assert [k for k, *_ in _scanned(shard, offsets, 0, 6)] == ["a" * 96, "p" * 155 + "/b", "c", "d", "e", "f"]
+    huge = _base256(_header(b"g.jpg", b"0", 0, gnu=True), slice(124, 136), 1 << 40) + pad
+    assert _scanned(shard[:-2 * BLOCK] + huge, [*offsets, offsets[-1] + 2 * BLOCK], 0, 7) is None
 
 
 def _headers_of(shard: bytes) -> list[tuple[int, bytes, int]]:
