@@ -133,7 +133,7 @@ class _Walk:
         """Read the next header of each ``active`` sample: the samples with headers left, or ``None``."""
         here, end = self.pos[active], self.ends[active]
         h = self.span.row(here)
-        kind, size = _KIND[h[:, 156]], header_sizes(h)
+        kind, size = _KIND[h[:, 156]], _header_sizes(h)
         if size is None or (kind < 0).any():
             return None
         member = (kind == _REG) | (kind == _DIR)  # these take a pending pax size
@@ -198,7 +198,7 @@ class _Walk:
         return SpanMembers(sample[order], rank[order], row[order], size[order], names[ref[order]])
 
 
-def header_sizes(h: np.ndarray) -> np.ndarray | None:
+def _header_sizes(h: np.ndarray) -> np.ndarray | None:
     """The size field of each header ``h`` ``(k, 512) → (k,)`` int64 (octal, or GNU base-256 below
     2**32), or ``None`` unless every checksum matches and every field is written as writers do."""
     stored = _octal(h[:, 148:156])
