@@ -218,7 +218,9 @@ class DaliDecoder:
 
     def _start(self, batch) -> _Job:
         """Everything before the decoder's outputs: the columns' verdicts (``on_error`` applied),
-        crop boxes, targets, DALI fed and started, then Pillow for the rows DALI does not take."""
+        crop boxes, targets, Pillow for the rows DALI does not take, then DALI fed and started.
+        Nothing after the feed raises: a batch fed is always taken (:meth:`_finish`, or the
+        ``finally`` of :meth:`decode_stream`)."""
         t0 = time.perf_counter()
         cfg = self.config
         checked, boxes = prepare(batch, cfg, self.stats)
@@ -228,10 +230,13 @@ class DaliDecoder:
         else:
             native, others = route(checked.headers, checked.good(), self.native_formats)
         job = _Job(batch, checked, boxes, targets, native, self._placement(boxes, checked))
+        # Pillow first: under on_error "raise" it may raise, and a batch fed to DALI but never
+        # taken would come out of the next batch's ``_take`` (seen: validate's one-image decode
+        # after a batch that raised got that batch's 8 rows). Rows Pillow decodes are rare.
+        job.side = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
         if native:
             job.fed = self._rows(batch, native, job.placement)
             job.pipe = self._submit(*job.fed)
-        job.side = decode_many(self._pool, batch, others, boxes, checked, cfg, self.stats)
         job.seconds = time.perf_counter() - t0
         return job
 

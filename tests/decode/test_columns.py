@@ -224,3 +224,21 @@ def test_a_delivered_batch_stays_intact_while_later_ones_are_decoded():
         kept.append((out.images, out.images.clone()))
     assert all(torch.equal(images, copy) for images, copy in kept)
     assert not torch.equal(kept[0][1], kept[1][1])  # (distinct batches: a reused buffer would show)
+
+
+@pytest.mark.dali
+def test_a_batch_that_raises_leaves_nothing_fed_for_the_next_decode():
+    """Under on_error "raise", a batch holding an image the gate sends to Pillow and Pillow
+    refuses raises; the next decode (another batch size) gets its own pixels, not rows of the
+    batch that raised (seen: validate's one-image decode after such a batch got 8 rows back)."""
+    pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
+    natural = corpus.natural_jpegs(8, (40, 30))
+    at = natural[3].index(b"\xff\xc4") + 5  # a Huffman table's 16 code-length counts: all 0xFF
+    bogus = natural[3][:at] + b"\xff" * 16 + natural[3][at + 16:]
+    config = DecodeConfig(backend="dali", num_threads=2, image_size=(16, 16))
+    decoder = make_decoder(config, "cpu")
+    with pytest.raises(DecodeError, match="'bogus'"):
+        decoder.decode(_encode([(f"n{i}", natural[i]) for i in range(3)] + [("bogus", bogus)], pad=2.0))
+    alone = decoder.decode(_encode([("one", natural[5])]))
+    fresh = make_decoder(config, "cpu").decode(_encode([("one", natural[5])]))
+    assert alone.images.shape == (1, 3, 16, 16) and torch.equal(alone.images, fresh.images)
