@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast, overload
+from typing import TypeVar, cast, overload
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from .targets import Targets
+from gpupipe.core.targets import Targets
 
-__all__ = ["AugKey", "Transform", "TransformList", "check_probability", "check_dtype"]
+__all__ = ["AugKey", "Transform", "TransformList", "check_probability", "check_dtype", "check_targets"]
 
 _T = TypeVar("_T", bound="Transform")
 
@@ -113,8 +112,6 @@ class Transform(nn.Module):
         params = self.make_params(images, key)
         if targets is None:
             return self.apply(images, params)
-        from .targets import check_targets
-
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         check_targets(targets, images)
         params, moved = self.resolve_targets(targets, params, in_hw)  # targets first: they may settle params
@@ -154,3 +151,15 @@ def check_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
         raise TypeError(f"{name} takes uint8 (0-255) or float (0-1) images, got {dtype}; "
                         f"convert with ToDtype(torch.float32, scale=True) first")
     return dtype
+
+
+def check_targets(targets: Targets, images: torch.Tensor) -> None:
+    """Raise unless ``targets`` belong to the (B, C, H, W) ``images``: B counts, (B, H, W) masks."""
+    if not isinstance(targets, Targets):
+        raise TypeError(f"targets should be gpupipe.augment.targets.Targets, got {type(targets).__name__}; "
+                        "build them with pack_targets(list_of_dicts)")
+    B, H, W = int(images.shape[0]), int(images.shape[-2]), int(images.shape[-1])
+    if targets.boxes is not None and targets.boxes.counts.shape[0] != B:
+        raise ValueError(f"boxes have counts for {targets.boxes.counts.shape[0]} images, the batch has {B}")
+    if targets.masks is not None and tuple(targets.masks.shape) != (B, H, W):
+        raise ValueError(f"masks should be (B, H, W) = {(B, H, W)} for these images, got {tuple(targets.masks.shape)}")

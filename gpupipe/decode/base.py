@@ -1,14 +1,17 @@
 """The decode stage's values: how to decode (:class:`DecodeConfig`), what comes out
 (:class:`DecodedBatch`), what it counted (:class:`DecodeStats`) and what a backend is
-(:class:`Decoder`). Every backend imports these from here; :mod:`gpupipe.decode` picks one."""
+(:class:`Decoder`), and what the shared decode steps (:mod:`gpupipe.decode.common`) ask of the
+targets of a batch (:class:`TargetRows`, made by :mod:`gpupipe.decode.targets`). Every backend
+imports these from here; :mod:`gpupipe.decode` picks one."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from gpupipe.core.errors import ConfigError
@@ -16,7 +19,8 @@ from gpupipe.core.targets import Targets
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.imageheader import MAX_PIXELS
 
-__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS"]
+__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS", "RowTargets",
+           "TargetRows"]
 
 _BACKENDS = {  # name -> the class, imported on first use
     "dali": "gpupipe.decode.dali:DaliDecoder",
@@ -130,3 +134,27 @@ class Decoder(Protocol):
     def decode(self, batch) -> DecodedBatch: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RowTargets:
+    """One image's targets in the output frame: (n, 4) float32 boxes and (n,) int64 labels
+    (None without boxes), an (H, W) uint8 mask (None without masks)."""
+
+    boxes: np.ndarray | None
+    labels: np.ndarray | None
+    mask: np.ndarray | None
+
+
+class TargetRows(Protocol):
+    """The targets of one batch on their way through a decode, as :func:`~gpupipe.decode.common.finish`
+    uses them (:class:`gpupipe.decode.targets.TargetJob` is the one there is): ``settle`` waits for what is
+    still decoding (a bad mask makes its sample bad in the ``checked`` verdict), ``row(i)`` is image ``i``'s
+    targets in the output frame, ``gather(rows, stand_in, device)`` row ``i``'s of image ``rows[i]`` (the
+    ``stand_in``'s where None)."""
+
+    def settle(self, checked) -> None: ...
+
+    def row(self, i: int) -> RowTargets: ...
+
+    def gather(self, rows: Sequence[int | None], stand_in: RowTargets | None, device: torch.device) -> Targets: ...
