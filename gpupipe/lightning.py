@@ -259,8 +259,9 @@ class _SplitLoader:
             world = World(rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank)
             device = trainer.strategy.root_device
         settings = cfg.split(split)
-        if split in dm._transforms:  # transforms given in Python
-            settings = replace(settings, augment=dm._transforms[split])
+        if split in dm._transforms:  # transforms given in Python (a leading torchvision crop: the decode's size)
+            settings = replace(settings, augment=dm._transforms[split]).with_decode_from_augment(
+                dm._transforms.get("train", ()))
         self.after_transfer = cfg.loader.augment_in is AugmentPlace.AFTER_TRANSFER
         self.stage = None
         if self.after_transfer:  # the loader decodes only; the stage runs in on_after_batch_transfer

@@ -26,7 +26,7 @@ from .base import Transform, check_targets
 from .warp import move_boxes, move_masks
 
 __all__ = ["Boxes", "Targets", "check_targets", "move_boxes", "move_masks", "select_targets", "sanitize_boxes",
-           "SanitizeBoundingBoxes", "pack_targets", "unpack_targets"]
+           "SanitizeBoundingBoxes", "ClampBoundingBoxes", "ConvertBoundingBoxFormat", "pack_targets", "unpack_targets"]
 
 HW = tuple[int, int]
 
@@ -96,6 +96,52 @@ class SanitizeBoundingBoxes(Transform):
         if targets.boxes is None:
             return targets
         return replace(targets, boxes=sanitize_boxes(targets.boxes, in_hw, self.min_size, self.min_area))
+
+
+class ClampBoundingBoxes(Transform):
+    """torchvision v2 ``ClampBoundingBoxes()``: each box clamped to its image's canvas ``[0, W] ×
+    [0, H]``; images, labels and masks pass unchanged. (Every geometric transform here clamps the
+    boxes it moves already, as torchvision's do: this one matters after boxes came in unclamped.)"""
+
+    keeps_targets = False
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return images
+
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        if targets.boxes is None:
+            return targets
+        b = targets.boxes.boxes
+        h, w = in_hw
+        limit = torch.tensor([w, h, w, h], dtype=b.dtype, device=b.device)
+        return replace(targets, boxes=replace(targets.boxes, boxes=b.clamp(min=0).minimum(limit)))
+
+
+class ConvertBoundingBoxFormat(Transform):
+    """torchvision v2 ``ConvertBoundingBoxFormat(format)`` to ``"XYXY"``: gpupipe's boxes are always
+    absolute XYXY (a COCO file's XYWH boxes are converted when it is read; :func:`pack_targets`
+    refuses other formats), so the conversion to XYXY passes everything unchanged; any other format
+    raises ``ValueError``."""
+
+    keeps_targets = True
+
+    def __init__(self, format: Any = "XYXY") -> None:
+        super().__init__()
+        name = str(getattr(format, "name", format)).upper()
+        if name != "XYXY":
+            raise ValueError(f"ConvertBoundingBoxFormat({name!r}): gpupipe's boxes are absolute XYXY throughout "
+                             "(a COCO file's XYWH boxes are converted when it is read); convert to another format "
+                             "after the loader, e.g. torchvision.ops.box_convert(boxes, 'xyxy', 'xywh')")
+        self.format = "XYXY"
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return images
 
 
 def _plain(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ targets of a batch (:class:`TargetRows`, made by :mod:`gpupipe.decode.targets`).
 imports these from here; :mod:`gpupipe.decode` picks one."""
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -97,6 +98,9 @@ class DecodedBatch:
     with targets, moved with the decode's crop and resize (``None`` without).
     ``images, labels = batch`` unpacks the two a training loop needs; with targets,
     ``images, targets = batch`` gives torchvision's per-image dicts (``targets.per_image()``).
+    It indexes as that pair too (what a DataLoader's batch is): ``batch[0]`` the images,
+    ``batch[1]`` (and ``batch[-1]``) the labels or per-image targets, ``batch[:2]`` both.
+    ``len(batch)`` is still the number of samples (B), not 2.
     """
 
     images: torch.Tensor
@@ -110,6 +114,18 @@ class DecodedBatch:
     def __iter__(self) -> Iterator:
         yield self.images
         yield self.labels if self.targets is None else self.targets.per_image()
+
+    def __getitem__(self, index: int | slice):
+        """``tuple(batch)[index]``: ``batch[0]`` the images, ``batch[1]`` the labels (with targets,
+        the per-image dicts); a slice gives a tuple of them."""
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if isinstance(index, bool) or not hasattr(index, "__index__") or not -2 <= operator.index(index) <= 1:
+            raise IndexError(f"a batch indexes as the pair it unpacks to, (images, labels): 0 or 1 (or -2, -1), got "
+                             f"{index!r}; batch.images[i] is image i and batch.keys[i] its key")
+        if operator.index(index) in (0, -2):
+            return self.images
+        return self.labels if self.targets is None else self.targets.per_image()
 
     def __len__(self) -> int:
         return len(self.keys)
