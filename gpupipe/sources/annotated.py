@@ -63,7 +63,7 @@ def with_targets(fetcher: Fetcher, resolved: ResolvedSource, source: Source, roo
     url, data = annotations_file(fetcher, folder, source)
     coco = parse_coco(data, url, source.classes).aligned(list(m.objects.names), folder)
     t = m.objects
-    objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32)
+    objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32, t.with_extension)
     return replace(resolved, manifest=replace(m, objects=objects, classes=coco.classes), targets=source.targets,
                    annotations=coco)
 

@@ -24,8 +24,8 @@ The quarantine list (``--quarantine FILE``) has one line per bad sample: JSON li
 ``.json``, else tab-separated ``shard<TAB>key<TAB>offset<TAB>kind<TAB>reason`` after one
 ``#`` header line. For tar shards ``offset`` is the byte offset of the sample's first tar
 header in the shard, and a problem that ends a shard (damaged tar data) has an empty
-``key``; for an image folder ``shard`` is the image's URL and ``key`` its path in the
-folder; for Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to
+``key``; for an image folder ``shard`` is the image's URL and ``key`` its sample key (its
+path in the folder without the extension: what ``batch.keys`` and the loader's log say); for Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to
 use it:
 
 * training survives these samples with ``decode.on_error: skip`` (each is replaced, counted
@@ -319,8 +319,10 @@ def run(args: argparse.Namespace) -> int:
 def _where(p: Problem) -> str:
     """Where a problem is, for a person: an image's URL, a Parquet file and row, a tar shard,
     key and offset."""
-    if p.key and p.shard.endswith("/" + p.key):
-        return p.shard
+    from gpupipe.formats.folder import object_key
+
+    if p.key and any(object_key(p.shard, keep).endswith("/" + p.key) for keep in (False, True)):
+        return p.shard  # an image of a folder (its key is its path without, or with, the extension)
     if p.key.startswith("row "):
         return f"{p.shard}, {p.key}"
     return f"{p.shard}#{p.key or '(rest of shard)'} @{p.offset}"
