@@ -110,7 +110,8 @@ class GpuDataModule(pl.LightningDataModule):
     def _check_classes(self) -> tuple[str, ...]:
         """One class list across the splits built so far; a mix must have as many classes."""
         found = {split: loader.gpu.classes for split, loader in self._loaders.items()}
-        classes = agreed_classes(found, self.config.source.classes, self.config.split_urls())
+        kinds = {split: loader.gpu.encoded.source.kind for split, loader in self._loaders.items()}
+        classes = agreed_classes(found, self.config.source.classes, self.config.split_urls(), kinds)
         mix = self.config.mix
         if mix is not None and classes and mix.args.get("num_classes") != len(classes):
             raise ConfigError(f"mix.num_classes: {mix.args.get('num_classes')}, but the data has {describe(classes)}; "

@@ -37,7 +37,10 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gpupipe.core.errors import ConfigError, StorageError
+import numpy as np
+
+from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError, StorageNotFoundError
+from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -52,6 +55,9 @@ from gpupipe.storage.objects import read_whole, with_protocol
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 
 log = logging.getLogger(__name__)
+_MISSING = ("does not exist; give a folder of tar shards, images or .parquet files (a local path, or a URL such "
+            "as s3://bucket/train/), a shard pattern or an index.json")
+_SAID: set[tuple[str, str]] = set()  # (source, warning) said in this process: each once (_warn_once)
 _DELTA_FILES = "delta"  # a Delta table's data files are never rewritten under their names (the protocol)
 
 
@@ -73,12 +79,20 @@ def _has_glob(s: str) -> bool:
     return any(ch in s for ch in "*?[")
 
 
-def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool = True) -> ResolvedSource:
+def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool = True,
+            on_error: ErrorPolicy | str | None = None) -> ResolvedSource:
     """Expand the source and load the manifest beside the data, if there is one.
 
     Storage errors (missing bucket, 403) surface here, in the main process, as
-    ``StorageError`` naming the URL — not later inside a DataLoader worker.
-    ``use_index=False`` ignores an ``index.json`` (``gpupipe index`` describes afresh).
+    ``StorageError`` naming the URL — not later inside a DataLoader worker; a path that
+    does not exist says so (``StorageNotFoundError``). ``use_index=False`` ignores an
+    ``index.json`` (``gpupipe index`` describes afresh).
+
+    ``on_error``: the policy the loader will read with (None: not a loader, e.g. ``gpupipe
+    validate``, which lists bad files itself). Images of an image folder that are empty (0 bytes:
+    known from the listing or the index, before any read) raise ``ShardFormatError`` here under
+    ``raise``, naming them and both ways out, rather than at the first batch that holds one; under
+    ``skip`` a warning says so once per process (each is then a counted skip, every epoch).
 
     With ``source.targets``: an image folder's objects come from a COCO file — ``source.annotations``
     if given, else the one ``instances_*.json`` in the folder, else
@@ -98,6 +112,8 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
         check_targets(resolved, source)
     resolved = with_targets(fetcher, resolved, source,
                             resolved.shard_urls.root if isinstance(resolved.shard_urls, UnitURLs) else None)
+    if on_error is not None:
+        _empty_images(resolved, first_url(source.url), ErrorPolicy(on_error))
     m = resolved.manifest
     if fetcher.config.cache_dir and m is not None and not resolved.identity and \
             ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
@@ -136,11 +152,13 @@ def _resolve(fetcher: Fetcher, source: Source, urls: list[str], pinned: int | No
         return _parquet_source(fetcher, paths, source, use_index)
     listed, identity = _manifest_for(fetcher, paths) if use_index else (None, "")
     if listed is None and use_index:
-        fetcher.size(paths[0])  # fail here, clearly, if the storage is not reachable
-        log.warning(
-            "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and workers are "
-            "by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
-            MANIFEST_NAME, len(paths))
+        try:
+            fetcher.size(paths[0])  # fail here, clearly, if the storage is not reachable
+        except StorageNotFoundError:
+            raise StorageNotFoundError(_MISSING, url=paths[0]) from None
+        _warn_once(True, paths[0], "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and "
+                   "workers are by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
+                   MANIFEST_NAME, len(paths))
     return ResolvedSource(tuple(paths), listed, source.storage_options, identity=identity)
 
 
@@ -177,6 +195,8 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
     if listing.kind == "tar":
         return None
     if listing.kind == "empty":
+        if not listing.files and not fetcher.call(folder, "exists"):
+            raise StorageNotFoundError(_MISSING, url=folder)
         raise StorageError(f"no tar shards, images or .parquet files here (and no {MANIFEST_NAME}); give the folder "
                            "that holds them", url=folder)
     if listing.kind == "parquet":
@@ -197,10 +217,39 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
 
 
 def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:
-    (log.warning if warn else log.debug)(
-        "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` writes one: a "
-        "faster start, and CRC-32 checks with --checksums.", index, where, manifest.num_units,
-        "images" if manifest.kind == "folder" else "row groups")
+    _warn_once(warn, where, "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` "
+               "writes one: a faster start, and CRC-32 checks with --checksums.", index, where, manifest.num_units,
+               "images" if manifest.kind == "folder" else "row groups")
+
+
+def _warn_once(warn: bool, where: str, message: str, *args) -> None:
+    """A warning about the source at ``where``, said once per process (a second loader of the same
+    source, or a tool that resolves it twice, says it at debug level); ``warn=False``: debug only. The
+    same words with other numbers (the source changed) are said again."""
+    said = (where, message % args)
+    if not warn or said in _SAID:
+        log.debug(message, *args)
+        return
+    _SAID.add(said)
+    log.warning(message, *args)
+
+
+def _empty_images(resolved: ResolvedSource, url: str, on_error: ErrorPolicy) -> None:
+    """Empty (0-byte) images of an image folder, from the sizes its manifest holds: raised under
+    ``raise``, said once under ``skip`` (see :func:`resolve`)."""
+    table = resolved.manifest.objects if resolved.manifest is not None else None
+    empty = [] if table is None else np.flatnonzero(table.sizes == 0).tolist()
+    if not empty:
+        return
+    names = ", ".join(table.names[i] for i in empty[:3]) + (", ..." if len(empty) > 3 else "")
+    what = f"{len(empty)} of its {len(table)} images {'is' if len(empty) == 1 else 'are'} empty (0 bytes): {names}"
+    validate = f"`gpupipe validate {url}` to list every bad file, then move them out or fix them"
+    if on_error is ErrorPolicy.RAISE:
+        raise ShardFormatError(f"{what}. Under on_error='raise' (the default) the first batch holding one would stop "
+                               "the run: set on_error='skip' (decode.on_error: skip in YAML) to replace each and count "
+                               f"it, or run {validate}", shard=url)
+    _warn_once(True, url, "%s: %s; on_error='skip' replaces each in every epoch and counts it. Run %s", url, what,
+               validate)
 
 
 def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_index: bool) -> ResolvedSource:
@@ -269,6 +318,8 @@ def _nothing_matches(fetcher: Fetcher, pattern: str) -> str:
         listing = _listing(fetcher, folder)[0]
     except StorageError:
         listing = None
+    if listing is not None and not listing.files and folder and not fetcher.call(folder, "exists"):
+        return f"no shards match this pattern: {folder}/ does not exist"
     if listing is not None and listing.kind in ("folder", "parquet"):
         what = "images" if listing.kind == "folder" else ".parquet files"
         return (f"no shards match this pattern, but {folder}/ holds {what}: give the folder URL ({folder}/) to read "
