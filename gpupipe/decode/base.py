@@ -140,6 +140,9 @@ class DecodeStats:
     skipped_keys: list[str] = field(default_factory=list)
     stretched: int = 0  # images whose aspect ratio resize "fixed" changed (common.count_stretched)
     worst_stretch: float = 1.0  # the largest such change: 1.33 is a 4:3 image made square
+    # warn the first time images are stretched; False for a decode that is no one's training input
+    # (`gpupipe validate` decodes to 8x8 to check every image in full: its stretch is its own business)
+    warn_stretched: bool = True
 
 
 class Decoder(Protocol):

@@ -143,7 +143,7 @@ def count_stretched_sizes(upright_hw: np.ndarray, exists: np.ndarray, config, st
     first = stats.stretched == 0
     stats.stretched += found
     stats.worst_stretch = max(stats.worst_stretch, worst)
-    if first:
+    if first and stats.warn_stretched:
         log.warning("decode: resize 'fixed' (the default) changes the aspect ratio of %d of %d images of this batch "
                     "by more than %d%% (the most: width x height %dx%d to %dx%d, %.2fx); torchvision's "
                     "Resize(size) with one number keeps it. To keep it: resize='shorter' (Resize + CenterCrop) or, "

@@ -141,6 +141,7 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
 
     config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
     decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet
+    decoder.stats.warn_stretched = False  # its 8x8 resize is the check's, not the user's (the child does the same)
     where = f"{decoder.name} on {decoder.device}"
     if decoder.name == "pil":
         return functools.partial(verdicts, decoder), decoder.close, where
