@@ -143,7 +143,7 @@ def naming_keywords(cls: type) -> None:
         except TypeError as exc:
             taken = _keywords_taken(init)
             unknown = None if taken is None else next((k for k in kwargs if k not in taken), None)
-            if unknown is None:
+            if taken is None or unknown is None:
                 raise  # a TypeError of the body, or positional arguments: Python's message says it
             raise UnknownKeywordError(f"{cls.__name__}() got an unexpected keyword argument {unknown!r}"
                                       f"{suggest(unknown, taken)} (it takes: {', '.join(taken) or 'none'})"

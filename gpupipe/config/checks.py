@@ -108,17 +108,18 @@ def _taken(step: Any, name: str, crop_follows: bool, train: bool) -> tuple[dict[
     if name == "RandomResizedCrop":
         size = _hw(step.size)
         scale, ratio = tuple(float(v) for v in step.scale), tuple(float(v) for v in step.ratio)
-        settings = {"image_size": size, "resize": ResizeMode.RANDOM_CROP if train else ResizeMode.SHORTER}
+        settings: dict[str, Any] = {"image_size": size,
+                                    "resize": ResizeMode.RANDOM_CROP if train else ResizeMode.SHORTER}
         if train:
             settings.update(scale=scale, ratio=ratio)
         return settings, f"RandomResizedCrop({size[0]}x{size[1]}, scale={_short(scale)}, ratio={_short(ratio)})"
     if name != "Resize" or getattr(step, "max_size", None) is not None or getattr(step, "size", None) is None:
         return None
-    size = step.size if isinstance(step.size, int) else tuple(step.size)
-    if isinstance(size, tuple) and len(size) == 2:
-        return {"image_size": _hw(size), "resize": ResizeMode.FIXED}, f"Resize({list(size)})"
+    given = step.size if isinstance(step.size, int) else tuple(step.size)
+    if isinstance(given, tuple) and len(given) == 2:
+        return {"image_size": _hw(given), "resize": ResizeMode.FIXED}, f"Resize({list(given)})"
     if crop_follows:  # Resize(s): the shorter side to s, then the crop of the decoded (s, s) centre
-        s = int(size if isinstance(size, int) else size[0])
+        s = int(given if isinstance(given, int) else given[0])
         return {"image_size": (s, s), "resize": ResizeMode.SHORTER}, f"Resize({s}) (then CenterCrop)"
     return None  # Resize(s) alone keeps each aspect ratio: a batch of one size only if the images have one
 

@@ -122,7 +122,7 @@ class ObjectTable:
         object.__setattr__(self, "sizes", read_only(sizes, np.int64))
         object.__setattr__(self, "labels", read_only(labels, np.int64))
         object.__setattr__(self, "crc32", None if crc32 is None else read_only(crc32, np.int64))
-        object.__setattr__(self, "with_extension", read_only(sorted(with_extension), np.int64))
+        object.__setattr__(self, "with_extension", read_only(np.sort(np.asarray(with_extension, np.int64)), np.int64))
         self._check()
 
     def key(self, i: int) -> str:

@@ -239,7 +239,7 @@ def _empty_images(resolved: ResolvedSource, url: str, on_error: ErrorPolicy) -> 
     ``raise``, said once under ``skip`` (see :func:`resolve`)."""
     table = resolved.manifest.objects if resolved.manifest is not None else None
     empty = [] if table is None else np.flatnonzero(table.sizes == 0).tolist()
-    if not empty:
+    if table is None or not empty:
         return
     names = ", ".join(table.names[i] for i in empty[:3]) + (", ..." if len(empty) > 3 else "")
     what = f"{len(empty)} of its {len(table)} images {'is' if len(empty) == 1 else 'are'} empty (0 bytes): {names}"

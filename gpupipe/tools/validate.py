@@ -25,8 +25,8 @@ The quarantine list (``--quarantine FILE``) has one line per bad sample: JSON li
 ``#`` header line. For tar shards ``offset`` is the byte offset of the sample's first tar
 header in the shard, and a problem that ends a shard (damaged tar data) has an empty
 ``key``; for an image folder ``shard`` is the image's URL and ``key`` its sample key (its
-path in the folder without the extension: what ``batch.keys`` and the loader's log say); for Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to
-use it:
+path in the folder without the extension: what ``batch.keys`` and the loader's log say); for
+Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to use it:
 
 * training survives these samples with ``decode.on_error: skip`` (each is replaced, counted
   and its key logged); the list tells you up front which they are and why;
