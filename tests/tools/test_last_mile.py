@@ -54,7 +54,7 @@ def said(caplog, needle: str) -> list[str]:
 def test_bench_compares_the_baseline_on_an_image_folder_and_counts_each_bad_file_once(tmp_path, capsys):
     """Failed before issue 36: ``tarfile.ReadError: file could not be opened successfully`` (the baseline
     opened the folder's images as tar files), and gpupipe's skips were counted once per pass (6 for 2 bad
-    files over 3 rounds). The baseline reads the folder's files as gpupipe lists them; each loader counts the
+    files over 3 rounds; alone, once per epoch). The baseline reads the folder's files as gpupipe lists them; each loader counts the
     2 bad files once; the no-index warning is said once though the source is resolved twice (case 8)."""
     folder = write_folder(tmp_path / "imgs", {"ant": 4, "bee": 4}, {"ant/empty.jpg": b"", "bee/page.jpg": PAGE})
     out = tmp_path / "bench.json"
@@ -67,6 +67,9 @@ def test_bench_compares_the_baseline_on_an_image_folder_and_counts_each_bad_file
     assert rows["gpupipe"]["batches"] == 3  # 10 samples of 2, less the 2 untimed: every run a whole epoch
     assert rows["gpupipe"]["skipped"] == rows["baseline"]["skipped"] == 2, rows
     assert err.count("no index.json for") == 1, err
+    assert main(["bench", folder, "--batch-size", "2", "--image-size", "16", "--device", "cpu", "--decode", "pil",
+                 "--workers", "0", "--epochs", "3"]) == 0  # gpupipe alone: 3 timed epochs, still 2 bad files
+    assert "skipped images 2 (distinct samples replaced)" in capsys.readouterr().out
     assert main(["bench", folder, "--compare", "webdataset", "--workers", "0"]) == 2
     assert "this source is an image folder read in place, and webdataset read tar shards" in capsys.readouterr().err
 
