@@ -110,7 +110,8 @@ class GpuDataModule(pl.LightningDataModule):
     def _check_classes(self) -> tuple[str, ...]:
         """One class list across the splits built so far; a mix must have as many classes."""
         found = {split: loader.gpu.classes for split, loader in self._loaders.items()}
-        classes = agreed_classes(found, self.config.source.classes, self.config.split_urls())
+        kinds = {split: loader.gpu.encoded.source.kind for split, loader in self._loaders.items()}
+        classes = agreed_classes(found, self.config.source.classes, self.config.split_urls(), kinds)
         mix = self.config.mix
         if mix is not None and classes and mix.args.get("num_classes") != len(classes):
             raise ConfigError(f"mix.num_classes: {mix.args.get('num_classes')}, but the data has {describe(classes)}; "
@@ -259,8 +260,9 @@ class _SplitLoader:
             world = World(rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank)
             device = trainer.strategy.root_device
         settings = cfg.split(split)
-        if split in dm._transforms:  # transforms given in Python
-            settings = replace(settings, augment=dm._transforms[split])
+        if split in dm._transforms:  # transforms given in Python (a leading torchvision crop: the decode's size)
+            settings = replace(settings, augment=dm._transforms[split]).with_decode_from_augment(
+                dm._transforms.get("train", ()))
         self.after_transfer = cfg.loader.augment_in is AugmentPlace.AFTER_TRANSFER
         self.stage = None
         if self.after_transfer:  # the loader decodes only; the stage runs in on_after_batch_transfer

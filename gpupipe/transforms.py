@@ -6,6 +6,13 @@ transform as ``t(images, key)`` with an :class:`AugKey`; :class:`Compose` fuses
 consecutive geometric transforms into one warp. ``from_torchvision(compose)``
 turns a torchvision ``Compose`` (v1 or v2) of supported transforms into this
 pipeline, reading only their documented attributes; torchvision is never imported.
+
+``import gpupipe.transforms as T`` in place of ``import torchvision.transforms.v2 as T`` keeps a
+pipeline's lines: torchvision's conversions (``ToImage``, ``PILToTensor``, ``ToPureTensor``) are
+no-ops on a batch that is already a tensor on the device, ``ConvertImageDtype`` is ``ToDtype(...,
+scale=True)``. A name this module lacks raises ``AttributeError`` naming the close match
+(``T.RandomHorizontalFilp``: did you mean 'RandomHorizontalFlip'?), or saying that a torchvision
+transform has no counterpart here; a keyword a transform does not take names the close one too.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from gpupipe.augment.color import (
 )
 from gpupipe.augment.compose import Compose
 from gpupipe.augment.containers import RandomApply, RandomChoice, RandomOrder
+from gpupipe.augment.convert import ConvertImageDtype, PILToTensor, ToImage, ToPureTensor
 from gpupipe.augment.geometry import (
     CenterCrop,
     RandomAffine,
@@ -42,7 +50,16 @@ from gpupipe.augment.ioucrop import RandomIoUCrop
 from gpupipe.augment.mix import CutMix, MixUp
 from gpupipe.augment.presets import IMAGENET_MEAN, IMAGENET_STD, PRESETS
 from gpupipe.augment.registry import build_transform, transform_class
-from gpupipe.augment.targets import Boxes, SanitizeBoundingBoxes, Targets, pack_targets, unpack_targets
+from gpupipe.augment.targets import (
+    Boxes,
+    ClampBoundingBoxes,
+    ConvertBoundingBoxFormat,
+    SanitizeBoundingBoxes,
+    Targets,
+    pack_targets,
+    unpack_targets,
+)
+from gpupipe.core.errors import suggest
 
 __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop",
            "RandomAffine", "RandomRotation", "RandomHorizontalFlip", "RandomVerticalFlip", "RandomPerspective",
@@ -51,7 +68,31 @@ __all__ = ["AugKey", "Transform", "Compose", "Resize", "CenterCrop", "RandomCrop
            "AutoAugment", "AutoAugmentPolicy", "RandAugment", "TrivialAugmentWide", "AugMix",
            "from_torchvision", "TORCHVISION", "SUPPORTED", "simple_set", "complex_set", "IMAGENET_MEAN",
            "IMAGENET_STD", "Boxes", "Targets", "SanitizeBoundingBoxes", "RandomIoUCrop", "pack_targets",
-           "unpack_targets"]
+           "unpack_targets", "ToImage", "PILToTensor", "ToPureTensor", "ConvertImageDtype", "ClampBoundingBoxes",
+           "ConvertBoundingBoxFormat"]
+
+# torchvision.transforms.v2 names with no counterpart here (yet): asked for, they say so rather than
+# "no attribute" (a torchvision name that gpupipe has is in __all__)
+NOT_HERE = ("ClampKeyPoints", "ElasticTransform", "FiveCrop", "GaussianNoise", "Identity", "JPEG", "Lambda",
+            "LinearTransformation", "Pad", "RGB", "RandomAdjustSharpness", "RandomAutocontrast",
+            "RandomChannelPermutation", "RandomEqualize", "RandomInvert", "RandomPhotometricDistort", "RandomPosterize",
+            "RandomResize", "RandomShortestSize", "RandomSolarize", "RandomZoomOut", "SanitizeKeyPoints", "ScaleJitter",
+            "SetClampingMode", "TenCrop", "ToPILImage", "UniformTemporalSubsample")
+
+
+def __getattr__(name: str) -> Any:
+    """A name the module lacks: ``AttributeError`` naming the close match (a typo), or saying that
+    torchvision's transform of that name has no gpupipe counterpart (and what to do)."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "InterpolationMode":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: give interpolation= as a string "
+                             "('bilinear', 'nearest', 'bicubic'; torchvision's InterpolationMode values are taken too)")
+    if name in NOT_HERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: torchvision's {name} has no batch "
+                             f"version in gpupipe (supported: {', '.join(SUPPORTED)}); run it on the batch "
+                             "yourself, after the loader, or leave it out")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}{suggest(name, __all__)}")
 
 def simple_set(dtype=None) -> Compose:
     """The docs' simple set after a decode to the output size (uint8): RandomAffine(20),
@@ -184,6 +225,8 @@ TORCHVISION: dict[str, Callable[[Any], Transform | None]] = {
     "RandomIoUCrop": lambda t: RandomIoUCrop(t.min_scale, t.max_scale, t.min_aspect_ratio, t.max_aspect_ratio,
                                              list(t.options), t.trials),  # torchvision keeps sampler_options as options
     "SanitizeBoundingBoxes": lambda t: SanitizeBoundingBoxes(t.min_size, t.min_area),  # labels: always the packed ones
+    "ClampBoundingBoxes": lambda t: ClampBoundingBoxes(),
+    "ConvertBoundingBoxFormat": lambda t: ConvertBoundingBoxFormat(t.format),
     "ToTensor": lambda t: ToTensor(),
     "ConvertImageDtype": _to_dtype,
     "ToDtype": _to_dtype,

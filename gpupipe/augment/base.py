@@ -4,17 +4,20 @@ nothing is stored on ``self`` during ``forward``).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from .targets import Targets
+from gpupipe.core.errors import UnknownKeywordError, suggest
+from gpupipe.core.targets import Targets
 
-__all__ = ["AugKey", "Transform", "TransformList", "check_probability", "check_dtype"]
+__all__ = ["AugKey", "Transform", "TransformList", "check_probability", "check_dtype", "check_targets",
+           "naming_keywords"]
 
 _T = TypeVar("_T", bound="Transform")
 
@@ -56,6 +59,10 @@ class Transform(nn.Module):
     """
 
     keeps_targets = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        naming_keywords(cls)
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {}
@@ -113,12 +120,48 @@ class Transform(nn.Module):
         params = self.make_params(images, key)
         if targets is None:
             return self.apply(images, params)
-        from .targets import check_targets
-
         in_hw = (int(images.shape[-2]), int(images.shape[-1]))
         check_targets(targets, images)
         params, moved = self.resolve_targets(targets, params, in_hw)  # targets first: they may settle params
         return self.apply(images, params), moved
+
+
+def naming_keywords(cls: type) -> None:
+    """``cls.__init__`` (its own, if it has one), made to raise for a keyword it does not take an
+    :class:`~gpupipe.core.errors.UnknownKeywordError` (a ``TypeError``, as Python's) naming the close
+    match, as YAML does for a key: ``ColorJitter(brigthness=0.4)`` → ``ColorJitter() got an unexpected
+    keyword argument 'brigthness'; did you mean 'brightness'?``. Python's own message names no match.
+    The signature is kept (``functools.wraps``: ``inspect.signature`` and ``help`` show the real one)."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "names_keywords", False):
+        return
+
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError as exc:
+            taken = _keywords_taken(init)
+            unknown = None if taken is None else next((k for k in kwargs if k not in taken), None)
+            if taken is None or unknown is None:
+                raise  # a TypeError of the body, or positional arguments: Python's message says it
+            raise UnknownKeywordError(f"{cls.__name__}() got an unexpected keyword argument {unknown!r}"
+                                      f"{suggest(unknown, taken)} (it takes: {', '.join(taken) or 'none'})"
+                                      ) from exc
+
+    checked.names_keywords = True  # type: ignore[attr-defined]
+    cls.__init__ = checked  # type: ignore[misc]
+
+
+def _keywords_taken(init: Callable) -> list[str] | None:
+    """The keyword names ``init`` takes (``self`` left out); None when it takes ``**kwargs``."""
+    taken = []
+    for name, p in inspect.signature(init).parameters.items():
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            taken.append(name)
+    return taken
 
 
 class TransformList(nn.ModuleList):
@@ -154,3 +197,15 @@ def check_dtype(dtype: torch.dtype, name: str) -> torch.dtype:
         raise TypeError(f"{name} takes uint8 (0-255) or float (0-1) images, got {dtype}; "
                         f"convert with ToDtype(torch.float32, scale=True) first")
     return dtype
+
+
+def check_targets(targets: Targets, images: torch.Tensor) -> None:
+    """Raise unless ``targets`` belong to the (B, C, H, W) ``images``: B counts, (B, H, W) masks."""
+    if not isinstance(targets, Targets):
+        raise TypeError(f"targets should be gpupipe.augment.targets.Targets, got {type(targets).__name__}; "
+                        "build them with pack_targets(list_of_dicts)")
+    B, H, W = int(images.shape[0]), int(images.shape[-2]), int(images.shape[-1])
+    if targets.boxes is not None and targets.boxes.counts.shape[0] != B:
+        raise ValueError(f"boxes have counts for {targets.boxes.counts.shape[0]} images, the batch has {B}")
+    if targets.masks is not None and tuple(targets.masks.shape) != (B, H, W):
+        raise ValueError(f"masks should be (B, H, W) = {(B, H, W)} for these images, got {tuple(targets.masks.shape)}")

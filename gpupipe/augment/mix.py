@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import torch
 from torch import nn
 
 from . import keys
-from .base import AugKey
+from .base import AugKey, naming_keywords
 
 __all__ = ["MixUp", "CutMix", "sample_beta"]
 
@@ -104,6 +104,10 @@ class _LabelMix(nn.Module):
     """What MixUp and CutMix share: ``apply(images, labels, params)`` runs :meth:`mix`
     (``apply(fn)`` stays ``nn.Module.apply``, which ``model.apply(fn)`` calls on every
     submodule); ``forward`` draws the parameters, then applies them."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        naming_keywords(cls)  # MixUp(alhpa=1.0): did you mean 'alpha'?, as a Transform says
 
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         raise NotImplementedError

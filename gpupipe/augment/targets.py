@@ -1,6 +1,7 @@
 """Detection and segmentation targets that travel with a batch: boxes packed in one tensor
 with per-image counts, a (B, H, W) mask, and the functions that move them through a
-geometric transform's per-sample 3×3 matrix (:mod:`gpupipe.augment.warp`).
+geometric transform's per-sample 3×3 matrix (:func:`~gpupipe.augment.warp.move_boxes`,
+:func:`~gpupipe.augment.warp.move_masks`, beside the warp they follow; named here too).
 
 Boxes are absolute ``xyxy`` in torchvision's frame: pixel *edges*, an image of width ``W``
 spans ``[0, W]``. The warp's matrices work on pixel *centres* (``[-0.5, W - 0.5]``), so a box
@@ -21,74 +22,13 @@ import torch
 
 from gpupipe.core.targets import Boxes, Targets
 
-from .base import Transform
+from .base import Transform, check_targets
+from .warp import move_boxes, move_masks
 
 __all__ = ["Boxes", "Targets", "check_targets", "move_boxes", "move_masks", "select_targets", "sanitize_boxes",
-           "SanitizeBoundingBoxes", "pack_targets", "unpack_targets"]
+           "SanitizeBoundingBoxes", "ClampBoundingBoxes", "ConvertBoundingBoxFormat", "pack_targets", "unpack_targets"]
 
 HW = tuple[int, int]
-
-
-def check_targets(targets: Targets, images: torch.Tensor) -> None:
-    """Raise unless ``targets`` belong to the (B, C, H, W) ``images``: B counts, (B, H, W) masks."""
-    if not isinstance(targets, Targets):
-        raise TypeError(f"targets should be gpupipe.augment.targets.Targets, got {type(targets).__name__}; "
-                        "build them with pack_targets(list_of_dicts)")
-    B, H, W = int(images.shape[0]), int(images.shape[-2]), int(images.shape[-1])
-    if targets.boxes is not None and targets.boxes.counts.shape[0] != B:
-        raise ValueError(f"boxes have counts for {targets.boxes.counts.shape[0]} images, the batch has {B}")
-    if targets.masks is not None and tuple(targets.masks.shape) != (B, H, W):
-        raise ValueError(f"masks should be (B, H, W) = {(B, H, W)} for these images, got {tuple(targets.masks.shape)}")
-
-
-def _exact_dtype(device: torch.device) -> torch.dtype:
-    """float64 for the corner arithmetic, float32 where the device has no float64 (MPS)."""
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def _edge_frame(matrix: torch.Tensor) -> torch.Tensor:
-    """The (B, 3, 3) pixel-centre homographies as maps of pixel-edge coordinates."""
-    dtype = _exact_dtype(matrix.device)
-    m = matrix.to(dtype)
-    to_centres = torch.eye(3, dtype=dtype, device=m.device)
-    to_centres[:2, 2] = -0.5
-    to_edges = torch.eye(3, dtype=dtype, device=m.device)
-    to_edges[:2, 2] = 0.5
-    return to_edges @ m @ to_centres
-
-
-def move_boxes(boxes: Boxes, matrix: torch.Tensor, out_hw: HW) -> Boxes:
-    """``boxes`` through each image's (B, 3, 3) input→output pixel-centre homography: the
-    box around the four moved corners, clamped to the ``out_hw`` canvas (torchvision's
-    affine / perspective rule for boxes; exact for flips, crops and resizes, whose boxes stay
-    boxes). Computed in float64 (float32 on MPS), returned in the boxes' dtype."""
-    b = boxes.boxes
-    if b.shape[0] == 0:
-        return boxes
-    m = _edge_frame(matrix.to(b.device))[boxes.image_index]  # (N, 3, 3)
-    x1, y1, x2, y2 = b.to(m.dtype).unbind(-1)
-    xs, ys = torch.stack([x1, x2, x2, x1], -1), torch.stack([y1, y1, y2, y2], -1)  # (N, 4) corners
-    ones = torch.ones_like(xs)
-    points = torch.stack([xs, ys, ones], -1) @ m.transpose(1, 2)  # (N, 4, 3)
-    xy = points[..., :2] / points[..., 2:]
-    low, high = xy.amin(dim=1), xy.amax(dim=1)
-    h, w = out_hw
-    limit = torch.tensor([w, h], dtype=m.dtype, device=b.device)
-    out = torch.cat([low.clamp(min=0).minimum(limit), high.clamp(min=0).minimum(limit)], -1)
-    return replace(boxes, boxes=out.to(b.dtype))
-
-
-def move_masks(masks: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding: str = "zeros",
-               fill: tuple[float, ...] | None = None, affine: bool = True) -> torch.Tensor:
-    """(B, H, W) label maps through the (B, 3, 3) homographies, nearest-neighbour (no label is
-    blended), the area outside the input ``padding`` ("zeros", "border", "reflection") or
-    ``fill``: one value, or "zeros" for a per-channel image fill. Shape: → (B, *out_hw)."""
-    from .warp import warp
-
-    if padding in ("blend", "fill"):
-        value = fill[0] if fill is not None and len(fill) == 1 else 0.0
-        padding, fill = ("zeros", None) if value == 0 else ("fill", (value,))
-    return warp(masks[:, None], matrix, out_hw, padding, "nearest", fill, affine)[:, 0]
 
 
 def select_targets(chosen: torch.Tensor, a: Targets, b: Targets) -> Targets:
@@ -156,6 +96,52 @@ class SanitizeBoundingBoxes(Transform):
         if targets.boxes is None:
             return targets
         return replace(targets, boxes=sanitize_boxes(targets.boxes, in_hw, self.min_size, self.min_area))
+
+
+class ClampBoundingBoxes(Transform):
+    """torchvision v2 ``ClampBoundingBoxes()``: each box clamped to its image's canvas ``[0, W] ×
+    [0, H]``; images, labels and masks pass unchanged. (Every geometric transform here clamps the
+    boxes it moves already, as torchvision's do: this one matters after boxes came in unclamped.)"""
+
+    keeps_targets = False
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return images
+
+    def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
+        if targets.boxes is None:
+            return targets
+        b = targets.boxes.boxes
+        h, w = in_hw
+        limit = torch.tensor([w, h, w, h], dtype=b.dtype, device=b.device)
+        return replace(targets, boxes=replace(targets.boxes, boxes=b.clamp(min=0).minimum(limit)))
+
+
+class ConvertBoundingBoxFormat(Transform):
+    """torchvision v2 ``ConvertBoundingBoxFormat(format)`` to ``"XYXY"``: gpupipe's boxes are always
+    absolute XYXY (a COCO file's XYWH boxes are converted when it is read; :func:`pack_targets`
+    refuses other formats), so the conversion to XYXY passes everything unchanged; any other format
+    raises ``ValueError``."""
+
+    keeps_targets = True
+
+    def __init__(self, format: Any = "XYXY") -> None:
+        super().__init__()
+        name = str(getattr(format, "name", format)).upper()
+        if name != "XYXY":
+            raise ValueError(f"ConvertBoundingBoxFormat({name!r}): gpupipe's boxes are absolute XYXY throughout "
+                             "(a COCO file's XYWH boxes are converted when it is read); convert to another format "
+                             "after the loader, e.g. torchvision.ops.box_convert(boxes, 'xyxy', 'xywh')")
+        self.format = "XYXY"
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return images
 
 
 def _plain(x: torch.Tensor) -> torch.Tensor:

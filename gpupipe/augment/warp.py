@@ -1,6 +1,8 @@
 """The core of the geometric transforms: one homography per sample, applied with one
 ``grid_sample`` (the grid built here, as Kornia's ``warp_perspective`` would, in fewer
-passes); the base class, the matrices of boxes, and torchvision's argument checks.
+passes); the base class, the matrices of boxes, boxes and masks moved by a warp's matrices
+(:func:`move_boxes`, :func:`move_masks`: :mod:`gpupipe.augment.targets` names them too), and
+torchvision's argument checks.
 
 Coordinates are pixel centres: pixel ``(x, y)`` sits at integer ``(x, y)`` and an
 image of width ``W`` spans ``[-0.5, W - 0.5]`` (torchvision's / ``align_corners=False``
@@ -21,13 +23,15 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
-from .base import AugKey, Transform
-from .targets import Targets, move_boxes, move_masks
+from gpupipe.core.targets import Boxes, Targets
 
-__all__ = ["HW", "GeometricTransform", "warp", "sampling_grid", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
+from .base import AugKey, Transform
+
+__all__ = ["HW", "GeometricTransform", "warp", "move_boxes", "move_masks", "sampling_grid", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
            "check_fill", "INTERPOLATIONS", "RESIZE_INTERPOLATIONS"]
 
 HW = tuple[int, int]
@@ -82,6 +86,54 @@ def warp(images: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding_mode: s
         return out.to(images.dtype)
     return to_integer(out, images.dtype, clamp=interpolation == "bicubic" or padding_mode in ("fill", "blend"),
                       keep_float=keep_float)
+
+
+def _exact_dtype(device: torch.device) -> torch.dtype:
+    """float64 for the corner arithmetic, float32 where the device has no float64 (MPS)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _edge_frame(matrix: torch.Tensor) -> torch.Tensor:
+    """The (B, 3, 3) pixel-centre homographies as maps of pixel-edge coordinates."""
+    dtype = _exact_dtype(matrix.device)
+    m = matrix.to(dtype)
+    to_centres = torch.eye(3, dtype=dtype, device=m.device)
+    to_centres[:2, 2] = -0.5
+    to_edges = torch.eye(3, dtype=dtype, device=m.device)
+    to_edges[:2, 2] = 0.5
+    return to_edges @ m @ to_centres
+
+
+def move_boxes(boxes: Boxes, matrix: torch.Tensor, out_hw: HW) -> Boxes:
+    """``boxes`` through each image's (B, 3, 3) input→output pixel-centre homography: the
+    box around the four moved corners, clamped to the ``out_hw`` canvas (torchvision's
+    affine / perspective rule for boxes; exact for flips, crops and resizes, whose boxes stay
+    boxes). Computed in float64 (float32 on MPS), returned in the boxes' dtype."""
+    b = boxes.boxes
+    if b.shape[0] == 0:
+        return boxes
+    m = _edge_frame(matrix.to(b.device))[boxes.image_index]  # (N, 3, 3)
+    x1, y1, x2, y2 = b.to(m.dtype).unbind(-1)
+    xs, ys = torch.stack([x1, x2, x2, x1], -1), torch.stack([y1, y1, y2, y2], -1)  # (N, 4) corners
+    ones = torch.ones_like(xs)
+    points = torch.stack([xs, ys, ones], -1) @ m.transpose(1, 2)  # (N, 4, 3)
+    xy = points[..., :2] / points[..., 2:]
+    low, high = xy.amin(dim=1), xy.amax(dim=1)
+    h, w = out_hw
+    limit = torch.tensor([w, h], dtype=m.dtype, device=b.device)
+    out = torch.cat([low.clamp(min=0).minimum(limit), high.clamp(min=0).minimum(limit)], -1)
+    return replace(boxes, boxes=out.to(b.dtype))
+
+
+def move_masks(masks: torch.Tensor, matrix: torch.Tensor, out_hw: HW, padding: str = "zeros",
+               fill: tuple[float, ...] | None = None, affine: bool = True) -> torch.Tensor:
+    """(B, H, W) label maps through the (B, 3, 3) homographies, nearest-neighbour (no label is
+    blended), the area outside the input ``padding`` ("zeros", "border", "reflection") or
+    ``fill``: one value, or "zeros" for a per-channel image fill. Shape: → (B, *out_hw)."""
+    if padding in ("blend", "fill"):
+        value = fill[0] if fill is not None and len(fill) == 1 else 0.0
+        padding, fill = ("zeros", None) if value == 0 else ("fill", (value,))
+    return warp(masks[:, None], matrix, out_hw, padding, "nearest", fill, affine)[:, 0]
 
 
 def _packs_to_words(images: torch.Tensor, padding_mode: str, interpolation: str, affine: bool) -> bool:
@@ -351,7 +403,7 @@ class GeometricTransform(Transform):
                     self.interpolation or "bilinear", self.fill, self.affine)
 
     def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
-        """Boxes and masks through this sample's matrix (:func:`~gpupipe.augment.targets.move_boxes`,
+        """Boxes and masks through this sample's matrix (:func:`move_boxes`,
         :meth:`transform_masks`), to the output canvas."""
         matrix, out_hw = self.matrix(params, in_hw), self.output_size(in_hw)
         boxes = None if targets.boxes is None else move_boxes(targets.boxes, matrix, out_hw)

@@ -14,6 +14,7 @@ naming both; a setting given once is the one used.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, fields, replace
 from typing import Any
@@ -29,8 +30,14 @@ from gpupipe.sources.source import Source
 from gpupipe.storage.fetch import FetchConfig
 from gpupipe.stream.chunks import StreamConfig
 
-__all__ = ["Keyword", "KEYWORDS", "split_from_options", "keyword_form", "keyword_signature", "keyword_help",
-           "check_keywords", "python_transforms"]
+__all__ = ["Keyword", "KEYWORDS", "IGNORED", "split_from_options", "keyword_form", "keyword_signature",
+           "keyword_help", "check_keywords", "python_transforms"]
+
+log = logging.getLogger(__name__)
+# torch DataLoader keywords a port keeps that mean nothing here: taken, said once per process, ignored
+IGNORED = {"pin_memory": "GpuLoader's batches are decoded on its device already, and EncodedLoader's are encoded "
+                         "bytes its decoder stages itself: there is no batch in host memory to pin"}
+_SAID: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,11 @@ def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> 
     keywords (:data:`KEYWORDS`) fill in what those leave at their defaults and must agree with
     what they set. ``caller`` names the class in errors.
     """
+    for name in IGNORED.keys() & options.keys():
+        value = options.pop(name)
+        if value and name not in _SAID:
+            _SAID.add(name)
+            log.info("%s(%s=%r): ignored: %s", caller, name, value, IGNORED[name])
     check_keywords(options, caller)
     decode, stream = options.pop("decode", None), options.pop("stream", None)
     sections: dict[str, dict[str, Any]] = {
@@ -168,7 +180,8 @@ def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> 
     split = parse_config(mapping, origin=caller).split("train")
     if given_source is not None:
         objects["source"] = given_source
-    return replace(split, **objects), World.detect(options.get("rank"), options.get("world_size"))
+    split = replace(split, **objects).with_decode_from_augment()  # a torchvision crop without image_size: its size
+    return split, World.detect(options.get("rank"), options.get("world_size"))
 
 
 def _source_section(source: Any, given: dict[str, Any]) -> tuple[Source | None, dict[str, Any]]:

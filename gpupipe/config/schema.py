@@ -38,7 +38,8 @@ SPLITS = ("train", "val", "test", "predict")
 LIGHTNING_SECTIONS = frozenset({"model", "trainer", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _EVAL_SAFE = frozenset({"Resize", "CenterCrop", "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "Grayscale",
-                        "SanitizeBoundingBoxes"})
+                        "SanitizeBoundingBoxes", "ToImage", "PILToTensor", "ToPureTensor", "ConvertImageDtype",
+                        "ClampBoundingBoxes", "ConvertBoundingBoxFormat"})
 
 
 class Secrets(Mapping[str, Any]):
@@ -185,7 +186,7 @@ class PipelineConfig:
             stream=replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train),
             decode=decode, augment=augment, mix=self.mix if train else None, classes=self.source.classes,
             num_workers=self.loader.num_workers, prefetch=self.loader.prefetch, device=self.loader.device,
-            seed=self.seed)
+            seed=self.seed).with_decode_from_augment(self.augment)
 
     def annotations_of(self, split: str) -> str | None:
         """``split``'s COCO annotations file: ``source.annotations`` itself, its entry for ``split``

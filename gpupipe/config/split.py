@@ -15,11 +15,11 @@ on the way. There are two ways to make one, and they share one validator:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupipe.config.augment import TransformSpec
-from gpupipe.config.checks import warn_repeated_resizes
+from gpupipe.config.checks import decode_from_augment, warn_repeated_resizes
 from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig
 from gpupipe.sources.source import Source
@@ -63,6 +63,21 @@ class SplitConfig:
                 raise ConfigError(f"loader.{name}: must be >= 1, got {getattr(self, name)}")
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"loader.num_workers: must be >= 0, got {self.num_workers}")
+
+    def with_decode_from_augment(self, train_augment: Any = ()) -> SplitConfig:
+        """This split with its decode size taken from its ``augment`` when it has none
+        (:func:`~gpupipe.config.checks.decode_from_augment`: a leading ``RandomResizedCrop`` or ``Resize``
+        moves into the decode), else from ``train_augment`` (an evaluation split whose own steps give
+        none: the training crop's size, resized ``shorter``); unchanged when there is nothing to take."""
+        train = self.name == "train"
+        taken = decode_from_augment(self.augment, self.decode, train)
+        if taken is not None:
+            return replace(self, decode=taken[0], augment=() if taken[1] is None else taken[1])
+        if not train and train_augment:
+            taken = decode_from_augment(train_augment, self.decode, train=False)
+            if taken is not None:
+                return replace(self, decode=taken[0])
+        return self
 
     def augment_stage(self):
         """The :class:`~gpupipe.augment.stage.AugmentStage` of this split, or None."""

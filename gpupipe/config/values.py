@@ -4,7 +4,6 @@ name the key path: ``build(StreamConfig, {"shuffle_bufer": 3}, "stream")`` raise
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import types
 import typing
@@ -12,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from gpupipe.core.errors import ConfigError
+from gpupipe.core.errors import ConfigError, suggest
 
 __all__ = ["build", "coerce", "check_keys", "suggest", "join_path", "plain"]
 
@@ -95,12 +94,6 @@ def check_keys(data: Mapping[str, Any], known: set | frozenset | Mapping, path: 
         if key not in known:
             raise ConfigError(f"{join_path(path, str(key))}: unknown key{suggest(str(key), known)} "
                               f"(known: {', '.join(sorted(known))})")
-
-
-def suggest(word: str, choices) -> str:
-    lowered = {str(c).lower(): str(c) for c in choices}
-    match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
-    return f"; did you mean {lowered[match[0]]!r}?" if match else ""
 
 
 def join_path(path: str, key: str) -> str:

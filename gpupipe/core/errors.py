@@ -6,7 +6,11 @@ the way out.
 """
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
+    "suggest",
     "GpupipeError",
     "ConfigError",
     "UnknownKeywordError",
@@ -94,3 +98,12 @@ class MissingDependencyError(GpupipeError, ImportError):
 class WorkerError(GpupipeError, RuntimeError):
     """A DataLoader worker process died (killed, out of memory, crashed); the message
     names the worker, its pid and the shards it was reading."""
+
+
+def suggest(word: str, choices: Iterable) -> str:
+    """``"; did you mean 'brightness'?"`` for the choice closest to a mistyped ``word`` (case
+    ignored), ``""`` when none is close: the one hint YAML keys, keywords, transform arguments and
+    names all give."""
+    lowered = {str(c).lower(): str(c) for c in choices}
+    match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
+    return f"; did you mean {lowered[match[0]]!r}?" if match else ""

@@ -1,14 +1,18 @@
 """The decode stage's values: how to decode (:class:`DecodeConfig`), what comes out
 (:class:`DecodedBatch`), what it counted (:class:`DecodeStats`) and what a backend is
-(:class:`Decoder`). Every backend imports these from here; :mod:`gpupipe.decode` picks one."""
+(:class:`Decoder`), and what the shared decode steps (:mod:`gpupipe.decode.common`) ask of the
+targets of a batch (:class:`TargetRows`, made by :mod:`gpupipe.decode.targets`). Every backend
+imports these from here; :mod:`gpupipe.decode` picks one."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from gpupipe.core.errors import ConfigError
@@ -16,7 +20,8 @@ from gpupipe.core.targets import Targets
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.imageheader import MAX_PIXELS
 
-__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS"]
+__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS", "RowTargets",
+           "TargetRows"]
 
 _BACKENDS = {  # name -> the class, imported on first use
     "dali": "gpupipe.decode.dali:DaliDecoder",
@@ -93,6 +98,9 @@ class DecodedBatch:
     with targets, moved with the decode's crop and resize (``None`` without).
     ``images, labels = batch`` unpacks the two a training loop needs; with targets,
     ``images, targets = batch`` gives torchvision's per-image dicts (``targets.per_image()``).
+    It indexes as that pair too (what a DataLoader's batch is): ``batch[0]`` the images,
+    ``batch[1]`` (and ``batch[-1]``) the labels or per-image targets, ``batch[:2]`` both.
+    ``len(batch)`` is still the number of samples (B), not 2.
     """
 
     images: torch.Tensor
@@ -107,6 +115,18 @@ class DecodedBatch:
         yield self.images
         yield self.labels if self.targets is None else self.targets.per_image()
 
+    def __getitem__(self, index: int | slice):
+        """``tuple(batch)[index]``: ``batch[0]`` the images, ``batch[1]`` the labels (with targets,
+        the per-image dicts); a slice gives a tuple of them."""
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        if isinstance(index, bool) or not hasattr(index, "__index__") or not -2 <= operator.index(index) <= 1:
+            raise IndexError(f"a batch indexes as the pair it unpacks to, (images, labels): 0 or 1 (or -2, -1), got "
+                             f"{index!r}; batch.images[i] is image i and batch.keys[i] its key")
+        if operator.index(index) in (0, -2):
+            return self.images
+        return self.labels if self.targets is None else self.targets.per_image()
+
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -120,6 +140,9 @@ class DecodeStats:
     skipped_keys: list[str] = field(default_factory=list)
     stretched: int = 0  # images whose aspect ratio resize "fixed" changed (common.count_stretched)
     worst_stretch: float = 1.0  # the largest such change: 1.33 is a 4:3 image made square
+    # warn the first time images are stretched; False for a decode that is no one's training input
+    # (`gpupipe validate` decodes to 8x8 to check every image in full: its stretch is its own business)
+    warn_stretched: bool = True
 
 
 class Decoder(Protocol):
@@ -130,3 +153,27 @@ class Decoder(Protocol):
     def decode(self, batch) -> DecodedBatch: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RowTargets:
+    """One image's targets in the output frame: (n, 4) float32 boxes and (n,) int64 labels
+    (None without boxes), an (H, W) uint8 mask (None without masks)."""
+
+    boxes: np.ndarray | None
+    labels: np.ndarray | None
+    mask: np.ndarray | None
+
+
+class TargetRows(Protocol):
+    """The targets of one batch on their way through a decode, as :func:`~gpupipe.decode.common.finish`
+    uses them (:class:`gpupipe.decode.targets.TargetJob` is the one there is): ``settle`` waits for what is
+    still decoding (a bad mask makes its sample bad in the ``checked`` verdict), ``row(i)`` is image ``i``'s
+    targets in the output frame, ``gather(rows, stand_in, device)`` row ``i``'s of image ``rows[i]`` (the
+    ``stand_in``'s where None)."""
+
+    def settle(self, checked) -> None: ...
+
+    def row(self, i: int) -> RowTargets: ...
+
+    def gather(self, rows: Sequence[int | None], stand_in: RowTargets | None, device: torch.device) -> Targets: ...

@@ -12,20 +12,16 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.core.types import ErrorPolicy
-from gpupipe.decode.base import DecodedBatch, ResizeMode
+from gpupipe.decode.base import DecodedBatch, ResizeMode, RowTargets, TargetRows
 from gpupipe.decode.columns import keyed_crops, probed
 from gpupipe.formats.headers import ProbedHeaders, upright_hw
 from gpupipe.formats.imageheader import ImageHeader
-
-if TYPE_CHECKING:
-    from gpupipe.decode.targets import RowTargets, TargetJob
 
 __all__ = ["Checked", "StandIn", "prepare", "account", "assemble", "finish", "check_batch", "crop_boxes",
            "crop_boxes_from_sizes", "random_resized_crop_box", "shorter_geometry", "shorter_geometries", "shorter_box",
@@ -147,7 +143,7 @@ def count_stretched_sizes(upright_hw: np.ndarray, exists: np.ndarray, config, st
     first = stats.stretched == 0
     stats.stretched += found
     stats.worst_stretch = max(stats.worst_stretch, worst)
-    if first:
+    if first and stats.warn_stretched:
         log.warning("decode: resize 'fixed' (the default) changes the aspect ratio of %d of %d images of this batch "
                     "by more than %d%% (the most: width x height %dx%d to %dx%d, %.2fx); torchvision's "
                     "Resize(size) with one number keeps it. To keep it: resize='shorter' (Resize + CenterCrop) or, "
@@ -337,7 +333,7 @@ class StandIn:
 
 
 def assemble(pixels: Mapping[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
-             image_size: tuple[int, int] | None, stand_in: StandIn, targets: TargetJob | None = None):
+             image_size: tuple[int, int] | None, stand_in: StandIn, targets: TargetRows | None = None):
     """Stack per-image HWC uint8 arrays into a (B, 3, H, W) channels_last batch and
     :func:`finish` it (with ``targets``, when the batch carries them)."""
     shapes = {tuple(p.shape) for p in pixels.values()}
@@ -350,7 +346,7 @@ def assemble(pixels: Mapping[int, np.ndarray | torch.Tensor], checked: Checked, 
     return finish(out, checked, batch, stand_in, targets)
 
 
-def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn, targets: TargetJob | None = None):
+def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn, targets: TargetRows | None = None):
     """The decoded batch from (B, H, W, 3) uint8 rows in which the good images are set.
 
     Every bad row takes the pixels *and the label* of its replacement (the next good

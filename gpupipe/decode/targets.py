@@ -32,14 +32,13 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.core.targets import Boxes, Targets, ragged_rows
-from gpupipe.decode.base import ResizeMode
+from gpupipe.decode.base import ResizeMode, RowTargets
 from gpupipe.decode.common import Checked, record_bad, shorter_geometry, upright_size
 
 __all__ = ["BOX_TOLERANCE", "RowTargets", "TargetJob", "start_targets", "check_boxes", "move_boxes", "read_mask",
@@ -52,16 +51,6 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 class BadMask(ValueError):
     """A mask that breaks the layout (:mod:`gpupipe.formats.annotations`); the message says how."""
-
-
-@dataclass(frozen=True)
-class RowTargets:
-    """One image's targets in the output frame: (n, 4) float32 boxes and (n,) int64 labels
-    (None without boxes), an (H, W) uint8 mask (None without masks)."""
-
-    boxes: np.ndarray | None
-    labels: np.ndarray | None
-    mask: np.ndarray | None
 
 
 def check_boxes(boxes: np.ndarray, counts: np.ndarray, sizes: np.ndarray) -> dict[int, str]:

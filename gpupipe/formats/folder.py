@@ -20,7 +20,12 @@ Images at both levels are refused. An image is a file whose extension (any case)
 ``MAX_MEMBER_BYTES``; every other file is left out and reported, with the reason
 (``index.json``, ``classes.txt`` and the labels file excepted). Files are taken in sorted
 order. A sample's key is the image's path under the root without its extension
-(:func:`object_key`); two images with one key are refused.
+(:func:`object_key`: ``cat/x.jpg`` → ``cat/x``), the key a WebDataset tar gives the same
+file, so that a key names one sample before and after ``gpupipe ingest``; two images of one
+folder whose names differ only in their extension (``star.gif``, ``star.png``: two samples
+to torchvision's ``ImageFolder``) keep it in their keys, tar-safe (``cat/star_gif``,
+``cat/star_png``: :func:`object_keys`), in ingest and in place alike. Names that give one
+key even so are refused.
 
 An :class:`ObjectTable` holds the listing compactly — names as one UTF-8 blob plus
 offsets, sizes and labels as int64 arrays — so a million objects cost tens of
@@ -47,7 +52,7 @@ from gpupipe.formats.tar import MAX_MEMBER_BYTES, safe_key, sample_fields
 
 __all__ = ["IMAGE_EXTENSIONS", "LABEL_FILES", "SPLIT_FOLDERS", "NameList", "ObjectTable", "FolderListing", "extension",
            "classify_listing", "parse_label_file", "class_numbering", "label_problem", "folder_table", "object_key",
-           "object_sample"]
+           "object_keys", "object_sample"]
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +112,24 @@ class ObjectTable:
     sizes: np.ndarray = field(repr=False)
     labels: np.ndarray = field(repr=False)
     crc32: np.ndarray | None = field(default=None, repr=False)
+    # the (sorted) objects whose key keeps the extension (:func:`object_keys`): almost always none
+    with_extension: np.ndarray = field(default_factory=lambda: read_only([]), repr=False)
 
-    def __init__(self, names: NameList, sizes: ArrayLike, labels: ArrayLike, crc32: ArrayLike | None = None) -> None:
+    def __init__(self, names: NameList, sizes: ArrayLike, labels: ArrayLike, crc32: ArrayLike | None = None,
+                 with_extension: ArrayLike = ()) -> None:
         """Any integer sequences in; the fields hold read-only int64 copies of them."""
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "sizes", read_only(sizes, np.int64))
         object.__setattr__(self, "labels", read_only(labels, np.int64))
         object.__setattr__(self, "crc32", None if crc32 is None else read_only(crc32, np.int64))
+        object.__setattr__(self, "with_extension", read_only(np.sort(np.asarray(with_extension, np.int64)), np.int64))
         self._check()
+
+    def key(self, i: int) -> str:
+        """The sample key of object ``i`` (:func:`object_keys`)."""
+        ext = self.with_extension
+        keep = len(ext) > 0 and bool(ext[min(int(np.searchsorted(ext, i)), len(ext) - 1)] == i)
+        return object_key(self.names[i], keep_extension=keep)
 
     def _check(self) -> None:
         n = len(self.names)
@@ -137,12 +152,14 @@ class ObjectTable:
         a, b = self.crc32, other.crc32
         same_crc = (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))
         return self.names == other.names and np.array_equal(self.sizes, other.sizes) and np.array_equal(
-            self.labels, other.labels) and same_crc
+            self.labels, other.labels) and same_crc and np.array_equal(self.with_extension, other.with_extension)
 
     def to_dict(self) -> dict:
         doc = {"names": list(self.names), "sizes": self.sizes.tolist(), "labels": self.labels.tolist()}
         if self.crc32 is not None:
             doc["crc32"] = self.crc32.tolist()
+        if len(self.with_extension):
+            doc["keyed_with_extension"] = self.with_extension.tolist()
         return doc
 
     @classmethod
@@ -151,7 +168,8 @@ class ObjectTable:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ValueError("objects.names must be a list of strings")
         return cls(NameList(names), _ints(doc["sizes"], "sizes"), _ints(doc["labels"], "labels"),
-                   _ints(doc["crc32"], "crc32") if "crc32" in doc else None)
+                   _ints(doc["crc32"], "crc32") if "crc32" in doc else None,
+                   _ints(doc.get("keyed_with_extension", []), "keyed_with_extension"))
 
 
 def _ints(values, what: str) -> list[int]:
@@ -263,20 +281,47 @@ def label_problem(label: int, classes: Sequence[str]) -> str:
     return f"label {label} is not a class number ({upper}, or -1 for none)"
 
 
-def object_key(name: str) -> str:
+def object_key(name: str, keep_extension: bool = False) -> str:
     """The sample key of image ``name`` (its path under the root): the path without its
-    extension, tar-safe (:func:`~gpupipe.formats.tar.safe_key`: ``c0/img.1.jpg`` → ``c0/img_1``)."""
+    extension, tar-safe (:func:`~gpupipe.formats.tar.safe_key`: ``c0/img.1.jpg`` → ``c0/img_1``);
+    ``keep_extension``: with it (``c0/star.gif`` → ``c0/star_gif``), for names whose keys would
+    collide without it (:func:`object_keys`)."""
     head, slash, base = name.rpartition("/")
-    return safe_key(head + slash + (base.rpartition(".")[0] or base))
+    return safe_key(head + slash + (base if keep_extension else base.rpartition(".")[0] or base))
 
 
-def object_sample(name: str, data: bytes, label: int, url: str, targets: Mapping[str, bytes] | None = None) -> Sample:
-    """The sample of image ``name`` read as ``data`` from ``url``: key :func:`object_key`,
-    the image under the name of its format (its extension when the bytes say none), and
-    ``cls`` when ``label >= 0``, then the ``targets`` members (``json``, ``mask.png``: from a
-    COCO file, :meth:`~gpupipe.formats.coco.CocoTable.fields`). An empty file raises
-    ``ShardFormatError``."""
-    key = object_key(name)
+def object_keys(names: Sequence[str], root: str = "") -> tuple[list[str], list[int]]:
+    """The sample keys of a folder's images ``names`` and the indices of those that keep their
+    extension: :func:`object_key`, except for names whose keys would be one (``star.gif`` and
+    ``star.png``: two samples, as torchvision's ``ImageFolder`` reads them), which keep it. Names
+    that give one key even so (``a.gif`` and ``a_gif.png``) raise ``ConfigError`` naming both
+    (``root``: the folder, for the message)."""
+    first: dict[str, int] = {}
+    shared: set[str] = set()
+    for i, name in enumerate(names):
+        if first.setdefault(object_key(name), i) != i:
+            shared.add(object_key(name))
+    keep = [i for i, name in enumerate(names) if shared and object_key(name) in shared]
+    kept = set(keep)
+    keys = [object_key(name, keep_extension=i in kept) for i, name in enumerate(names)]
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        other = seen.setdefault(key, i)
+        if other != i:
+            raise ConfigError(f"source: {root}/{names[other]} and {root}/{names[i]} give one sample key {key!r} (a key "
+                              "is the path without its extension, tar-safe: dots become _); rename one")
+    return keys, keep
+
+
+def object_sample(name: str, data: bytes, label: int, url: str, targets: Mapping[str, bytes] | None = None,
+                  key: str | None = None) -> Sample:
+    """The sample of image ``name`` read as ``data`` from ``url``: key ``key`` (the table's,
+    :meth:`ObjectTable.key`; default :func:`object_key`), the image under the name of its
+    format (its extension when the bytes say none), and ``cls`` when ``label >= 0``, then the
+    ``targets`` members (``json``, ``mask.png``: from a COCO file,
+    :meth:`~gpupipe.formats.coco.CocoTable.fields`). An empty file raises ``ShardFormatError``
+    (a loader knows of it at start: :func:`gpupipe.sources.source.resolve`)."""
+    key = object_key(name) if key is None else key
     if not data:
         raise ShardFormatError(f"sample {key!r}: the image is empty (0 bytes)", shard=url)
     fields = sample_fields(data, label, field_name(data, extension(name)))
@@ -322,7 +367,7 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
             rejected.append((path, reason))
         else:
             keep.append(rel[path])
-    _refuse_shared_keys(root, keep)
+    with_extension = object_keys(keep, root)[1]
     if deep:
         found = class_numbering({r.partition("/")[0] for r in keep}, classes, root)
         number = {c: i for i, c in enumerate(found)}
@@ -331,7 +376,8 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
         labels, found = [-1] * len(keep), tuple(classes or ())
     else:
         labels, found = _mapped_labels(keep, mapping, classes, root)
-    table = ObjectTable(NameList(keep), [listing.files[f"{root}/{r}"] for r in keep], labels)
+    table = ObjectTable(NameList(keep), [listing.files[f"{root}/{r}"] for r in keep], labels,
+                        with_extension=with_extension)
     return table, found, _reported(root, rejected)
 
 
@@ -356,17 +402,6 @@ def _reject(rel: str, size: int, *, flat: bool) -> str:
     if size > MAX_MEMBER_BYTES:
         return f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte member limit"
     return ""
-
-
-def _refuse_shared_keys(root: str, names: list[str]) -> None:
-    """Two images whose names give one key (``x.jpg`` and ``x.png``) would be one sample to a
-    tar reader, and the same key twice to everyone else: refused, naming both."""
-    seen: dict[str, str] = {}
-    for name in names:
-        other = seen.setdefault(object_key(name), name)
-        if other != name:
-            raise ConfigError(f"source: {root}/{other} and {root}/{name} give one sample key {object_key(name)!r} "
-                              "(a key is the path without its extension); rename one")
 
 
 def _refuse_a_parent_of_datasets(root: str, listing: Iterable[str]) -> None:

@@ -180,7 +180,7 @@ class EncodedLoader:
         """The source, the plan and the ledger of this rank (run by :func:`start_in_agreement`)."""
         self.stream: StreamConfig = split.stream
         refuse_commands(expand_pattern(split.source.url))  # every URL of a list, not only the first
-        self.source: ResolvedSource = resolve(split.source, self.stream.fetch)
+        self.source: ResolvedSource = resolve(split.source, self.stream.fetch, on_error=split.decode.on_error)
         manifest = self.source.manifest
         if split.classes is not None and manifest is not None:  # the index must number classes as declared
             agreed_classes({split.name: manifest.classes}, split.classes, {split.name: _first(split.source.url)})

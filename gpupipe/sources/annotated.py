@@ -9,7 +9,6 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,11 +17,9 @@ from gpupipe.formats.coco import parse_coco
 from gpupipe.formats.folder import ObjectTable
 from gpupipe.formats.manifest import MANIFEST_NAME
 from gpupipe.formats.rowgroups import with_target_columns
+from gpupipe.sources.resolved import ResolvedSource, Source
 from gpupipe.storage.fetch import Fetcher
 from gpupipe.storage.objects import read_whole, with_protocol
-
-if TYPE_CHECKING:
-    from gpupipe.sources.source import ResolvedSource, Source
 
 __all__ = ["check_targets", "with_targets", "annotations_file", "first_url"]
 
@@ -66,7 +63,7 @@ def with_targets(fetcher: Fetcher, resolved: ResolvedSource, source: Source, roo
     url, data = annotations_file(fetcher, folder, source)
     coco = parse_coco(data, url, source.classes).aligned(list(m.objects.names), folder)
     t = m.objects
-    objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32)
+    objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32, t.with_extension)
     return replace(resolved, manifest=replace(m, objects=objects, classes=coco.classes), targets=source.targets,
                    annotations=coco)
 

@@ -47,14 +47,17 @@ def describe(classes: Sequence[str]) -> str:
 
 
 def agreed_classes(found: Mapping[str, Sequence[str]], declared: Sequence[str] | None = None,
-                   urls: Mapping[str, str] | None = None) -> tuple[str, ...]:
+                   urls: Mapping[str, str] | None = None, kinds: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The one class list of a dataset: ``declared`` when given, else the splits' own.
 
     ``found`` maps a split name to the class list its index carries (``()``: the index
     lists none, which agrees with anything). ``urls`` (split → URL) makes the way out in
-    the message concrete. Raises :class:`ConfigError` naming both lists where two differ.
+    the message concrete; ``kinds`` (split → ``tar``, ``folder`` or ``parquet``: a
+    :attr:`~gpupipe.sources.source.ResolvedSource.kind`; tar where not given) keeps it true: a
+    split read in place has no shards to re-ingest, and maybe no index.json to point at.
+    Raises :class:`ConfigError` naming both lists where two differ.
     """
-    urls = urls or {}
+    urls, kinds = urls or {}, kinds or {}
     known = {split: tuple(c) for split, c in found.items() if c}
     if declared is not None:
         declared = tuple(declared)
@@ -70,11 +73,16 @@ def agreed_classes(found: Mapping[str, Sequence[str]], declared: Sequence[str] |
     for split in splits[1:]:
         first = splits[0]
         if known[split] != known[first]:
-            raise ConfigError(
-                f"the {first} and {split} indexes list different classes: {first} {describe(known[first])}, "
-                f"{split} {describe(known[split])}{_first_difference(known[first], known[split])}; label numbers "
-                f"mean different classes in each. {_one_list(first, split, known[first])} For tar shards: "
-                f"{_way_out(split, urls, '--classes-from ' + _index_of(first, urls))}")
+            in_place = [s for s in (first, split) if kinds.get(s, "tar") != "tar"]
+            what = "indexes" if not in_place else f"splits ({' and '.join(in_place)} read in place)"
+            message = (f"the {first} and {split} {what} list different classes: {first} {describe(known[first])}, "
+                       f"{split} {describe(known[split])}{_first_difference(known[first], known[split])}; label "
+                       f"numbers mean different classes in each. {_one_list(first, split, known[first])}")
+            if split not in in_place:  # shards: re-ingesting them with the reference's numbering is the other way
+                numbering = ("--classes " + ",".join(known[first])) if first in in_place else \
+                    ("--classes-from " + _index_of(first, urls))
+                message += f" For tar shards: {_way_out(split, urls, numbering)}"
+            raise ConfigError(message)
     return known[splits[0]] if splits else ()
 
 

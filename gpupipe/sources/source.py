@@ -34,145 +34,31 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from gpupipe.core.errors import ConfigError, StorageError
-from gpupipe.core.targets import target_kinds
-from gpupipe.core.types import StringTable
-from gpupipe.formats.coco import CocoTable
+from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError, StorageNotFoundError
+from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
-from gpupipe.formats.folder import FolderListing, NameList, classify_listing
+from gpupipe.formats.folder import FolderListing, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from gpupipe.formats.rowgroups import require_pyarrow
 from gpupipe.sources.annotated import check_targets, first_url, with_targets
 from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
+from gpupipe.sources.resolved import ResolvedSource, Source, UnitURLs
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
-from gpupipe.storage.identity import RACY_S, ObjectVersion, digest_of, identity_of
+from gpupipe.storage.identity import RACY_S, digest_of, identity_of
 from gpupipe.storage.objects import read_whole, with_protocol
 
 __all__ = ["Source", "ResolvedSource", "UnitURLs", "expand_pattern", "resolve"]
 
 log = logging.getLogger(__name__)
+_MISSING = ("does not exist; give a folder of tar shards, images or .parquet files (a local path, or a URL such "
+            "as s3://bucket/train/), a shard pattern or an index.json")
+_SAID: set[tuple[str, str]] = set()  # (source, warning) said in this process: each once (_warn_once)
 _DELTA_FILES = "delta"  # a Delta table's data files are never rewritten under their names (the protocol)
-
-
-@dataclass(frozen=True)
-class Source:
-    """A data location and its storage options (which never appear in ``repr``).
-
-    For sources read in place: ``image_column`` / ``label_column`` name the Parquet
-    columns (default: detected), ``labels`` the mapping file of a flat image folder
-    (default: ``labels.csv`` or ``labels.json`` in it), ``classes`` the class list that
-    numbers class names (default: the names found, sorted — give the training split's
-    list to a split that may lack a class). An ``index.json`` written with them by
-    ``gpupipe index`` remembers them.
-
-    ``targets``: the annotation kinds a sample brings beside its image (``("boxes",)``,
-    ``("masks",)``, both, or ``()`` for classification: :func:`~gpupipe.core.targets.target_kinds`);
-    their layout at rest is :mod:`gpupipe.formats.annotations`'. ``annotations``: a COCO
-    ``instances_*.json`` holding an image folder's boxes (default: found beside it, see
-    :func:`resolve`).
-    """
-
-    url: str | tuple[str, ...]
-    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    image_column: str | None = None
-    label_column: str | None = None
-    labels: str | None = None
-    classes: tuple[str, ...] | None = None
-    targets: tuple[str, ...] = ()
-    annotations: str | None = None
-
-    def __init__(self, url: str | Sequence[str], storage_options: Mapping[str, Any] | None = None,
-                 image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
-                 classes: Sequence[str] | None = None, targets: str | Sequence[str] | None = None,
-                 annotations: str | None = None) -> None:
-        """A list of URLs (or of class names) is kept as a tuple."""
-        fields = {"url": url if isinstance(url, str) else tuple(url),
-                  "storage_options": {} if storage_options is None else storage_options,
-                  "image_column": image_column, "label_column": label_column, "labels": labels,
-                  "classes": None if classes is None else tuple(classes),
-                  "targets": target_kinds(targets), "annotations": annotations}
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
-        if not self.url:
-            raise ConfigError("source.url: empty; give a folder, a pattern or a list of shard URLs")
-
-
-class UnitURLs(StringTable):
-    """The URL of each unit of a source read in place, made on demand from the root and
-    the names in its manifest: object ``i``, or the file of row group ``i``."""
-
-    def __init__(self, root: str, names: NameList, file_of: np.ndarray | None = None):
-        self.root, self._names, self._file_of = root.rstrip("/") + "/", names, file_of
-
-    def __len__(self) -> int:
-        return len(self._names) if self._file_of is None else len(self._file_of)
-
-    def _at(self, i: int) -> str:
-        return self.root + self._names[i if self._file_of is None else int(self._file_of[i])]
-
-    def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
-        return isinstance(other, UnitURLs) and list(self) == list(other)
-
-
-@dataclass(frozen=True)
-class ResolvedSource:
-    """The URL of each unit (a tar shard, an object, a Parquet row group's file) and the
-    manifest describing them in the same order (``None``: tar shards without one);
-    ``delta_version``: the Delta table version they are the files of; ``skipped``: for an
-    image folder described from its listing, ``(path, why)`` of each file not read as an
-    image (empty when an index described it); ``identity``: the version tag of what described
-    the units — the index (its storage identity), or a digest of the listing made at start
-    — which vouches for units the manifest has no checksum of (``""``: none; those units
-    are then never cached). ``targets``: the target kinds every sample must bring
-    (``Source.targets``, checked against what the manifest records); ``annotations``: for an
-    image folder read with a COCO file, its objects, row ``i`` for object ``i``
-    (:class:`~gpupipe.formats.coco.CocoTable`: numpy arrays, which pickle compactly into
-    DataLoader workers)."""
-
-    shard_urls: Sequence[str]
-    manifest: Manifest | None
-    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    delta_version: int | None = None
-    skipped: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    identity: str = field(default="", repr=False, compare=False)
-    targets: tuple[str, ...] = ()
-    annotations: CocoTable | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def num_samples(self) -> int | None:
-        return None if self.manifest is None else self.manifest.num_samples
-
-    @property
-    def kind(self) -> str:
-        """``tar``, ``folder`` or ``parquet``."""
-        return "tar" if self.manifest is None else self.manifest.kind
-
-    def unit_version(self, i: int) -> ObjectVersion:
-        """What the bytes of unit ``i`` are known by in the block cache: a tar shard's SHA-256
-        and size, an object's or row group's CRC-32 (``gpupipe index --checksums``), else
-        :attr:`identity` — re-indexing, or any change to a folder listed at start, makes it
-        new. An empty tag: not cached. A row group has no size: its column chunks are always
-        read as the same ranges, and cached as such. Without a manifest (whole shards): an
-        empty version, which a whole read completes with the storage's identity."""
-        m, vouched = self.manifest, f"described:{self.identity}" if self.identity else ""
-        if m is None:
-            return ObjectVersion()
-        if m.objects is not None:
-            t = m.objects
-            return ObjectVersion(vouched if t.crc32 is None else f"crc32:{int(t.crc32[i])}", int(t.sizes[i]))
-        if m.parquet is not None:
-            g = m.parquet
-            if g.crc32 is not None:
-                return ObjectVersion(f"crc32:{int(g.crc32[i])}")
-            return ObjectVersion(vouched and f"{vouched};size={int(g.file_sizes[int(g.file[i])])}")
-        entry = m.shards[i]
-        return ObjectVersion(f"sha256:{entry.sha256}" if entry.sha256 else vouched, entry.size)
 
 
 def expand_pattern(pattern: str | Sequence[str]) -> list[str]:
@@ -193,12 +79,20 @@ def _has_glob(s: str) -> bool:
     return any(ch in s for ch in "*?[")
 
 
-def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool = True) -> ResolvedSource:
+def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool = True,
+            on_error: ErrorPolicy | str | None = None) -> ResolvedSource:
     """Expand the source and load the manifest beside the data, if there is one.
 
     Storage errors (missing bucket, 403) surface here, in the main process, as
-    ``StorageError`` naming the URL — not later inside a DataLoader worker.
-    ``use_index=False`` ignores an ``index.json`` (``gpupipe index`` describes afresh).
+    ``StorageError`` naming the URL — not later inside a DataLoader worker; a path that
+    does not exist says so (``StorageNotFoundError``). ``use_index=False`` ignores an
+    ``index.json`` (``gpupipe index`` describes afresh).
+
+    ``on_error``: the policy the loader will read with (None: not a loader, e.g. ``gpupipe
+    validate``, which lists bad files itself). Images of an image folder that are empty (0 bytes:
+    known from the listing or the index, before any read) raise ``ShardFormatError`` here under
+    ``raise``, naming them and both ways out, rather than at the first batch that holds one; under
+    ``skip`` a warning says so once per process (each is then a counted skip, every epoch).
 
     With ``source.targets``: an image folder's objects come from a COCO file — ``source.annotations``
     if given, else the one ``instances_*.json`` in the folder, else
@@ -218,6 +112,8 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
         check_targets(resolved, source)
     resolved = with_targets(fetcher, resolved, source,
                             resolved.shard_urls.root if isinstance(resolved.shard_urls, UnitURLs) else None)
+    if on_error is not None:
+        _empty_images(resolved, first_url(source.url), ErrorPolicy(on_error))
     m = resolved.manifest
     if fetcher.config.cache_dir and m is not None and not resolved.identity and \
             ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
@@ -256,11 +152,13 @@ def _resolve(fetcher: Fetcher, source: Source, urls: list[str], pinned: int | No
         return _parquet_source(fetcher, paths, source, use_index)
     listed, identity = _manifest_for(fetcher, paths) if use_index else (None, "")
     if listed is None and use_index:
-        fetcher.size(paths[0])  # fail here, clearly, if the storage is not reachable
-        log.warning(
-            "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and workers are "
-            "by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
-            MANIFEST_NAME, len(paths))
+        try:
+            fetcher.size(paths[0])  # fail here, clearly, if the storage is not reachable
+        except StorageNotFoundError:
+            raise StorageNotFoundError(_MISSING, url=paths[0]) from None
+        _warn_once(True, paths[0], "no %s beside the shards: streaming %d shard(s) whole; splits across ranks and "
+                   "workers are by shard, so steps per rank may differ. Run `gpupipe index` to write one.",
+                   MANIFEST_NAME, len(paths))
     return ResolvedSource(tuple(paths), listed, source.storage_options, identity=identity)
 
 
@@ -297,6 +195,8 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
     if listing.kind == "tar":
         return None
     if listing.kind == "empty":
+        if not listing.files and not fetcher.call(folder, "exists"):
+            raise StorageNotFoundError(_MISSING, url=folder)
         raise StorageError(f"no tar shards, images or .parquet files here (and no {MANIFEST_NAME}); give the folder "
                            "that holds them", url=folder)
     if listing.kind == "parquet":
@@ -317,10 +217,39 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
 
 
 def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:
-    (log.warning if warn else log.debug)(
-        "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` writes one: a "
-        "faster start, and CRC-32 checks with --checksums.", index, where, manifest.num_units,
-        "images" if manifest.kind == "folder" else "row groups")
+    _warn_once(warn, where, "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` "
+               "writes one: a faster start, and CRC-32 checks with --checksums.", index, where, manifest.num_units,
+               "images" if manifest.kind == "folder" else "row groups")
+
+
+def _warn_once(warn: bool, where: str, message: str, *args) -> None:
+    """A warning about the source at ``where``, said once per process (a second loader of the same
+    source, or a tool that resolves it twice, says it at debug level); ``warn=False``: debug only. The
+    same words with other numbers (the source changed) are said again."""
+    said = (where, message % args)
+    if not warn or said in _SAID:
+        log.debug(message, *args)
+        return
+    _SAID.add(said)
+    log.warning(message, *args)
+
+
+def _empty_images(resolved: ResolvedSource, url: str, on_error: ErrorPolicy) -> None:
+    """Empty (0-byte) images of an image folder, from the sizes its manifest holds: raised under
+    ``raise``, said once under ``skip`` (see :func:`resolve`)."""
+    table = resolved.manifest.objects if resolved.manifest is not None else None
+    empty = [] if table is None else np.flatnonzero(table.sizes == 0).tolist()
+    if table is None or not empty:
+        return
+    names = ", ".join(table.names[i] for i in empty[:3]) + (", ..." if len(empty) > 3 else "")
+    what = f"{len(empty)} of its {len(table)} images {'is' if len(empty) == 1 else 'are'} empty (0 bytes): {names}"
+    validate = f"`gpupipe validate {url}` to list every bad file, then move them out or fix them"
+    if on_error is ErrorPolicy.RAISE:
+        raise ShardFormatError(f"{what}. Under on_error='raise' (the default) the first batch holding one would stop "
+                               "the run: set on_error='skip' (decode.on_error: skip in YAML) to replace each and count "
+                               f"it, or run {validate}", shard=url)
+    _warn_once(True, url, "%s: %s; on_error='skip' replaces each in every epoch and counts it. Run %s", url, what,
+               validate)
 
 
 def _parquet_source(fetcher: Fetcher, paths: list[str], source: Source, use_index: bool) -> ResolvedSource:
@@ -389,6 +318,8 @@ def _nothing_matches(fetcher: Fetcher, pattern: str) -> str:
         listing = _listing(fetcher, folder)[0]
     except StorageError:
         listing = None
+    if listing is not None and not listing.files and folder and not fetcher.call(folder, "exists"):
+        return f"no shards match this pattern: {folder}/ does not exist"
     if listing is not None and listing.kind in ("folder", "parquet"):
         what = "images" if listing.kind == "folder" else ".parquet files"
         return (f"no shards match this pattern, but {folder}/ holds {what}: give the folder URL ({folder}/) to read "

@@ -73,12 +73,13 @@ class SkipLog:
 
     count: int = 0
     keys: list[str] = field(default_factory=list)
+    quiet: bool = False  # padding's: a repeat of a sample said (and counted) where it was delivered
 
     def add(self, key: str, reason: str) -> None:
         self.count += 1
         if len(self.keys) < 100:
             self.keys.append(key)
-        log.warning("skipping %s: %s", key, reason)
+        (log.debug if self.quiet else log.warning)("skipping %s: %s", key, reason)
 
 
 def _placeholder(shard: str, key: str, sample_id: int) -> Sample:
@@ -222,7 +223,7 @@ def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch:
             url = source.shard_urls[s.shard]
             # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
             got = _deliver(span, url, int(first_ids[s.shard]) + s.start, on_error if s.valid else ErrorPolicy.SKIP,
-                           skips if s.valid else SkipLog(), wanted)
+                           skips if s.valid else SkipLog(quiet=True), wanted)
             tables.append(got if s.valid else replace(got, valid=np.zeros(len(got), dtype=bool)))
         order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
         yield chunk, SampleTable.concat(tables).take(order)

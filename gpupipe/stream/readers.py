@@ -50,8 +50,9 @@ _FOOTERS_KEPT = 64  # parsed Parquet footers a worker keeps (LRU)
 
 @dataclass
 class ReadSpan:
-    """One planned span, read: one entry per expected sample (``None`` where unreadable)
-    and, by index, why a sample is missing or failed its checksum. A span read whole and
+    """One planned span, read: one entry per expected sample (``None`` where unreadable; an
+    image-folder object that gives none is its key alone, a sample without fields) and, by
+    index, why a sample is missing or failed its checksum. A span read whole and
     checked by the vectorized tar scan comes as ``table`` instead (``samples`` empty; its
     sample ids count from 0 within the span)."""
 
@@ -89,23 +90,29 @@ def _targets(source, i: int):
 
 def _object(fetcher: Fetcher, table, i: int, url: str, got: bytes | StorageError, version: ObjectVersion,
             targets: dict | ShardFormatError | None = None) -> ReadSpan:
-    name = table.names[i]
+    name, key = table.names[i], table.key(i)
     if isinstance(targets, ShardFormatError):
-        return ReadSpan([None], {0: targets})
+        return _unusable(key, url, targets)
     expected = None if table.crc32 is None else int(table.crc32[i])
     for attempt in range(fetcher.config.refetch + 1):
         if isinstance(got, StorageError):
-            return ReadSpan([None], {0: got})
+            return _unusable(key, url, got)
         if expected is None or crc32(got) == expected:
             try:
-                return ReadSpan([object_sample(name, got, int(table.labels[i]), url, targets)], {})
+                return ReadSpan([object_sample(name, got, int(table.labels[i]), url, targets, key=key)], {})
             except ShardFormatError as exc:  # an empty file
-                return ReadSpan([None], {0: exc})
+                return _unusable(key, url, exc)
         if attempt < fetcher.config.refetch:
             got = read_object_fresh(fetcher, ByteRange(url, 0, int(table.sizes[i])), version)
-    return ReadSpan([None], {0: ShardFormatError(
+    return _unusable(key, url, ShardFormatError(
         "object fails its checksum on every read (it changed after index.json was written: rerun `gpupipe index`)",
-        shard=url)})
+        shard=url))
+
+
+def _unusable(key: str, url: str, problem: GpupipeError) -> ReadSpan:
+    """An object that gives no sample: its key (known from the listing, so that the placeholder the
+    stream puts in its place, the log and ``gpupipe validate`` all name it by its key) and why."""
+    return ReadSpan([Sample(key=key, fields={}, shard=url, offset=0)], {0: problem})
 
 
 # ------------------------------------------------------------------------------- Parquet

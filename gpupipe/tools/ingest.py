@@ -274,7 +274,8 @@ def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: b
             return _Item(_where(fetcher, url), name, None, f"read failed: {exc}")
         try:
             fields = None if coco is None else coco.fields(i, resolved.targets)
-            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url, fields))
+            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url, fields,
+                                                                   key=table.key(i)))
         except ShardFormatError as exc:  # the reader's verdict (an empty file), as reading in place gives it
             return _Item(_where(fetcher, url), name, None, exc.reason)
 

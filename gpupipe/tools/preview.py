@@ -1,8 +1,8 @@
 """``gpupipe preview``: look at what a config feeds the model, as a PNG grid.
 
-The first ``--n`` samples of a split (in stored order: shuffling is off, so the same
-samples come up for every ``--epoch`` and ``--seed-offset``) go through the config's whole
-pipeline: its decode (size, crop mode, backend) and its augmentation for that split, keyed
+The first ``--n`` samples of a split that can be read (in stored order: shuffling is off, so
+the same samples come up for every ``--epoch`` and ``--seed-offset``; an unreadable one, skipped
+under ``on_error: skip``, is made up for by the next) go through the config's whole pipeline: its decode (size, crop mode, backend) and its augmentation for that split, keyed
 by (seed + seed offset, epoch, sample id) exactly as in training. Normalize is undone for
 display with the mean/std of the config's last ``Normalize`` step; float images are taken to
 be in [0, 1] after a scaling ``ToDtype``/``ToTensor`` step and in [0, 255] otherwise.
@@ -12,6 +12,10 @@ tile shows its boxes (outlined, a colour per class, the class index at the corne
 mask (classes tinted over the image), as the augmentation moved them; the caption gives the
 box count instead of the label. Tiles are enlarged (nearest neighbour) to at
 least ``MIN_TILE`` pixels so small training sizes stay visible.
+
+Stored order is class by class for an image folder, so the first samples are often of one
+class: the command says so when every tile shows one, and ``--shuffle`` takes them in the
+shuffled order of ``--epoch`` instead (other samples for each epoch and seed offset).
 """
 from __future__ import annotations
 
@@ -55,29 +59,24 @@ def layout(n: int, image_hw: tuple[int, int], *, compare: bool = False) -> Layou
 
 # ------------------------------------------------------------------------------------ pipeline
 
-def _preview_config(config, n: int, seed_offset: int):
-    """The config with shuffling off, one batch of ``n`` and the seed moved by ``seed_offset``."""
-    stream = replace(config.stream, shuffle=False, drop_last=False)
+def _preview_config(config, n: int, seed_offset: int, shuffle: bool = False):
+    """The config with shuffling off (or on: ``shuffle``), batches of ``n`` and the seed moved by
+    ``seed_offset``."""
+    stream = replace(config.stream, shuffle=shuffle, drop_last=False)
     loader = replace(config.loader, batch_size=n, eval_batch_size=n)
     return replace(config, stream=stream, loader=loader, seed=config.seed + seed_offset)
 
 
-def _first_batch(config, split: str, epoch: int, device):
-    """The first decoded (not augmented) batch of ``split`` at ``epoch``."""
+def _open(config, split: str, epoch: int, device):
+    """``(loader, its pass)``: the decoded (not augmented) batches of ``split`` at ``epoch``, in
+    order; closing the pass stops the decode thread."""
     from gpupipe.core.types import World
     from gpupipe.loader.gpu import GpuLoader
 
     settings = replace(config.split(split), augment=(), mix=None, num_workers=0)
     loader = GpuLoader(settings, world=World(), device=device)
     loader.set_epoch(epoch)
-    batches = iter(loader)
-    try:
-        batch = next(batches, None)
-    finally:
-        batches.close()  # stops the decode thread now
-    if batch is None:
-        raise _empty(split)
-    return batch
+    return loader, iter(loader)
 
 
 def _empty(split: str):
@@ -115,31 +114,71 @@ def to_display(images, specs: Sequence = ()):
 
 
 def preview(config, *, split: str = "train", n: int = 16, epoch: int = 0, seed_offset: int = 0,
-            compare: bool = False, device=None):
-    """A Pillow image: the grid of the first ``n`` samples of ``split`` (see the module doc)."""
+            compare: bool = False, device=None, shuffle: bool = False):
+    """A Pillow image: the grid of the first ``n`` readable samples of ``split`` (see the module
+    doc); ``image.info`` holds ``samples`` (how many it shows: ``n`` unless the split has fewer),
+    ``labels`` (theirs, -1 with targets) and ``classes`` (how many the split's index lists)."""
     from gpupipe.core.errors import ConfigError
 
     if n < 1:
         raise ConfigError(f"--n: must be >= 1, got {n}")
-    cfg = _preview_config(config, n, seed_offset)
-    batch = _first_batch(cfg, split, epoch, device)
-    settings, original = cfg.split(split), batch.images
+    cfg = _preview_config(config, n, seed_offset, shuffle)
+    settings = cfg.split(split)
     stage = settings.augment_stage()
-    out = stage.to(original.device)(batch) if stage is not None else batch
-    keep = batch.valid.cpu().nonzero().flatten().tolist()
-    if not keep:
+    tiles = _Tiles()
+    loader, batches = _open(cfg, split, epoch, device)
+    try:
+        for batch in batches:
+            original = batch.images
+            out = stage.to(original.device)(batch) if stage is not None else batch
+            keep = batch.valid.cpu().nonzero().flatten().tolist()[:n - len(tiles.captions)]
+            tiles.add(out, original, keep, settings.augment, compare)
+            if len(tiles.captions) >= n:
+                break
+    finally:
+        batches.close()  # stops the decode thread now
+    if not tiles.captions:
         raise _empty(split)
-    shown = to_display(out.images, settings.augment)[keep]
-    before = to_display(original)[keep] if compare else None
-    targets = out.targets.per_image() if out.targets is not None else None
-    if targets is not None:
-        shown = _overlay(shown, [targets[i] for i in keep])
-        captions = [f"{len(targets[i]['boxes'])} boxes {batch.keys[i]}" if "boxes" in targets[i]
-                    else batch.keys[i] for i in keep]
-    else:
-        labels = batch.labels.cpu()
-        captions = [f"{_label(labels[i])} {batch.keys[i]}" for i in keep]
-    return _grid(shown, captions, before, None if targets is None else [targets[i] for i in keep])
+    image = tiles.grid()
+    image.info.update(samples=len(tiles.captions), labels=tuple(tiles.labels), classes=len(loader.classes))
+    return image
+
+
+class _Tiles:
+    """The tiles gathered so far (across batches: a skipped sample is made up for by the next)."""
+
+    def __init__(self) -> None:
+        self.shown: list = []
+        self.before: list = []
+        self.captions: list[str] = []
+        self.labels: list[int] = []
+        self.targets: list[dict] | None = None
+
+    def add(self, out, original, keep: list[int], specs, compare: bool) -> None:
+        if not keep:
+            return
+        shown = to_display(out.images, specs)[keep]
+        if compare:
+            self.before.append(to_display(original)[keep])
+        targets = out.targets.per_image() if out.targets is not None else None
+        if targets is not None:
+            mine = [targets[i] for i in keep]
+            self.shown.append(_overlay(shown, mine))
+            self.targets = (self.targets or []) + mine
+            self.captions += [f"{len(t['boxes'])} boxes {out.keys[i]}" if "boxes" in t else out.keys[i]
+                              for t, i in zip(mine, keep)]
+            self.labels += [-1] * len(keep)
+        else:
+            labels = out.labels.cpu()
+            self.shown.append(shown)
+            self.captions += [f"{_label(labels[i])} {out.keys[i]}" for i in keep]
+            self.labels += [int(_label(labels[i])) for i in keep]
+
+    def grid(self):
+        import numpy as np
+
+        before = np.concatenate(self.before) if self.before else None
+        return _grid(np.concatenate(self.shown), self.captions, before, self.targets)
 
 
 def _colour(c: int) -> tuple[int, int, int]:
@@ -225,6 +264,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed-offset", type=int, default=0, metavar="N",
                    help="add N to the config's seed: other random draws, same samples (default 0)")
     p.add_argument("--compare", action="store_true", help="show each decoded image before augmentation beside it")
+    p.add_argument("--shuffle", action="store_true",
+                   help="take the samples in the shuffled order of --epoch, not the first ones stored (which in an "
+                        "image folder are often all of one class)")
     p.add_argument("--device", default=None, type=device_option,
                    help="cpu or cuda[:N] (default: the config's loader.device, else auto)")
 
@@ -234,8 +276,13 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     image = preview(config, split=args.split, n=args.n, epoch=args.epoch, seed_offset=args.seed_offset,
-                    compare=args.compare, device=args.device)
+                    compare=args.compare, device=args.device, shuffle=args.shuffle)
+    samples, labels, classes = (image.info.pop(k) for k in ("samples", "labels", "classes"))
     image.save(args.out, format="PNG")
-    print(f"gpupipe preview: wrote {args.out} ({image.width}x{image.height}, first {args.n} samples of "
-          f"{args.split}, epoch {args.epoch}, seed {config.seed + args.seed_offset})")
+    which = "shuffled as in" if args.shuffle else "the first stored, not shuffled, at"
+    print(f"gpupipe preview: wrote {args.out} ({image.width}x{image.height}, {samples} samples of {args.split}, "
+          f"{which} epoch {args.epoch}, seed {config.seed + args.seed_offset})")
+    if not args.shuffle and samples > 1 and classes > 1 and len(set(labels)) == 1 and labels[0] >= 0:
+        print(f"  all {samples} are of class {labels[0]}: the split is stored class by class; --shuffle shows samples "
+              "from across it")
     return 0

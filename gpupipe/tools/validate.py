@@ -24,9 +24,9 @@ The quarantine list (``--quarantine FILE``) has one line per bad sample: JSON li
 ``.json``, else tab-separated ``shard<TAB>key<TAB>offset<TAB>kind<TAB>reason`` after one
 ``#`` header line. For tar shards ``offset`` is the byte offset of the sample's first tar
 header in the shard, and a problem that ends a shard (damaged tar data) has an empty
-``key``; for an image folder ``shard`` is the image's URL and ``key`` its path in the
-folder; for Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to
-use it:
+``key``; for an image folder ``shard`` is the image's URL and ``key`` its sample key (its
+path in the folder without the extension: what ``batch.keys`` and the loader's log say); for
+Parquet ``shard`` is the file, ``key`` ``row <n>`` and ``offset`` ``n``. How to use it:
 
 * training survives these samples with ``decode.on_error: skip`` (each is replaced, counted
   and its key logged); the list tells you up front which they are and why;
@@ -141,6 +141,7 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
 
     config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
     decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet
+    decoder.stats.warn_stretched = False  # its 8x8 resize is the check's, not the user's (the child does the same)
     where = f"{decoder.name} on {decoder.device}"
     if decoder.name == "pil":
         return functools.partial(verdicts, decoder), decoder.close, where
@@ -319,8 +320,10 @@ def run(args: argparse.Namespace) -> int:
 def _where(p: Problem) -> str:
     """Where a problem is, for a person: an image's URL, a Parquet file and row, a tar shard,
     key and offset."""
-    if p.key and p.shard.endswith("/" + p.key):
-        return p.shard
+    from gpupipe.formats.folder import object_key
+
+    if p.key and any(object_key(p.shard, keep).endswith("/" + p.key) for keep in (False, True)):
+        return p.shard  # an image of a folder (its key is its path without, or with, the extension)
     if p.key.startswith("row "):
         return f"{p.shard}, {p.key}"
     return f"{p.shard}#{p.key or '(rest of shard)'} @{p.offset}"

@@ -7,8 +7,9 @@ images of every kind. Sources read in place are read by the loader's own readers
 (:mod:`gpupipe.stream.readers`), so a sample validate passes is one the loader delivers:
 
 * tar shards: whole-shard reads; tar damage ends its shard as one Problem (``key=""``);
-* an image folder: ``shard`` is the object's URL, ``key`` its path in the folder,
-  ``offset`` 0; files the loader does not read as images (``notes.txt`` in a class
+* an image folder: ``shard`` is the object's URL (its path, extension included), ``key``
+  its sample key (the path without the extension: the key ``batch.keys`` and the loader's
+  log give it, and the one it keeps through ``gpupipe ingest``), ``offset`` 0; files the loader does not read as images (``notes.txt`` in a class
   folder) are not samples: :func:`skipped_files` lists them, and they are no problem;
 * Parquet: ``shard`` is the file's URL, ``key`` ``row <n>``, ``offset`` the row number
   ``n`` in the file.
@@ -118,10 +119,10 @@ def _read_objects(fetcher, resolved) -> Iterator[Good | Problem]:
     from gpupipe.plan import Span
     from gpupipe.stream.readers import object_spans
 
-    names = resolved.manifest.objects.names
-    spans = (Span(i, 0, 1) for i in range(len(names)))
+    table = resolved.manifest.objects
+    spans = (Span(i, 0, 1) for i in range(len(table)))
     for i, read in enumerate(object_spans(fetcher, resolved, spans)):
-        yield _in_place_verdict(read, 0, resolved.shard_urls[i], names[i], 0)
+        yield _in_place_verdict(read, 0, resolved.shard_urls[i], table.key(i), 0)
 
 
 def _read_rowgroups(fetcher, resolved) -> Iterator[Good | Problem]:
@@ -141,7 +142,7 @@ def _in_place_verdict(read, i: int, url: str, key: str, offset: int) -> Good | P
     """Sample ``i`` of a reader's span as a Good (its image, empty or not: the header check
     names an empty one) or the Problem the reader found."""
     sample = read.samples[i]
-    if sample is not None:
+    if sample is not None and i not in read.problems:
         image = next(v for k, v in sample.fields.items() if k != "cls")
         return Good(url, key, offset, bytes(image))
     exc = read.problems[i]

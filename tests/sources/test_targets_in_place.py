@@ -399,7 +399,8 @@ def test_an_rle_mask_is_a_problem_for_its_sample_and_a_listed_skip_in_ingest(tmp
     (tmp_path / "imgs" / "instances_x.json").write_text(json.dumps(doc))
     src = resolve(Source(str(tmp_path / "imgs"), targets="masks"))
     reads = list(object_spans(local_fetcher(), src, [Span(i, 0, 1) for i in range(3)]))
-    assert [r.samples[0] is not None for r in reads] == [True, False, True]
+    assert [0 not in r.problems for r in reads] == [True, False, True]  # image 1: its key alone, and why
+    assert (reads[1].samples[0].key, reads[1].samples[0].fields) == ("000000000001", {})
     assert "'000000000001.jpg'" in reads[1].problems[0].reason and "RLE" in reads[1].problems[0].reason
     assert set(reads[0].samples[0].fields) == {"jpg", "mask.png"}
     report = ingest(str(tmp_path / "imgs"), str(tmp_path / "out"), workers=1, progress=False, targets="masks")

@@ -53,8 +53,8 @@ def checked(source: ResolvedSource) -> ResolvedSource:
 def ids(read) -> list[int | None]:
     """The image id each entry holds (read from its bytes, checked whole), ``None`` where missing."""
     out = []
-    for s in read.samples:
-        if s is None:
+    for i, s in enumerate(read.samples):
+        if s is None or i in read.problems:  # an object that gives no sample is its key alone (issue 36)
             out.append(None)
             continue
         data = next(v for k, v in s.fields.items() if k != "cls")
@@ -107,10 +107,13 @@ def test_a_flat_folder_with_labels_carries_them(tmp_path):
 
 
 def test_a_missing_object_is_none_with_its_error_and_the_rest_still_come(folder, tmp_path):
+    """An object that gives no sample comes as its key alone (a sample without fields, the key known from
+    the listing: the stream's placeholder, the log and validate name it by it), with its problem."""
     (tmp_path / "imgs" / "c1" / "img00004.jpg").unlink()
     spans = [Span(unit_of(folder, i), 0, 1) for i in (0, 4, 2)]
     reads = list(object_spans(fetcher(), folder, spans))
     assert [ids(r) for r in reads] == [[0], [None], [2]]
+    assert (reads[1].samples[0].key, reads[1].samples[0].fields) == ("c1/img00004", {})
     assert list(reads[1].problems) == [0] and isinstance(reads[1].problems[0], StorageError)
     assert "img00004.jpg" in str(reads[1].problems[0])
     assert reads[0].problems == reads[2].problems == {}
@@ -141,7 +144,8 @@ def test_an_object_changed_after_indexing_is_none_after_every_refetch(folder, tm
     path.write_bytes(payload(2)[:-1] + b"\0")  # same size, other bytes
     f = fetcher(refetch=3)
     (read,) = object_spans(f, source, [Span(u, 0, 1)])
-    assert read.samples == [None] and isinstance(read.problems[0], ShardFormatError)
+    assert ids(read) == [None] and read.samples[0].key == "c2/img00002" and isinstance(read.problems[0],
+                                                                                       ShardFormatError)
     assert "fails its checksum on every read" in str(read.problems[0]) and "gpupipe index" in str(read.problems[0])
     assert f.stats.refetches == 3 and [r[0] for r in f.fs.reads].count(str(path)) == 4
 
@@ -151,7 +155,7 @@ def test_refetch_zero_gives_up_after_the_first_read(folder):
     u = unit_of(source, 1)
     f = fetcher({source.shard_urls[u]: 1}, refetch=0)
     (read,) = object_spans(f, source, [Span(u, 0, 1)])
-    assert read.samples == [None] and "checksum" in str(read.problems[0]) and f.stats.refetches == 0
+    assert ids(read) == [None] and "checksum" in str(read.problems[0]) and f.stats.refetches == 0
 
 
 # ------------------------------------------------------------------------------ Parquet row groups

@@ -115,8 +115,8 @@ def test_ingest_copies_boxes_and_masks(tmp_path, monkeypatch):
         (tmp_path / "src" / f"c{i % 2}" / f"im{i}.jpg").write_bytes(detection_sample(0, i).fields["jpg"])
     real = ingest_module.object_sample
 
-    def with_targets(name, data, label, url, targets=None) -> Sample:
-        s = real(name, data, label, url, targets)
+    def with_targets(name, data, label, url, targets=None, key=None) -> Sample:
+        s = real(name, data, label, url, targets, key=key)
         i = int(name.rsplit("im", 1)[1].split(".")[0])
         made = detection_sample(0, i).fields
         return replace(s, fields={**s.fields, "json": made["json"], "mask.png": made["mask.png"]})

@@ -61,11 +61,11 @@ def test_a_decoder_crash_is_narrowed_to_its_files_and_the_rest_is_checked(folder
     report = validate(str(folder), decode="dali", batch_size=8)
     assert report.checked == 17
     kinds = {p.key.split("/")[-1]: p.kind for p in report.problems}
-    assert kinds == {"killer-a.jpg": "decoder crash", "killer-b.jpg": "decoder crash", "cut.jpg": "truncated"}
+    assert kinds == {"killer-a": "decoder crash", "killer-b": "decoder crash", "cut": "truncated"}  # sample keys
     crash_reason = next(p.reason for p in report.problems if p.kind == "decoder crash")
     assert "SIGSEGV" in crash_reason and "Pillow decodes it" in crash_reason
     culprits = sorted(k.split("/")[-1] for c in report.crashes for k in c.culprits)
-    assert culprits == ["killer-a.jpg", "killer-b.jpg"]
+    assert culprits == ["killer-a", "killer-b"]
     assert all(c.how == "SIGSEGV" and len(c.keys) > len(c.culprits) for c in report.crashes)
 
 
@@ -84,7 +84,7 @@ def test_the_command_names_the_batch_and_goes_on(folder, crashing, capsys):
 def test_a_crash_no_part_of_the_batch_repeats_is_reported_not_blamed(folder, crashing):
     crashing("make_batch_killer")
     report = validate(str(folder), decode="dali", batch_size=8)
-    assert [p.key.split("/")[-1] for p in report.problems] == ["cut.jpg"]
+    assert [p.key.split("/")[-1] for p in report.problems] == ["cut"]
     assert report.crashes and all(not c.culprits for c in report.crashes)
     assert "not narrowed" in report.crashes[0].describe()
 

@@ -16,7 +16,7 @@ from gpupipe.tools.cli import main
 from gpupipe.tools.indexer import index_in_place
 from gpupipe.tools.validate import validate
 
-FOLDER_BAD = {"c1/corrupt.jpg": "decode failed", "c1/page.jpg": "not an image", "c1/half.jpg": "truncated"}
+FOLDER_BAD = {"c1/corrupt": "decode failed", "c1/page": "not an image", "c1/half": "truncated"}  # by sample key
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_validate_a_class_folder_names_each_bad_image(folder: Path, tmp_path: Pa
     out = capsys.readouterr().out
     entries = [json.loads(line) for line in (tmp_path / "q.jsonl").read_text().splitlines()]
     assert {e["key"]: e["kind"] for e in entries} == FOLDER_BAD
-    assert all(e["shard"] == f"{folder}/{e['key']}" and e["offset"] == 0 and e["reason"] for e in entries)
+    assert all(e["shard"] == f"{folder}/{e['key']}.jpg" and e["offset"] == 0 and e["reason"] for e in entries)
     assert "7 samples in 1 image folder" in out and "4 good, 3 quarantined" in out, out
     assert f"{folder}/c1/corrupt.jpg: dali: " in out  # decoded for real with DALI (CPU), and named by its URL
     # the loader skips notes.txt (not an image file name): listed, not a sample, not a problem
@@ -68,7 +68,7 @@ def test_validate_a_flat_folder_checks_index_json_checksums(tmp_path: Path):
     data[-3] ^= 0x01  # same size, one bit in the entropy-coded data: decodes, but is not what was indexed
     (flat / "s1.jpg").write_bytes(bytes(data))
     changed = validate(str(flat), decode="pil")
-    assert [(p.shard, p.key, p.kind) for p in changed.problems] == [(f"{flat}/s1.jpg", "s1.jpg", "checksum")]
+    assert [(p.shard, p.key, p.kind) for p in changed.problems] == [(f"{flat}/s1.jpg", "s1", "checksum")]
     assert "rerun `gpupipe index`" in changed.problems[0].reason
 
 

@@ -14,7 +14,8 @@ same steps per sample (:mod:`gpupipe.tools.bench.persample`), seeded per sample:
 An image that does not decode (truncated, not an image) is handled as gpupipe's
 ``on_error`` for the run says: ``raise`` stops with a ``DecodeError`` naming the file, or
 the shard and sample key; ``skip`` puts the next image that decodes in its place and
-counts it (``counts["skipped"]``), so batches stay full and the timing stays comparable.
+counts it (``counts["skipped"]``: distinct bad samples, by key, however often an epoch meets
+them; :func:`new_counts`), so batches stay full and the timing stays comparable.
 
 The libraries are imported here, lazily: they are benchmark extras (``gpupipe[bench]``),
 never runtime dependencies.
@@ -33,7 +34,7 @@ from torch.utils.data import Dataset
 
 from gpupipe.core.errors import ConfigError, DecodeError, MissingDependencyError
 
-__all__ = ["Item", "folder_items", "shard_items", "torch_batches", "webdataset_batches"]
+__all__ = ["Item", "folder_items", "shard_items", "torch_batches", "webdataset_batches", "new_counts"]
 
 log = logging.getLogger(__name__)
 Item = tuple[str, int, int, int, str]  # (path, offset, size (-1: whole file), label, sample key)
@@ -89,9 +90,9 @@ def _problem(where: str, exc: BaseException) -> str:
 class _ImageDataset(Dataset):
     """Map-style dataset: read, Pillow-decode to RGB, run the per-sample pipeline.
 
-    Item ``i`` gives ``(tensor, label, bad, problem)``: ``bad`` is 1 and ``problem`` says why
-    when item ``i`` itself does not decode; the tensor and label are then those of the next
-    item that does (the consumer raises or counts)."""
+    Item ``i`` gives ``(tensor, label, bad, problem, key)``: ``bad`` is 1, ``problem`` says why
+    and ``key`` is item ``i``'s when it does not decode itself; the tensor and label are then
+    those of the next item that does (the consumer raises or counts)."""
 
     def __init__(self, items: list[Item], pipeline: Callable, seed: int):
         self.items, self.pipeline, self.seed = items, pipeline, seed
@@ -110,7 +111,9 @@ class _ImageDataset(Dataset):
                 where = path if size < 0 else f"{path}: sample {key!r} (member at byte {offset})"
                 problem = problem or _problem(where, exc)
                 continue
-            return self.pipeline(img, np.random.default_rng([self.seed, self.epoch, i])), label, int(j != i), problem
+            bad = j != i
+            return (self.pipeline(img, np.random.default_rng([self.seed, self.epoch, i])), label, int(bad), problem,
+                    self.items[i][4] if bad else "")
         raise DecodeError(f"bench baseline: none of the {len(self.items)} images decodes; the first: {problem}")
 
 
@@ -121,18 +124,27 @@ def _read(path: str, offset: int, size: int) -> bytes:
         return f.read(size if size >= 0 else -1)
 
 
-def _checked(bad, problems, on_error: str, counts: dict | None) -> None:
-    """Raise for the batch's first bad image (``on_error="raise"``), or count them."""
-    n = int(bad.sum())
-    if not n:
+def new_counts() -> dict:
+    """What a baseline counts: ``skipped`` (distinct bad samples) and their ``skipped_keys``."""
+    return {"skipped": 0, "skipped_keys": set()}
+
+
+def _checked(bad, problems, keys: Sequence[str], on_error: str, counts: dict | None) -> None:
+    """Raise for the batch's first bad image (``on_error="raise"``), or count them: each bad
+    sample once (by its key, ``keys``: ``"\n"``-joined where one row stands for several), and a
+    warning for the first one not met before."""
+    if not int(bad.sum()):
         return
     first = next(p for p in problems if p)
     if on_error == "raise":
         raise DecodeError(f"bench baseline: {first}; run `gpupipe validate` to list the bad images, "
                           "or bench with decode.on_error: skip")
-    log.warning("bench baseline: %s (skipped)", first)
-    if counts is not None:
-        counts["skipped"] = counts.get("skipped", 0) + n
+    met = {k for joined in keys for k in joined.split("\n") if k}
+    counts = counts if counts is not None else new_counts()
+    if met - counts["skipped_keys"]:
+        log.warning("bench baseline: %s (skipped)", first)
+    counts["skipped_keys"] |= met
+    counts["skipped"] = len(counts["skipped_keys"])
 
 
 def torch_batches(items: list[Item], pipeline: Callable, *, batch_size: int, workers: int, seed: int = 0,
@@ -147,34 +159,36 @@ def torch_batches(items: list[Item], pipeline: Callable, *, batch_size: int, wor
         gen = torch.Generator().manual_seed(seed * 1_000_003 + dataset.epoch)
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                              num_workers=workers, generator=gen)
-        for images, _, bad, problems in loader:
-            _checked(bad, problems, on_error, counts)
+        for images, _, bad, problems, keys in loader:
+            _checked(bad, problems, keys, on_error, counts)
             yield len(images)
         dataset.epoch += 1
 
 
 class _WdsSamples:
-    """webdataset stage: samples → ``(tensor, label, bad, problem)``, each with a generator
+    """webdataset stage: samples → ``(tensor, label, bad, problem, keys)``, each with a generator
     from (seed, key) (picklable). A sample whose image does not decode is left out and
-    reported with the next one that does (``bad`` of them, the first ``problem``)."""
+    reported with the next one that does (``bad`` of them, the first ``problem``, their
+    ``"\n"``-joined ``shard#key``s)."""
 
     def __init__(self, pipeline: Callable, seed: int):
         self.pipeline, self.seed = pipeline, seed
 
     def __call__(self, samples: Iterator[dict]) -> Iterator[tuple]:
-        bad, problem = 0, ""
+        bad, problem, keys = 0, "", []
         for sample in samples:
             try:
                 img = _decode(sample["jpg"])
             except Exception as exc:  # noqa: BLE001  (whatever Pillow raises for a bad image)
                 bad, problem = bad + 1, problem or _problem(f"{sample.get('__url__')}: sample {sample['__key__']!r}", exc)
+                keys.append(f"{sample.get('__url__')}#{sample['__key__']}")
                 if bad >= _MAX_BAD_IN_A_ROW:
                     raise DecodeError(f"bench webdataset: {bad} images in a row do not decode; the first: {problem}") \
                         from exc
                 continue
             rng = np.random.default_rng([self.seed, zlib.crc32(sample["__key__"].encode())])
-            yield self.pipeline(img, rng), int(sample["cls"]), bad, problem
-            bad, problem = 0, ""
+            yield self.pipeline(img, rng), int(sample["cls"]), bad, problem, "\n".join(keys)
+            bad, problem, keys = 0, "", []
 
 
 def webdataset_batches(shards: Sequence[str], pipeline: Callable, *, batch_size: int, workers: int,
@@ -191,6 +205,6 @@ def webdataset_batches(shards: Sequence[str], pipeline: Callable, *, batch_size:
                .shuffle(1000)
                .compose(_WdsSamples(pipeline, seed)).batched(batch_size, partial=False))
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=workers)
-    for images, _, bad, problems in loader:
-        _checked(bad, problems, on_error, counts)
+    for images, _, bad, problems, keys in loader:
+        _checked(bad, problems, keys, on_error, counts)
         yield len(images)

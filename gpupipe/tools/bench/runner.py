@@ -40,7 +40,9 @@ LOADERS = ("gpupipe", "baseline", "webdataset", "dali")
 @dataclass(frozen=True)
 class Target:
     """One transform set on one dataset. ``make_gpupipe(num_workers, device)`` builds the
-    gpupipe loader; the baselines read ``shards`` (local tar paths) and ``items``."""
+    gpupipe loader; the baselines read ``shards`` (local tar paths) or, for an image folder read
+    in place (``kind`` ``folder``), its images directly (``items``: the folder's own listing, the
+    files gpupipe reads, with its labels and sample keys)."""
 
     name: str
     shards: tuple[str, ...]
@@ -52,6 +54,8 @@ class Target:
     num_samples: int | None = None
     seed: int = 0
     on_error: str = "raise"  # gpupipe's for this run; the baselines do the same with a bad image
+    kind: str = "tar"  # the source's (ResolvedSource.kind): tar shards, an image folder or Parquet read in place
+    items: tuple | None = None  # an image folder's images as the baseline reads them (baselines.Item)
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict)
 
     loader = target.make_gpupipe(workers, spec.device)
     epochs = iter(range(1, 1 << 30))
+    delivered: list[tuple[tuple[str, ...], Any]] = []  # (keys, valid) of the run's batches: read after it
 
     def stream() -> Generator[int, None, None]:
         while True:
@@ -103,45 +108,54 @@ def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict)
             passing = iter(loader)
             try:
                 for batch in passing:
+                    delivered.append((batch.keys, batch.valid))  # no device sync in the timed loop
                     yield len(batch)
             finally:  # stop the pass now (its threads, its workers), not when the collector finds it:
                 passing.close()  # its stage times were read as 0.000 on a GPU run before it ended
 
     def reset() -> None:
         loader.stats = StageStats()
+        delivered.clear()
+
+    def stats() -> dict:
+        bad = {k for keys, valid in delivered for k, ok in zip(keys, valid.tolist()) if not ok}
+        return {**loader.stats.as_dict(), "skipped_keys": bad}  # (training drops the tail: no padding here)
 
     info = {"decode": loader.decoder.name, "device": str(loader.device), "num_workers": loader.encoded.num_workers}
-    return _Opened(stream, info, lambda: loader.stats.as_dict(), reset)
+    return _Opened(stream, info, stats, reset)
 
 
 def _open_baseline(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
-    from gpupipe.tools.bench.baselines import folder_items, shard_items, torch_batches
+    from gpupipe.tools.bench.baselines import folder_items, new_counts, shard_items, torch_batches
 
     workers = _per_core(workers)
 
     if "items" not in ctx:
-        ctx["items"] = folder_items(target.images_dir) if target.images_dir else shard_items(target.shards)
+        ctx["items"] = folder_items(target.images_dir) if target.images_dir else \
+            list(target.items) if target.items is not None else shard_items(target.shards)
     pipeline, kind = ctx["per_sample"]
-    info = {"per_sample": kind, "reads": f"image folder {target.images_dir}" if target.images_dir else
-            "tar members by offset (no image folder found)", "num_workers": workers}
-    counts = {"skipped": 0}
+    reads = f"image folder {target.images_dir}" if target.images_dir else \
+        "the image folder's files, as gpupipe lists them" if target.items is not None else \
+        "tar members by offset (no image folder found)"
+    info = {"per_sample": kind, "reads": reads, "num_workers": workers}
+    counts = new_counts()
     return _Opened(lambda: torch_batches(ctx["items"], pipeline, batch_size=target.batch_size, workers=workers,
                                          seed=target.seed, on_error=target.on_error, counts=counts),
-                   info, lambda: dict(counts), lambda: counts.update(skipped=0))
+                   info, lambda: dict(counts), lambda: counts.update(new_counts()))
 
 
 def _open_webdataset(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
-    from gpupipe.tools.bench.baselines import webdataset_batches
+    from gpupipe.tools.bench.baselines import new_counts, webdataset_batches
 
     workers = _per_core(workers)
 
     pipeline, kind = ctx["per_sample"]
-    counts = {"skipped": 0}
+    counts = new_counts()
     return _Opened(lambda: webdataset_batches(target.shards, pipeline, batch_size=target.batch_size,
                                               workers=workers, seed=target.seed, on_error=target.on_error,
                                               counts=counts),
                    {"per_sample": kind, "num_workers": workers}, lambda: dict(counts),
-                   lambda: counts.update(skipped=0))
+                   lambda: counts.update(new_counts()))
 
 
 def _open_dali(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
@@ -260,8 +274,8 @@ def _row(target: Target, loader: str, workers: int | None, opened: _Opened, runs
             row[key] = round(med(values), 1) if key == "gpu_util_percent" else max(values)
     if runs.stages and "images" in runs.stages[0]:
         row["stages_per_image_ms"] = _stages_per_image(runs.stages)
-    if runs.stages:
-        row["skipped"] = sum(s.get("skipped", 0) for s in runs.stages)  # bad images replaced in the timed runs
+    if runs.stages:  # bad samples replaced in the timed runs: each counted once, however many passes met it
+        row["skipped"] = len(set().union(*(s.get("skipped_keys", ()) for s in runs.stages)))
     return row
 
 
@@ -316,7 +330,23 @@ def validate(targets: list[Target], spec: RunSpec) -> None:
 
     check_loaders(spec.loaders)
     for t in targets:
+        _check_kind(t, spec.loaders)
         if {"baseline", "webdataset"} & set(spec.loaders):
             check_supported(t.steps)
         if "dali" in spec.loaders:
             check_dali(t.steps)
+
+
+def _check_kind(target: Target, loaders: tuple[str, ...]) -> None:
+    """Refuse a baseline that cannot read the target's source: webdataset and DALI read tar shards,
+    the torch baseline tar shards or an image folder's files (not Parquet)."""
+    if target.kind == "tar":
+        return
+    cannot = [n for n in loaders if n in ("webdataset", "dali") or (n == "baseline" and target.kind == "parquet")]
+    if not cannot:
+        return
+    what = "an image folder" if target.kind == "folder" else "Parquet files"
+    but = ", or compare baseline alone (it reads the folder's image files)" if target.kind == "folder" else ""
+    raise ConfigError(f"--compare {','.join(cannot)}: this source is {what} read in place, and "
+                      f"{' and '.join(cannot)} read tar shards; make shards with `gpupipe ingest SRC DST` and bench "
+                      f"DST{but}")

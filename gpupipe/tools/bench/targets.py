@@ -5,7 +5,10 @@ From a config (``gpupipe.config.schema.load_config``): its train source, ``decod
 ``GpuLoader(cfg.split("train"))`` with ``num_workers=w``. From a shard folder or pattern: one target
 per ``--augment`` set, gpupipe's loader a ``GpuLoader`` with that set. The baselines
 read the shards from the local disk; the torch DataLoader baseline reads the image
-folder beside them (``images/``, as ``--make-data`` writes) when there is one.
+folder beside them (``images/``, as ``--make-data`` writes) when there is one. Given an
+image folder itself (read in place, as the README's ``gpupipe bench FOLDER``), the baseline
+reads its image files, the ones gpupipe lists, with their labels and keys; webdataset and
+DALI read tar shards only, and say so.
 """
 from __future__ import annotations
 
@@ -29,7 +32,18 @@ def set_names(text: str) -> list[str]:
     return names
 
 
-def _local_shards(source, storage_options) -> tuple[tuple[str, ...], int | None]:
+@dataclasses.dataclass(frozen=True)
+class _Local:
+    """A source as the baselines read it: its units' local paths (tar shards, or an image folder's
+    images), sample count, kind, and for an image folder its images as baseline items."""
+
+    paths: tuple[str, ...]
+    num_samples: int | None
+    kind: str
+    items: tuple | None
+
+
+def _local_data(source, storage_options) -> _Local:
     from gpupipe.sources.source import Source, resolve
 
     resolved = resolve(Source(source, dict(storage_options or {})))
@@ -37,23 +51,29 @@ def _local_shards(source, storage_options) -> tuple[tuple[str, ...], int | None]
     for url in resolved.shard_urls:
         path = url[len("file://"):] if url.startswith("file://") else url
         if "://" in path:
-            raise ConfigError(f"bench: the baselines read local shards only; {url!r} is remote "
+            raise ConfigError(f"bench: the baselines read local data only; {url!r} is remote "
                               "(copy it locally, or run without --compare)")
         paths.append(path)
-    return tuple(paths), resolved.num_samples
+    items = None
+    if resolved.kind == "folder" and resolved.manifest is not None and resolved.manifest.objects is not None:
+        table = resolved.manifest.objects  # (path, offset, whole file, label, sample key): baselines.Item
+        items = tuple((paths[i], 0, -1, int(table.labels[i]), table.key(i)) for i in range(len(table)))
+    return _Local(tuple(paths), resolved.num_samples, resolved.kind, items)
 
 
-def _images_dir(shards: tuple[str, ...], given: str | None) -> str | None:
+def _images_dir(local: _Local, given: str | None) -> str | None:
     if given:
         if not os.path.isdir(given):
             raise ConfigError(f"--images-dir: no such folder {given!r}")
         return given
-    beside = Path(shards[0]).resolve().parent.parent / "images"
+    if local.kind != "tar" or not local.paths:  # an image folder is read as gpupipe lists it
+        return None
+    beside = Path(local.paths[0]).resolve().parent.parent / "images"
     return str(beside) if beside.is_dir() else None
 
 
 def describe_target(self: Target) -> dict:
-    return {"name": self.name, "shards": len(self.shards), "first_shard": self.shards[0],
+    return {"name": self.name, "kind": self.kind, "shards": len(self.shards), "first_shard": self.shards[0],
             "images_dir": self.images_dir, "num_samples": self.num_samples, "image_size": list(self.image_size),
             "batch_size": self.batch_size, "augment": [{"name": n, **a} for n, a in self.steps],
             "dataset": _dataset_summary(self.shards[0])}
@@ -75,7 +95,7 @@ def _dataset_summary(shard: str) -> dict | None:
 def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
     from gpupipe.loader.gpu import GpuLoader
 
-    shards, n = _local_shards(source, args.storage_options and dict(args.storage_options))
+    local = _local_data(source, args.storage_options and dict(args.storage_options))
     size = args.image_size or 224
     batch = args.batch_size or 256
     targets = []
@@ -85,8 +105,9 @@ def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
                              num_workers=workers, storage_options=dict(args.storage_options), rank=0, world_size=1,
                              on_error="skip", augment=gpupipe_pipeline(steps), seed=args.seed)
 
-        targets.append(Target(name, shards, (size, size), batch, SETS[name], make, _images_dir(shards, args.images_dir),
-                              n, args.seed, on_error="skip"))
+        targets.append(Target(name, local.paths, (size, size), batch, SETS[name], make,
+                              _images_dir(local, args.images_dir), local.num_samples, args.seed, on_error="skip",
+                              kind=local.kind, items=local.items))
     return targets
 
 
@@ -103,7 +124,7 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
         train = cfg.source.train
         if train is None:
             raise ConfigError(f"{path}: source.train is not set")
-        shards, n = _local_shards(list(train) if isinstance(train, tuple) else train, cfg.source.storage_options)
+        local = _local_data(list(train) if isinstance(train, tuple) else train, cfg.source.storage_options)
 
         def make(workers, device, cfg=cfg):
             from gpupipe.core.types import World
@@ -113,7 +134,8 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
             split = split if workers is None else dataclasses.replace(split, num_workers=workers)
             return GpuLoader(split, world=World(), device=device)
 
-        targets.append(Target(Path(path).stem, shards, cfg.decode.image_size, cfg.loader.batch_size,
-                              steps_of(cfg.augment), make, _images_dir(shards, args.images_dir), n, cfg.seed,
-                              on_error=str(getattr(cfg.decode.on_error, "value", cfg.decode.on_error))))
+        targets.append(Target(Path(path).stem, local.paths, cfg.decode.image_size, cfg.loader.batch_size,
+                              steps_of(cfg.augment), make, _images_dir(local, args.images_dir), local.num_samples,
+                              cfg.seed, on_error=str(getattr(cfg.decode.on_error, "value", cfg.decode.on_error)),
+                              kind=local.kind, items=local.items))
     return targets
