@@ -189,11 +189,7 @@ def test_no_room_exports_a_name_that_hides_one_of_its_modules():
 
 # Circles between two files of one room that another branch is taking apart; each entry must still be a circle
 # (test_every_known_circle_is_still_there), so it leaves this list as soon as it is gone.
-KNOWN_CIRCLES = {
-    # decode/columns.py draws crop boxes with decode/common.py's crop_boxes (a lazy import), and common reads the
-    # columns: the crop functions belong in a module below both (issue 34's branch is changing both files)
-    frozenset({"gpupipe.decode.columns", "gpupipe.decode.common"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 
 def room_circles(imports) -> list[list[str]]:

@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from gpupipe.decode.base import DecodeConfig, ResizeMode
+from gpupipe.decode.crops import crop_boxes
 from gpupipe.formats.headers import ProbedHeaders, probe_batch
 
 __all__ = ["annotate", "probed", "keyed_crops", "crop_key"]
@@ -32,8 +33,6 @@ def annotate(batch, config: DecodeConfig):
     headers = probe_batch(batch.images(), config.max_pixels)
     crops = None
     if config.resize is ResizeMode.RANDOM_CROP:
-        from gpupipe.decode.common import crop_boxes
-
         crops = (crop_key(config, batch.epoch),
                  crop_boxes(headers.headers(), batch.sample_ids.tolist(), batch.epoch, config))
     return replace(batch, probed=headers, crops=crops)
