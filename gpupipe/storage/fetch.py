@@ -32,10 +32,11 @@ Without a known size a range is cached as it is asked for; without a version, no
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 MiB = 1 << 20
 _REFUSED_PROTOCOLS = ("pipe",)  # webdataset-style shell commands are never run
 _S3_PROTOCOLS = ("s3", "s3a")
+_INLINE_BYTES = 256 << 10  # a local range shorter than this is read in the calling thread (read_many)
+_FILES_OPEN = 16  # local files a fetcher keeps open for those reads
 _CONNECT_TIMEOUT_TRIES = 3  # attempts for a connect timeout before the endpoint has ever answered
 
 
@@ -187,6 +190,7 @@ class Fetcher:
         self._cache_failed = False  # a cache write failed (disk full?): said once
         self.answered = False  # has a request succeeded (so the endpoint is right)?
         self._pool_buffers: BufferPool | None = None  # local files, no cache: reused buffers (read_many(reuse=True))
+        self._files: OrderedDict[str, int] = OrderedDict()  # local files open for short reads (LRU), by URL
         if config.cache_dir is None and _is_plain_local(fs):
             self._pool_buffers = BufferPool.shared(config.block_bytes, config.readahead_bytes // config.block_bytes + 8)
 
@@ -199,6 +203,8 @@ class Fetcher:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        while self._files:
+            os.close(self._files.popitem()[1])
 
     # -- single requests ---------------------------------------------------------------
     def size(self, url: str) -> int:
@@ -427,7 +433,9 @@ class Fetcher:
                 index, total, block, version = item
                 counts[index] = total
                 held = self._held(block, version)
-                pending.append((index, held, self._pool.submit(self.read, block, version=version, reuse=reuse)))
+                short = reuse and self._pool_buffers is not None and (block.length or _INLINE_BYTES) < _INLINE_BYTES
+                pending.append((index, held, self._inline(block) if short else
+                                self._pool.submit(self.read, block, version=version, reuse=reuse)))
                 in_flight += held
             if not pending:
                 return
@@ -445,6 +453,38 @@ class Fetcher:
                 error = next((p for p in parts if isinstance(p, StorageError)), None)
                 yield error if error is not None else [p for p in parts if not isinstance(p, StorageError)]
                 next_out += 1
+
+    def _inline(self, r: ByteRange) -> Future:
+        """The bytes of ``r``, a short range of a local file, read now in this thread, as a done
+        future: copying them from the page cache costs less than handing the read to a thread and
+        back, and a fresh buffer that small costs no page faults (the pool's are for long ranges).
+        A shuffled unit of work reads many such ranges (a sample or two each)."""
+        assert r.stop is not None, "a short range has its end"
+        stop = r.stop
+        done: Future = Future()
+        try:
+            done.set_result(self._retrying(r.url, lambda: self._read_short(r.url, r.start, stop)))
+        except Exception as exc:  # as a thread's future would hold it
+            done.set_exception(exc)
+        return done
+
+    def _read_short(self, url: str, start: int, stop: int) -> bytearray:
+        """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
+        (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened)."""
+        fd = self._files.pop(url, None)
+        if fd is None:
+            fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
+            while len(self._files) >= _FILES_OPEN:
+                os.close(self._files.popitem(last=False)[1])
+        self._files[url] = fd
+        out = bytearray(stop - start)
+        got = os.preadv(fd, [out], start)
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.bytes += got
+        if got != stop - start:
+            raise _ShortRead(f"got {got} of {stop - start} bytes for range [{start}, {stop})")
+        return out
 
     def _held(self, piece: ByteRange, v: ObjectVersion) -> int:
         """The bytes a read of ``piece`` holds in memory: its cache block, when it comes from
