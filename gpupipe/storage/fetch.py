@@ -175,6 +175,21 @@ class _ShortRead(OSError):
     """The server sent fewer bytes than the range asked for."""
 
 
+class _Done:
+    """A read done in the calling thread, answering ``result()`` as its ``Future`` would (without
+    the lock and condition a ``Future`` makes: a shuffled unit reads hundreds of short ranges)."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any, error: Exception | None = None):
+        self.value, self.error = value, error
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class Fetcher:
     """Ranged reads of one filesystem with retries, concurrency and an optional cache."""
 
@@ -248,7 +263,7 @@ class Fetcher:
             self.forget(ByteRange(r.url, r.start, stop), v)
         if self._cache is None or not v.tag or fresh:
             return self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop, pooled=reuse and not fresh))
-        parts = [self._cached(r.url, v.tag, a, b)[lo:hi] for a, b, lo, hi in self._cells(r.start, stop, v)]
+        parts = [self._cached(r.url, v.tag, a, b, (lo, hi)) for a, b, lo, hi in self._cells(r.start, stop, v)]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _whole(self, url: str, v: ObjectVersion) -> ObjectVersion:
@@ -268,13 +283,14 @@ class Fetcher:
             out.append((a, b, max(start, a) - a, min(stop, b) - a))
         return out
 
-    def _cached(self, url: str, tag: str, a: int, b: int) -> bytes:
-        """Bytes ``[a, b)`` of version ``tag`` of ``url``: from the cache, else fetched (once,
-        however many threads ask at the same time) and put there."""
+    def _cached(self, url: str, tag: str, a: int, b: int, part: tuple[int, int]) -> bytes:
+        """Bytes ``part`` (counted from ``a``) of the block ``[a, b)`` of version ``tag`` of ``url``:
+        from the cache, else the block is fetched (once, however many threads ask at the same
+        time) and put there. A hit reads only the part."""
         assert self._cache is not None, "read() checked it"
         key = BlockCache.key(url, tag, a, b)
         while True:
-            hit = self._hit(key, b - a)
+            hit = self._hit(key, b - a, part)
             if hit is not None:
                 return hit
             done = self._claim(key)
@@ -283,7 +299,7 @@ class Fetcher:
         try:
             # Claimed; but another thread may have put the block between this thread's miss and
             # its claim (seen under load: a block of the same grid fetched twice). Look once more.
-            hit = self._hit(key, b - a)
+            hit = self._hit(key, b - a, part)
             if hit is not None:
                 return hit
             data = self._retrying(url, lambda: self._read_once(url, a, b))
@@ -294,17 +310,18 @@ class Fetcher:
                     self._cache_failed = True
                     log.warning("stream.fetch.cache_dir %s: cannot write (%s); reading past the cache",
                                 self._cache.root, exc)
-            return data
+            return data if part == (0, b - a) else data[part[0]:part[1]]
         finally:
             with self._lock:
                 del self._loading[key]
             done.set()
 
-    def _hit(self, key: str, size: int) -> bytes | None:
-        """Block ``key`` from the cache if it is there whole (counted as a hit), else None."""
+    def _hit(self, key: str, size: int, part: tuple[int, int]) -> bytes | None:
+        """Bytes ``part`` of block ``key`` from the cache if the block is there whole (counted as
+        a hit), else None."""
         assert self._cache is not None, "read() checked it"
-        hit = self._cache.get(key)
-        if hit is None or len(hit) != size:
+        hit = self._cache.get(key, part, size)
+        if hit is None or len(hit) != part[1] - part[0]:
             return None
         with self._lock:
             self.stats.cache_hits += 1
@@ -418,7 +435,7 @@ class Fetcher:
         cfg = self.config
         if self._pool is None:
             self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
-        pending: deque[tuple[int, int, Future]] = deque()  # (range index, block bytes, future)
+        pending: deque[tuple[int, int, Future | _Done]] = deque()  # (range index, block bytes, future)
         blocks = self._blocks(ranges)
         done: dict[int, list[bytes | StorageError]] = {}
         counts: dict[int, int] = {}
@@ -454,19 +471,17 @@ class Fetcher:
                 yield error if error is not None else [p for p in parts if not isinstance(p, StorageError)]
                 next_out += 1
 
-    def _inline(self, r: ByteRange) -> Future:
+    def _inline(self, r: ByteRange) -> _Done:
         """The bytes of ``r``, a short range of a local file, read now in this thread, as a done
-        future: copying them from the page cache costs less than handing the read to a thread and
-        back, and a fresh buffer that small costs no page faults (the pool's are for long ranges).
+        future: copying them from the page cache costs less than handing it to a thread and back,
+        and a fresh buffer that small costs no page faults (the pool's are for long ranges).
         A shuffled unit of work reads many such ranges (a sample or two each)."""
         assert r.stop is not None, "a short range has its end"
         stop = r.stop
-        done: Future = Future()
         try:
-            done.set_result(self._retrying(r.url, lambda: self._read_short(r.url, r.start, stop)))
+            return _Done(self._retrying(r.url, lambda: self._read_short(r.url, r.start, stop)))
         except Exception as exc:  # as a thread's future would hold it
-            done.set_exception(exc)
-        return done
+            return _Done(None, exc)
 
     def _read_short(self, url: str, start: int, stop: int) -> bytearray:
         """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
