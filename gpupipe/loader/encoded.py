@@ -181,9 +181,9 @@ class EncodedLoader:
         self.num_workers = default_num_workers(self.world) if split.num_workers is None else split.num_workers
         warn_if_more_workers_than_cores(self.num_workers, self.world)
         # prefetch_factor counts items per worker, and with a manifest an item is a unit of work: a
-        # worker holds the item it reads and prefetch_factor more. A unit as large as a window: one.
+        # worker reads about a window ahead, as when a window was its unit (and held as much).
         self.pin_memory = False
-        self.prefetch_factor = 1 if self.stream.unit_batches >= self.spec.chunk_batches else 2
+        self.prefetch_factor = max(1, self.spec.chunk_batches // self.stream.unit_batches)
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
