@@ -186,6 +186,7 @@ class EncodedLoader:
         self.prefetch_factor = max(1, self.spec.chunk_batches // self.stream.unit_batches)
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
+        _warn_short_reads(self.source, self.stream, self.spec)
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
             raise ConfigError(
                 f"{self.spec.num_samples} samples cannot give one batch of {split.batch_size} to each of "
@@ -306,3 +307,16 @@ class EncodedLoader:
 
 def _first(url) -> str:
     return url if isinstance(url, str) else url[0]
+
+
+def _warn_short_reads(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> None:
+    """Say so when tar shards on remote storage, without a block cache, will be read a sample or
+    two per request: a unit of work smaller than a shuffled window reads only its own samples."""
+    url = source.shard_urls[0] if source.shard_urls else ""
+    remote = "://" in url and not url.startswith(("file://", "local://", "memory://"))
+    if (remote and source.manifest is not None and source.manifest.kind == "tar" and stream.shuffle
+            and stream.fetch.cache_dir is None and stream.unit_batches < spec.chunk_batches):
+        log.warning("stream.unit_batches=%d of a window of %d batches: each unit reads its own samples from %s, "
+                    "a request per sample or two, without stream.fetch.cache_dir. On object storage set cache_dir "
+                    "(a block cache on local disk), or unit_batches=%d to read whole windows (docs/tuning.md, "
+                    "unit_batches)", stream.unit_batches, spec.chunk_batches, url, spec.chunk_batches)
