@@ -245,7 +245,7 @@ def _bounds(length: int, world: int, batch: int, drop_last: bool, rank: int, spr
     return start, start + q + (rank < r)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _window(size: int, seed: int, epoch: int, start: int, depth: int, shuffle: bool) -> np.ndarray:
     """Delivery order of a chunk of ``size`` positions from ``start`` (plan ``depth``: resumes under
     other settings this epoch; 0 keeps the key of a whole epoch's plan). Read-only, and kept for
