@@ -20,12 +20,13 @@ loss to ignore it). So the padding is spread: no rank has more than one real
 sample more than another.
 
 A rank's positions are cut into *chunks* of ``chunk_batches`` whole batches. A
-chunk is the unit of work of one DataLoader worker, and the shuffle window: its
-samples are permuted by a generator keyed by (seed, epoch, chunk start), so the
-order inside it does not depend on the rank or worker count. Chunks go
-round-robin to workers and are delivered in their order (the loader hands them
-over whole), so the order of the batches does not depend on the worker count
-either. Progress is counted per chunk in whole batches, which makes resuming
+chunk is the shuffle window: its samples are permuted by a generator keyed by
+(seed, epoch, chunk start), so the order inside it does not depend on the rank or
+worker count. A DataLoader worker's unit of work is smaller: a few consecutive
+batches of a chunk's delivery order (:mod:`gpupipe.plan_units`), reading only the
+samples they hold. Units go round-robin to workers and are delivered in their
+order, so the order of the batches depends neither on the worker count nor on the
+unit size. Progress is counted per chunk in whole batches, which makes resuming
 exact and lets the worker count change on resume.
 
 **Elastic resume.** A mid-epoch position saved under other settings (world size,
@@ -244,13 +245,15 @@ def _bounds(length: int, world: int, batch: int, drop_last: bool, rank: int, spr
     return start, start + q + (rank < r)
 
 
+@functools.lru_cache(maxsize=4)
 def _window(size: int, seed: int, epoch: int, start: int, depth: int, shuffle: bool) -> np.ndarray:
     """Delivery order of a chunk of ``size`` positions from ``start`` (plan ``depth``: resumes under
-    other settings this epoch; 0 keeps the key of a whole epoch's plan)."""
-    if not shuffle:
-        return np.arange(size)
-    return permutation(size, (seed, epoch, _TAG_WINDOW, start) if depth == 0 else
-                       (seed, epoch, _TAG_WINDOW, start, depth))
+    other settings this epoch; 0 keeps the key of a whole epoch's plan). Read-only, and kept for
+    the latest chunks: a worker asks for it once per unit, and a chunk has many units."""
+    order = np.arange(size) if not shuffle else permutation(
+        size, (seed, epoch, _TAG_WINDOW, start) if depth == 0 else (seed, epoch, _TAG_WINDOW, start, depth))
+    order.flags.writeable = False
+    return order
 
 
 def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: int) -> np.ndarray:
@@ -356,15 +359,19 @@ def _check_epoch(spec: PlanSpec, epoch: int) -> None:
         raise PlanError(f"this plan is the rest of epoch {spec.before[0].epoch}, not of epoch {epoch}")
 
 
-def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk) -> list[Span]:
+def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | None = None) -> list[Span]:
     """The shard spans holding all positions of ``chunk`` (from its first batch, not its
-    first unconsumed one: the shuffle window is the whole chunk)."""
+    first unconsumed one: the shuffle window is the whole chunk) — or only its positions
+    ``within`` (indices into the chunk's positions, ascending), a span per run of them that
+    is a run of samples of one shard."""
     _check_epoch(spec, epoch)
     length = spec.length
     if length == 0:
         return []
     order, counts, ends = _layout(spec, epoch)
     pos = np.arange(chunk.start, chunk.start + chunk.num_batches * spec.batch_size, dtype=np.int64)
+    if within is not None:
+        pos = pos[within]
     valid = pos < (length if chunk.valid_stop is None else chunk.valid_stop)
     p = pos % length  # padding past the end wraps around to the start
     if spec.before:
@@ -473,7 +480,7 @@ def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
         raise PlanError(
             "cannot resume mid-epoch with other data or another sample order (" + "; ".join(diffs) + "). "
             "Resume with the saved data, seed and shuffle setting, or resume from an end-of-epoch checkpoint. "
-            "(The world size, batch size, shuffle window, drop_last and number of workers may change.)"
+            "(The world size, batch size, shuffle window, drop_last, number of workers and unit_batches may change.)"
         )
 
 

@@ -52,6 +52,7 @@ LAYERS = (
     ("storage",),                       # fsspec reads, retries, faults, the block cache
     ("formats",),                       # bytes at rest: tar, Parquet, image folder, Delta, manifest, headers
     ("plan", "sources"),                # the pure planner; a URL resolved into units + manifest
+    ("plan_units",),                    # the planner's units of work: a few batches of a chunk (pure)
     ("stream", "decode", "augment"),    # worker-side samples and batches; decoding; GPU augmentation
     ("transforms",),                    # torchvision's names over augment
     ("config",),                        # YAML, typed per-stage settings, presets, the keyword form

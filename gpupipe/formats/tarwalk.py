@@ -63,8 +63,12 @@ class Segments:
         first = int(seg[0]) if len(seg) else 0
         if (seg == first).all():
             return self.rows[first][index - self.edges[first] // BLOCK]
+        segments = np.unique(seg)
+        if 4 * len(segments) > len(index):  # many short segments (a shuffled unit's spans): row by row
+            local = index - self.edges[seg] // BLOCK
+            return np.stack([self.rows[k][i] for k, i in zip(seg.tolist(), local.tolist())])
         out = np.empty((len(index), BLOCK), dtype=np.uint8)
-        for k in np.unique(seg).tolist():
+        for k in segments.tolist():
             mine = seg == k
             out[mine] = self.rows[k][index[mine] - self.edges[k] // BLOCK]
         return out

@@ -61,6 +61,8 @@ COMPARED: dict[str, str] = {
     "counts_crc32": "the samples per unit (CRC-32 of the counts)",
     "data": "the data (digest of the index: names, sizes, checksums, labels)",
 }
+# Not compared: stream.unit_batches (a worker's unit of work, issue 34) changes neither the batches
+# nor their order, so ranks may differ in it, as in num_workers; a resume may change it too.
 # A field left out of the message when one of these already differs (it says nothing more).
 IMPLIED = {"counts_crc32": ("num_shards", "num_samples"), "data": ("num_shards", "num_samples", "counts_crc32")}
 HEX = {"counts_crc32", "data"}

@@ -30,12 +30,13 @@ from gpupipe.decode.base import DecodeConfig
 from gpupipe.decode.columns import annotate
 from gpupipe.loader.agree import start_in_agreement
 from gpupipe.loader.epoch import EpochLedger
-from gpupipe.plan import PlanSpec, Progress, chunk_spans, rank_chunks, steps_per_rank, worker_chunks
+from gpupipe.plan import PlanSpec, Progress, steps_per_rank
+from gpupipe.plan_units import Unit, rank_units, unit_spans, worker_units
 from gpupipe.sources.classes import agreed_classes
 from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack, pack_table
-from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_chunks, iter_whole_shards
+from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_units, iter_whole_shards
 from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, stop_workers
 
 __all__ = ["LoaderStats", "EncodedDataset", "EncodedLoader"]
@@ -97,14 +98,15 @@ class EncodedDataset(IterableDataset):
     def _planned(self, fetcher: Fetcher, world: World, in_worker: bool) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
         progress = Progress.from_dict(spec, self.progress) if self.progress else None
-        mine = worker_chunks(rank_chunks(spec, world.rank, progress), world.worker_id, world.num_workers)
+        units = rank_units(spec, world.rank, progress, self.stream.unit_batches)
+        mine = worker_units(units, world.worker_id, world.num_workers)
         skips = SkipLog()
         wait0 = 0.0
-        for chunk, table in iter_chunks(fetcher, self.source, spec, self.epoch, mine,
-                                        on_error=self.stream.on_error, skips=skips):
-            for i in range(chunk.num_batches - chunk.first_batch):
+        for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
+                                      on_error=self.stream.on_error, skips=skips):
+            for i in range(unit.num_batches):
                 batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
-                                   epoch=self.epoch, chunk=chunk.index, batch=chunk.first_batch + i)
+                                   epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i)
                 yield replace(self._finish(batch), skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
                 skips.count, wait0 = 0, fetcher.stats.wait_s
 
@@ -128,19 +130,23 @@ class EncodedDataset(IterableDataset):
             yield replace(self._finish(packed), skipped=skips.count)
 
 
-class _WholeChunks(IterableDataset):
-    """The worker side, one item per chunk: the list of its batches. torch takes its workers'
-    items round-robin and chunks go round-robin to workers, so whole chunks arrive in the plan's
-    order whatever the number of workers (and :meth:`EncodedLoader.batches` puts them in order
-    should they not). Batches one by one would interleave the chunks of the workers."""
+class _WholeUnits(IterableDataset):
+    """The worker side, one item per unit of work: the list of its batches. torch takes its
+    workers' items round-robin and units go round-robin to workers, so whole units arrive in the
+    plan's order whatever the number of workers (and :meth:`EncodedLoader.batches` puts them in
+    order should they not). Batches one by one would interleave the units of the workers.
+
+    A unit is ``unit_batches`` consecutive batches of a chunk, fewer only at the chunk's end: a
+    group ends when it has that many, or the next batch is of another chunk or not the next one."""
 
     def __init__(self, dataset: EncodedDataset):
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[list[EncodedBatch]]:
+        size = self.dataset.stream.unit_batches
         group: list[EncodedBatch] = []
         for batch in self.dataset:
-            if group and batch.chunk != group[-1].chunk:
+            if group and (len(group) == size or (batch.chunk, batch.batch) != (group[-1].chunk, group[-1].batch + 1)):
                 yield group
                 group = []
             group.append(batch)
@@ -157,7 +163,7 @@ class EncodedLoader:
     (``set_epoch`` chooses one), after a pass broken off the same epoch again. ``state_dict()``
     taken mid-epoch and given to ``load_state_dict()`` of a new loader makes its next pass
     continue with exactly the batches not yet delivered. The batches and their order do not
-    depend on the number of workers. Under another world size, batch size, shuffle window or
+    depend on the number of workers or on ``stream.unit_batches``. Under another world size, batch size, shuffle window or
     ``drop_last`` (rank 0's state, loaded on every rank) it continues with exactly the samples
     of the epoch not yet delivered, in a new order (:func:`gpupipe.plan.resume_plan`).
     """
@@ -190,12 +196,15 @@ class EncodedLoader:
                              chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size))
         self.num_workers = default_num_workers(self.world) if split.num_workers is None else split.num_workers
         warn_if_more_workers_than_cores(self.num_workers, self.world)
-        # prefetch_factor counts items per worker, and with a manifest an item is a whole chunk
-        self.pin_memory, self.prefetch_factor = False, 1
+        # prefetch_factor counts items per worker, and with a manifest an item is a unit of work: a
+        # worker reads about a window ahead, as when a window was its unit (and held as much).
+        self.pin_memory = False
+        self.prefetch_factor = max(1, self.spec.chunk_batches // self.stream.unit_batches)
         # set by GpuLoader: the decoder's settings, for the workers to probe headers and draw crops for
         self.decode: DecodeConfig | None = None
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
+        _warn_short_reads(self.source, self.stream, self.spec)
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
             raise ConfigError(
                 f"{self.spec.num_samples} samples cannot give one batch of {split.batch_size} to each of "
@@ -235,17 +244,18 @@ class EncodedLoader:
         plan's order; the consumer reports what it delivers to :attr:`ledger` (see
         :mod:`gpupipe.loader.epoch`)."""
         plan, progress = self.ledger.plan, self.ledger.progress
-        chunks = rank_chunks(plan, self.world.rank, progress) if self.source.manifest is not None else []
+        units = rank_units(plan, self.world.rank, progress, self.stream.unit_batches) \
+            if self.source.manifest is not None else []
         workers = self.num_workers
         if self.source.manifest is not None:
-            workers = min(workers, max(1, len(chunks)))
-        whole = workers > 0 and self.source.manifest is not None  # whole chunks, put in the plan's order
-        dataset: IterableDataset = _WholeChunks(self._dataset()) if whole else self._dataset()
+            workers = min(workers, max(1, len(units)))
+        whole = workers > 0 and self.source.manifest is not None  # whole units, put in the plan's order
+        dataset: IterableDataset = _WholeUnits(self._dataset()) if whole else self._dataset()
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None, persistent_workers=False)
-        expected = collections.deque(c.index for c in chunks)
-        arrived: dict[int, list[EncodedBatch]] = {}  # chunks that came before their turn
-        received: dict[int, int] = {}  # batches received per chunk, this pass
+        expected = collections.deque(u.key for u in units)
+        arrived: dict[tuple[int, int], list[EncodedBatch]] = {}  # units that came before their turn
+        received: dict[tuple[int, int], int] = {}  # batches received per unit (chunk, first batch), this pass
         it = start_workers(loader)
         try:
             while True:
@@ -256,14 +266,15 @@ class EncodedLoader:
                     if isinstance(exc, GpupipeError) or not getattr(it, "_workers", None) \
                             or not dead_workers(it, wait_s=2.0):
                         raise  # an error a worker sent (re-raised here), or no worker died
-                    raise self._worker_died(it, chunks, received, exc) from exc
+                    raise self._worker_died(it, units, received, exc) from exc
                 self.stats.wait_s += time.perf_counter() - t0
                 if item is None:
                     return
                 group = item if isinstance(item, list) else [item]
-                received[group[0].chunk] = received.get(group[0].chunk, 0) + len(group)
+                key = (group[0].chunk, group[0].batch)
+                received[key] = received.get(key, 0) + len(group)
                 if whole:
-                    arrived[group[0].chunk] = group
+                    arrived[key] = group
                     group = []
                     while expected and expected[0] in arrived:
                         group += arrived.pop(expected.popleft())
@@ -273,24 +284,28 @@ class EncodedLoader:
         finally:
             stop_workers(it)
 
-    def _worker_died(self, it, chunks: list, received: dict[int, int], exc: BaseException) -> WorkerError:
+    def _worker_died(self, it, units: list[Unit], received: dict[tuple[int, int], int],
+                     exc: BaseException) -> WorkerError:
         """A ``WorkerError`` naming the dead worker(s), their pids and the shards of the
-        chunk each was on (the first of its chunks not yet received whole)."""
+        unit each was on (the first of its units not yet received)."""
         workers = len(getattr(it, "_workers", []))
-        parts = [f"{who} {self._reading(wid, workers, chunks, received)}" for wid, who in describe_dead(it)]
+        parts = [f"{who} {self._reading(wid, workers, units, received)}" for wid, who in describe_dead(it)]
         what = "; ".join(parts) or str(exc)
         return WorkerError(f"{what}. The epoch cannot go on without it (the usual cause is the out-of-memory "
                            "killer: lower num_workers or stream.fetch.readahead_bytes), and a rerun or resume "
                            "from the last state_dict() reads those shards again.")
 
-    def _reading(self, wid: int, workers: int, chunks: list, received: dict[int, int]) -> str:
+    def _reading(self, wid: int, workers: int, units: list[Unit], received: dict[tuple[int, int], int]) -> str:
         if self.source.manifest is None:
             return f"was streaming every {workers * self.world.world_size}-th shard of the epoch's order (no manifest)"
-        for c in worker_chunks(chunks, wid, workers):
-            if received.get(c.index, 0) < c.num_batches - c.first_batch:
-                shards = sorted({self.source.shard_urls[s.shard] for s in chunk_spans(self.ledger.plan, self.epoch, c)})
-                return f"was reading chunk {c.index} from shard(s) {', '.join(shards)}"
-        return "had delivered all its chunks"
+        for u in worker_units(units, wid, workers):
+            if received.get(u.key, 0) < u.num_batches:
+                spans, _ = unit_spans(self.ledger.plan, self.epoch, u)
+                shards = sorted({self.source.shard_urls[s.shard] for s in spans})
+                last = u.first_batch + u.num_batches - 1
+                which = f"batch {last}" if u.num_batches == 1 else f"batches {u.first_batch}-{last}"
+                return f"was reading {which} of chunk {u.chunk.index} from shard(s) {', '.join(shards)}"
+        return "had delivered all its units"
 
     def _count(self, batch: EncodedBatch) -> None:
         s = self.stats
@@ -310,3 +325,16 @@ class EncodedLoader:
 
 def _first(url) -> str:
     return url if isinstance(url, str) else url[0]
+
+
+def _warn_short_reads(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> None:
+    """Say so when tar shards on remote storage, without a block cache, will be read a sample or
+    two per request: a unit of work smaller than a shuffled window reads only its own samples."""
+    url = source.shard_urls[0] if source.shard_urls else ""
+    remote = "://" in url and not url.startswith(("file://", "local://", "memory://"))
+    if (remote and source.manifest is not None and source.manifest.kind == "tar" and stream.shuffle
+            and stream.fetch.cache_dir is None and stream.unit_batches < spec.chunk_batches):
+        log.warning("stream.unit_batches=%d of a window of %d batches: each unit reads its own samples from %s, "
+                    "a request per sample or two, without stream.fetch.cache_dir. On object storage set cache_dir "
+                    "(a block cache on local disk), or unit_batches=%d to read whole windows (docs/tuning.md, "
+                    "unit_batches)", stream.unit_batches, spec.chunk_batches, url, spec.chunk_batches)

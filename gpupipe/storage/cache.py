@@ -63,11 +63,15 @@ class BlockCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key + _SUFFIX)
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, part: tuple[int, int] | None = None, size: int | None = None) -> bytes | None:
+        """Entry ``key``, or only its bytes ``[a, b)`` of ``part`` — a few samples of a large block
+        read only themselves; ``None`` when it is not there, or not of ``size`` bytes."""
         path = self._path(key)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                if size is not None and os.fstat(f.fileno()).st_size != size:
+                    return None
+                data = f.read() if part is None else os.pread(f.fileno(), part[1] - part[0], part[0])
             os.utime(path)  # mark as recently used
             return data
         except FileNotFoundError:  # not there, or evicted meanwhile

@@ -32,10 +32,11 @@ Without a known size a range is cached as it is asked for; without a version, no
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 MiB = 1 << 20
 _REFUSED_PROTOCOLS = ("pipe",)  # webdataset-style shell commands are never run
 _S3_PROTOCOLS = ("s3", "s3a")
+_INLINE_BYTES = 256 << 10  # a local range shorter than this is read in the calling thread (read_many)
+_FILES_OPEN = 16  # local files a fetcher keeps open for those reads
 _CONNECT_TIMEOUT_TRIES = 3  # attempts for a connect timeout before the endpoint has ever answered
 
 
@@ -172,6 +175,21 @@ class _ShortRead(OSError):
     """The server sent fewer bytes than the range asked for."""
 
 
+class _Done:
+    """A read done in the calling thread, answering ``result()`` as its ``Future`` would (without
+    the lock and condition a ``Future`` makes: a shuffled unit reads hundreds of short ranges)."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any, error: Exception | None = None):
+        self.value, self.error = value, error
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 class Fetcher:
     """Ranged reads of one filesystem with retries, concurrency and an optional cache."""
 
@@ -187,6 +205,7 @@ class Fetcher:
         self._cache_failed = False  # a cache write failed (disk full?): said once
         self.answered = False  # has a request succeeded (so the endpoint is right)?
         self._pool_buffers: BufferPool | None = None  # local files, no cache: reused buffers (read_many(reuse=True))
+        self._files: OrderedDict[str, int] = OrderedDict()  # local files open for short reads (LRU), by URL
         if config.cache_dir is None and _is_plain_local(fs):
             self._pool_buffers = BufferPool.shared(config.block_bytes, config.readahead_bytes // config.block_bytes + 8)
 
@@ -199,6 +218,8 @@ class Fetcher:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        while self._files:
+            os.close(self._files.popitem()[1])
 
     # -- single requests ---------------------------------------------------------------
     def size(self, url: str) -> int:
@@ -242,7 +263,7 @@ class Fetcher:
             self.forget(ByteRange(r.url, r.start, stop), v)
         if self._cache is None or not v.tag or fresh:
             return self._retrying(r.url, lambda: self._read_once(r.url, r.start, stop, pooled=reuse and not fresh))
-        parts = [self._cached(r.url, v.tag, a, b)[lo:hi] for a, b, lo, hi in self._cells(r.start, stop, v)]
+        parts = [self._cached(r.url, v.tag, a, b, (lo, hi)) for a, b, lo, hi in self._cells(r.start, stop, v)]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _whole(self, url: str, v: ObjectVersion) -> ObjectVersion:
@@ -262,13 +283,14 @@ class Fetcher:
             out.append((a, b, max(start, a) - a, min(stop, b) - a))
         return out
 
-    def _cached(self, url: str, tag: str, a: int, b: int) -> bytes:
-        """Bytes ``[a, b)`` of version ``tag`` of ``url``: from the cache, else fetched (once,
-        however many threads ask at the same time) and put there."""
+    def _cached(self, url: str, tag: str, a: int, b: int, part: tuple[int, int]) -> bytes:
+        """Bytes ``part`` (counted from ``a``) of the block ``[a, b)`` of version ``tag`` of ``url``:
+        from the cache, else the block is fetched (once, however many threads ask at the same
+        time) and put there. A hit reads only the part."""
         assert self._cache is not None, "read() checked it"
         key = BlockCache.key(url, tag, a, b)
         while True:
-            hit = self._hit(key, b - a)
+            hit = self._hit(key, b - a, part)
             if hit is not None:
                 return hit
             done = self._claim(key)
@@ -277,7 +299,7 @@ class Fetcher:
         try:
             # Claimed; but another thread may have put the block between this thread's miss and
             # its claim (seen under load: a block of the same grid fetched twice). Look once more.
-            hit = self._hit(key, b - a)
+            hit = self._hit(key, b - a, part)
             if hit is not None:
                 return hit
             data = self._retrying(url, lambda: self._read_once(url, a, b))
@@ -288,17 +310,18 @@ class Fetcher:
                     self._cache_failed = True
                     log.warning("stream.fetch.cache_dir %s: cannot write (%s); reading past the cache",
                                 self._cache.root, exc)
-            return data
+            return data if part == (0, b - a) else data[part[0]:part[1]]
         finally:
             with self._lock:
                 del self._loading[key]
             done.set()
 
-    def _hit(self, key: str, size: int) -> bytes | None:
-        """Block ``key`` from the cache if it is there whole (counted as a hit), else None."""
+    def _hit(self, key: str, size: int, part: tuple[int, int]) -> bytes | None:
+        """Bytes ``part`` of block ``key`` from the cache if the block is there whole (counted as
+        a hit), else None."""
         assert self._cache is not None, "read() checked it"
-        hit = self._cache.get(key)
-        if hit is None or len(hit) != size:
+        hit = self._cache.get(key, part, size)
+        if hit is None or len(hit) != part[1] - part[0]:
             return None
         with self._lock:
             self.stats.cache_hits += 1
@@ -412,7 +435,7 @@ class Fetcher:
         cfg = self.config
         if self._pool is None:
             self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
-        pending: deque[tuple[int, int, Future]] = deque()  # (range index, block bytes, future)
+        pending: deque[tuple[int, int, Future | _Done]] = deque()  # (range index, block bytes, future)
         blocks = self._blocks(ranges)
         done: dict[int, list[bytes | StorageError]] = {}
         counts: dict[int, int] = {}
@@ -427,7 +450,9 @@ class Fetcher:
                 index, total, block, version = item
                 counts[index] = total
                 held = self._held(block, version)
-                pending.append((index, held, self._pool.submit(self.read, block, version=version, reuse=reuse)))
+                short = reuse and self._pool_buffers is not None and (block.length or _INLINE_BYTES) < _INLINE_BYTES
+                pending.append((index, held, self._inline(block) if short else
+                                self._pool.submit(self.read, block, version=version, reuse=reuse)))
                 in_flight += held
             if not pending:
                 return
@@ -445,6 +470,36 @@ class Fetcher:
                 error = next((p for p in parts if isinstance(p, StorageError)), None)
                 yield error if error is not None else [p for p in parts if not isinstance(p, StorageError)]
                 next_out += 1
+
+    def _inline(self, r: ByteRange) -> _Done:
+        """The bytes of ``r``, a short range of a local file, read now in this thread, as a done
+        future: copying them from the page cache costs less than handing it to a thread and back,
+        and a fresh buffer that small costs no page faults (the pool's are for long ranges).
+        A shuffled unit of work reads many such ranges (a sample or two each)."""
+        assert r.stop is not None, "a short range has its end"
+        stop = r.stop
+        try:
+            return _Done(self._retrying(r.url, lambda: self._read_short(r.url, r.start, stop)))
+        except Exception as exc:  # as a thread's future would hold it
+            return _Done(None, exc)
+
+    def _read_short(self, url: str, start: int, stop: int) -> bytearray:
+        """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
+        (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened)."""
+        fd = self._files.pop(url, None)
+        if fd is None:
+            fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
+            while len(self._files) >= _FILES_OPEN:
+                os.close(self._files.popitem(last=False)[1])
+        self._files[url] = fd
+        out = bytearray(stop - start)
+        got = os.preadv(fd, [out], start)
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.bytes += got
+        if got != stop - start:
+            raise _ShortRead(f"got {got} of {stop - start} bytes for range [{start}, {stop})")
+        return out
 
     def _held(self, piece: ByteRange, v: ObjectVersion) -> int:
         """The bytes a read of ``piece`` holds in memory: its cache block, when it comes from

@@ -1,10 +1,11 @@
-"""Worker-side streaming: planned chunks → byte ranges → tar members → samples.
+"""Worker-side streaming: planned units → byte ranges → tar members → samples.
 
 Runs inside DataLoader workers (CPU I/O only). Two paths:
 
-* with a manifest, :func:`iter_chunks` reads each chunk's spans as byte ranges,
-  checks that every span holds exactly the samples the manifest promises, and
-  returns the chunk's samples in the planned (shuffled) order. Sources read in
+* with a manifest, :func:`iter_units` reads the spans holding each unit's samples
+  (:func:`~gpupipe.plan_units.unit_spans`: a few batches of a shuffle window) as byte
+  ranges, checks that every span holds exactly the samples the manifest promises, and
+  returns the unit's samples in the planned (shuffled) order. Sources read in
   place (an image folder, Parquet files) take this path too: their spans are read
   by :mod:`gpupipe.stream.readers`, and everything after (checks, ``on_error``, order) is shared;
 * without one, :func:`iter_whole_shards` streams whole shards (split by shard
@@ -35,14 +36,15 @@ from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
-from gpupipe.plan import Chunk, PlanSpec, Span, chunk_order, chunk_spans, permutation, shuffle_buffer
+from gpupipe.plan import PlanSpec, Span, permutation, shuffle_buffer
+from gpupipe.plan_units import Unit, unit_spans
 from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import FetchConfig, Fetcher, ObjectVersion
 from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, SampleTable, image_field, label_of
 from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
 from gpupipe.stream.targets import SampleTargets, TargetColumns, member_fields, read_targets
 
-__all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_chunks", "iter_whole_shards"]
+__all__ = ["ErrorPolicy", "StreamConfig", "SkipLog", "iter_units", "iter_whole_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +52,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StreamConfig:
     """How samples are streamed and split. ``shuffle_buffer`` is the shuffle window in
-    samples (rounded to whole batches); ``on_error`` is ``raise`` or ``skip``."""
+    samples (rounded to whole batches); ``unit_batches`` the batches of a window a worker
+    reads at once (its unit of work); ``on_error`` is ``raise`` or ``skip``."""
 
     shuffle: bool = True
     shuffle_buffer: int = 1024
+    unit_batches: int = 1
     drop_last: bool = True
     on_error: ErrorPolicy = ErrorPolicy.RAISE
     fetch: FetchConfig = field(default_factory=FetchConfig)
@@ -65,6 +69,8 @@ class StreamConfig:
             raise ConfigError(f"stream.on_error: {self.on_error!r} is not one of 'raise', 'skip'") from None
         if self.shuffle_buffer < 0:
             raise ConfigError(f"stream.shuffle_buffer: must be >= 0, got {self.shuffle_buffer}")
+        if self.unit_batches < 1:
+            raise ConfigError(f"stream.unit_batches: must be >= 1, got {self.unit_batches}")
 
 
 @dataclass
@@ -195,66 +201,109 @@ def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, ski
     return SampleTable.from_samples(out, [True] * len(out), wanted.kinds, parsed=parsed)
 
 
-def iter_chunks(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: int, chunks: Sequence[Chunk],
-                *, on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None
-                ) -> Iterator[tuple[Chunk, SampleTable]]:
-    """For each chunk: its remaining samples in delivery order (padding and placeholders
-    not valid)."""
-    assert source.manifest is not None, "iter_chunks needs a manifest"
+def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: int, units: Sequence[Unit],
+               *, on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None
+               ) -> Iterator[tuple[Unit, SampleTable]]:
+    """For each unit: its samples in delivery order (padding and placeholders not valid).
+    Only the spans holding them are read, the units' one after another (the reader reads ahead).
+
+    A shuffled unit is many short spans. Tar spans are fetched one by one but scanned together,
+    in one call for the unit (:func:`_scanned_unit`); only when that fails is each span read on
+    its own (:func:`_tar_read`), which finds, re-reads and reports what is wrong."""
+    assert source.manifest is not None, "iter_units needs a manifest"
     skips = skips if skips is not None else SkipLog()
     first_ids = spec.first_ids
     wanted = _Wanted.of(source)
-    planned: deque[tuple[Chunk, list[Span]]] = deque()
+    planned: deque[tuple[Unit, list[Span], np.ndarray]] = deque()
 
-    def spans() -> Iterator[Span]:  # lazily: a folder chunk is a span per image
-        for c in chunks:
-            planned.append((c, chunk_spans(spec, epoch, c)))
+    def spans() -> Iterator[Span]:  # lazily: a folder unit is a span per image
+        for u in units:
+            planned.append((u, *unit_spans(spec, epoch, u)))
             yield from planned[-1][1]
 
-    reader = _READERS[source.manifest.kind]
-    read = reader(fetcher, source, spans())
+    tar = source.manifest.kind == "tar"
+    reader = _tar_fetched if tar else _READERS[source.manifest.kind]
+    read: Iterator = reader(fetcher, source, spans())
     while True:
-        first = next(read, None)  # reading a chunk's first span has put the chunk in `planned`
+        first = next(read, None)  # reading a unit's first span has put the unit in `planned`
         if first is None:
             return
-        chunk, chunk_spans_ = planned.popleft()
-        tables: list[SampleTable] = []
-        for s, span in zip(chunk_spans_, [first] + [next(read) for _ in chunk_spans_[1:]]):
-            url = source.shard_urls[s.shard]
-            # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
-            got = _deliver(span, url, int(first_ids[s.shard]) + s.start, on_error if s.valid else ErrorPolicy.SKIP,
-                           skips if s.valid else SkipLog(quiet=True), wanted)
-            tables.append(got if s.valid else replace(got, valid=np.zeros(len(got), dtype=bool)))
-        order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
-        yield chunk, SampleTable.concat(tables).take(order)
+        unit, unit_spans_, order = planned.popleft()
+        got = [first] + [next(read) for _ in unit_spans_[1:]]
+        table = _scanned_unit(source, unit_spans_, got, first_ids, wanted) if tar else None
+        if table is None:
+            tables: list[SampleTable] = []
+            for s, span in zip(unit_spans_, got):
+                url = source.shard_urls[s.shard]
+                if tar:
+                    span = _tar_read(fetcher, source, s, span, wanted)
+                # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
+                one = _deliver(span, url, int(first_ids[s.shard]) + s.start,
+                               on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(), wanted)
+                tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
+            table = SampleTable.concat(tables)
+        yield unit, table.take(order)
 
 
-def _tar_spans(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]) -> Iterator[ReadSpan]:
-    """Tar shards: each span is one byte range, from the manifest's offsets; the cache knows
-    the shard by its SHA-256 in the manifest and keeps it in blocks of a fixed grid, so the
-    spans of another epoch, which start elsewhere, find them."""
-    assert source.manifest is not None, "iter_chunks checked it"
+def _tar_fetched(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]
+                 ) -> Iterator[list[bytes] | GpupipeError]:
+    """Tar shards: the bytes of each span (its blocks, or the error that ended its read); each
+    span is one byte range, from the manifest's offsets. The cache knows the shard by its SHA-256
+    in the manifest and keeps it in blocks of a fixed grid, so the spans of another epoch, which
+    start elsewhere, find them."""
+    assert source.manifest is not None, "iter_units checked it"
     entries = source.manifest.shards
-    wanted = _Wanted.of(source)
-    pending: deque[Span] = deque()
 
     def ranges() -> Iterator[tuple[ByteRange, ObjectVersion]]:
         for s in spans:
-            pending.append(s)
             a, b = entries[s.shard].byte_range(s.start, s.stop)
             yield ByteRange(source.shard_urls[s.shard], a, b), source.unit_version(s.shard)
 
-    for blocks in fetcher.read_many(ranges(), reuse=True):
-        s = pending.popleft()
-        entry, url = entries[s.shard], source.shard_urls[s.shard]
-        crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
-        offsets = entry.offsets[s.start:s.stop + 1]
-        scanned = None if isinstance(blocks, GpupipeError) else _scanned(blocks, offsets, crcs, wanted, url)
-        if scanned is not None:
-            yield ReadSpan([], {}, scanned)
-            continue
-        yield _read_span(fetcher, blocks, ByteRange(url, *entry.byte_range(s.start, s.stop)),
-                         source.unit_version(s.shard), offsets, crcs)
+    yield from fetcher.read_many(ranges(), reuse=True)
+
+
+def _tar_read(fetcher: Fetcher, source: ResolvedSource, s: Span, blocks: list[bytes] | GpupipeError,
+              wanted: _Wanted) -> ReadSpan:
+    """The samples of one tar span from its bytes: scanned whole when it takes the plain layout,
+    else read member by member (re-reading what arrived damaged)."""
+    assert source.manifest is not None, "iter_units checked it"
+    entry, url = source.manifest.shards[s.shard], source.shard_urls[s.shard]
+    crcs = None if entry.crc32 is None else entry.crc32[s.start:s.stop]
+    offsets = entry.offsets[s.start:s.stop + 1]
+    scanned = None if isinstance(blocks, GpupipeError) else _scanned(blocks, offsets, crcs, wanted, url)
+    if scanned is not None:
+        return ReadSpan([], {}, scanned)
+    return _read_span(fetcher, blocks, ByteRange(url, *entry.byte_range(s.start, s.stop)),
+                      source.unit_version(s.shard), offsets, crcs)
+
+
+def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[list[bytes] | GpupipeError],
+                  first_ids: np.ndarray, wanted: _Wanted) -> SampleTable | None:
+    """The samples of a unit's tar spans, in span order, from one scan of their bytes side by side
+    (a span's bytes are exactly its samples, so together they are a run of whole samples); ``None``
+    when a read failed or the scan does not take them all (each span is then read on its own)."""
+    assert source.manifest is not None, "iter_units checked it"
+    if any(isinstance(g, GpupipeError) for g in got):
+        return None
+    entries = source.manifest.shards
+    lengths = np.array([len(s) for s in spans])
+    shard = np.repeat([s.shard for s in spans], lengths)  # each sample's shard and index in it
+    index = np.arange(len(shard)) + np.repeat([s.start for s in spans] - np.cumsum(lengths) + lengths, lengths)
+    shards = np.unique(shard).tolist()
+    checked = [entries[k].crc32 is not None for k in shards]
+    if any(checked) != all(checked):
+        return None  # some shards with checksums, some without: each span is checked on its own
+    sizes, crcs = np.empty(len(shard), np.int64), np.empty(len(shard), np.int64) if all(checked) else None
+    for k in shards:
+        mine, entry = shard == k, entries[k]
+        sizes[mine] = entry.offsets[index[mine] + 1] - entry.offsets[index[mine]]
+        if crcs is not None and entry.crc32 is not None:
+            crcs[mine] = entry.crc32[index[mine]]
+    segments = [block for blocks in got if not isinstance(blocks, GpupipeError) for block in blocks]
+    table = _scanned(segments, np.concatenate([[0], np.cumsum(sizes)]), crcs, wanted, source.shard_urls[spans[0].shard])
+    if table is None:
+        return None
+    return replace(table, sample_ids=first_ids[shard] + index, valid=np.repeat([s.valid for s in spans], lengths))
 
 
 def _scanned(blocks: list, offsets: np.ndarray, crcs: np.ndarray | None, wanted: _Wanted = _Wanted(),
@@ -302,7 +351,7 @@ def _scanned_targets(got: ScannedSpan, wanted: _Wanted, url: str, base: int) -> 
     return columns
 
 
-_READERS = {"tar": _tar_spans, "folder": object_spans, "parquet": rowgroup_spans}
+_READERS = {"folder": object_spans, "parquet": rowgroup_spans}  # tar: _tar_fetched, then _scanned_unit
 
 
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from gpupipe.core.checksum import crc32
@@ -46,6 +46,7 @@ __all__ = ["ReadSpan", "object_spans", "rowgroup_spans"]
 
 log = logging.getLogger(__name__)
 _FOOTERS_KEPT = 64  # parsed Parquet footers a worker keeps (LRU)
+_GROUPS_KEPT_BYTES = 64 << 20  # row groups a worker keeps decoded (their bytes in the file), the latest asked for
 
 
 @dataclass
@@ -127,31 +128,58 @@ class _Group:
 
 
 def rowgroup_spans(fetcher: Fetcher, source, spans: Iterable[Span]) -> Iterator[ReadSpan]:
-    """The samples of each span of a Parquet source (a unit is a row group)."""
+    """The samples of each span of a Parquet source (a unit is a row group). A row group is read
+    and decoded once while it is among the latest seen (``_GROUPS_KEPT_BYTES`` of them, the last
+    always): the units of work of one shuffle window each hold a few of its samples."""
     table, urls, classes = source.manifest.parquet, source.shard_urls, source.manifest.classes
     ahead, mine = itertools.tee(spans)
     order: deque = deque()  # (group, requests for it), in request order
     footers: OrderedDict = OrderedDict()  # file -> parsed footer, most recent last
 
     def requests() -> Iterator[tuple[ByteRange, ObjectVersion]]:
-        last = None
+        kept = _Recent(_GROUPS_KEPT_BYTES, size)
         for s in ahead:
-            if s.shard != last:  # consecutive spans of one row group read it once
-                last, ranges = s.shard, table.byte_ranges(s.shard)
+            if kept.new(s.shard):  # the reading loop below keeps the same groups
+                ranges = table.byte_ranges(s.shard)
                 order.append((s.shard, len(ranges)))  # before its first request is yielded
                 yield from ((ByteRange(urls[s.shard], a, b), source.unit_version(s.shard)) for a, b in ranges)
 
+    def size(g: int) -> int:
+        return sum(b - a for a, b in table.byte_ranges(g))
+
     fetched = fetcher.read_many(requests())
-    group: _Group | None = None
+    kept, groups = _Recent(_GROUPS_KEPT_BYTES, size), {}
     for s in mine:
-        if group is None or group.index != s.shard:
+        if kept.new(s.shard):
             first = next(fetched)  # pulls the group's requests, so its entry is in `order` now
             g, n = order.popleft()
             got = [first] + [next(fetched) for _ in range(n - 1)]
-            group = _decode(fetcher, table, classes, urls[g], g, _footer(table, urls[g], footers, g), got,
-                            source.unit_version(g))
+            groups[g] = _decode(fetcher, table, classes, urls[g], g, _footer(table, urls[g], footers, g), got,
+                                source.unit_version(g))
+            groups = {k: v for k, v in groups.items() if k in kept}
+        group = groups[s.shard]
         yield ReadSpan(group.samples[s.start:s.stop],
                        {i - s.start: e for i, e in group.problems.items() if s.start <= i < s.stop})
+
+
+class _Recent:
+    """The latest distinct keys seen, as many as ``budget`` holds by ``size_of`` (the last one
+    always): :meth:`new` says whether a key was not among them."""
+
+    def __init__(self, budget: int, size_of: Callable[[int], int]):
+        self.budget, self.size_of = budget, size_of
+        self.keys: OrderedDict[int, int] = OrderedDict()  # key -> size, least recent first
+
+    def new(self, key: int) -> bool:
+        fresh = key not in self.keys
+        self.keys[key] = self.size_of(key) if fresh else self.keys[key]
+        self.keys.move_to_end(key)
+        while len(self.keys) > 1 and sum(self.keys.values()) > self.budget:
+            self.keys.popitem(last=False)
+        return fresh
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys
 
 
 def _footer(table, url: str, footers: OrderedDict, g: int):

@@ -54,3 +54,32 @@ def test_batches_packed_in_process_never_share_a_buffer_with_a_batch_still_held(
     del held
     again = [pack_table(table).data.data_ptr() for _ in range(2)]
     assert first in again  # once nothing holds it, a buffer comes back
+
+
+def test_short_local_ranges_are_read_in_place_from_files_kept_open(tmp_path, monkeypatch):
+    """read_many(reuse=True) reads a short range of a local file in the calling thread, from a file
+    it keeps open (at most _FILES_OPEN, closed with the fetcher); long ranges still go to the pool."""
+    import fsspec
+
+    from gpupipe.core.types import ByteRange
+    from gpupipe.storage import fetch
+    from gpupipe.storage.fetch import Fetcher
+
+    monkeypatch.setattr(fetch, "_FILES_OPEN", 2)
+    data = {i: bytes(range(256)) * (40 + i) for i in range(3)}
+    for i, d in data.items():
+        (tmp_path / f"f{i}").write_bytes(d)
+    f = Fetcher(fsspec.filesystem("file"))
+    ranges = [(ByteRange(str(tmp_path / f"f{i % 3}"), 7 * i, 7 * i + 300 + i), "") for i in range(9)]
+    got = [b"".join(bytes(b) for b in blocks) for blocks in f.read_many(ranges, reuse=True)]
+    assert got == [data[i % 3][7 * i:7 * i + 300 + i] for i in range(9)]
+    assert f._pool is not None and f._pool._threads == set()  # no read went to a thread
+    assert len(f._files) == 2
+    f.close()
+    assert not f._files
+    (tmp_path / "f0").write_bytes(b"x" * fetch._INLINE_BYTES)
+    f = Fetcher(fsspec.filesystem("file"))
+    blocks = next(f.read_many([(ByteRange(str(tmp_path / "f0"), 0, fetch._INLINE_BYTES), "")], reuse=True))
+    assert b"".join(bytes(b) for b in blocks) == b"x" * fetch._INLINE_BYTES
+    assert f._pool is not None and f._pool._threads and not f._files  # read by a thread of the pool
+    f.close()

@@ -18,6 +18,7 @@ from gpupipe.loader.encoded import EncodedLoader, StreamConfig
 from gpupipe.sources.source import Source, expand_pattern, resolve
 from gpupipe.storage.cache import BlockCache
 from gpupipe.storage.fetch import FetchConfig, Fetcher, is_transient, open_filesystem
+from gpupipe.storage.identity import ObjectVersion
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
 
@@ -125,6 +126,25 @@ def test_cache_eviction_drops_least_recently_used(tmp_path):
         cache.put(f"{i:064x}", bytes(1000))
         os.utime(tmp_path / f"{i:064x}.blk", (i, i))
     assert cache.get(f"{0:064x}") is None and cache.get(f"{4:064x}") is not None
+
+
+def test_a_cache_hit_reads_only_the_part_asked_for(tmp_path, monkeypatch):
+    """A few samples of a cached 8 MiB block read themselves, not the block (a shuffled unit of
+    work reads hundreds of short ranges); a block of another size is no hit."""
+    cache = BlockCache(str(tmp_path / "c"), max_bytes=1 << 20)
+    cache.put("k" * 64, bytes(range(256)) * 4)
+    assert cache.get("k" * 64, (10, 20), 1024) == bytes(range(10, 20))
+    assert cache.get("k" * 64, (10, 20), 1000) is None and cache.get("k" * 64) == bytes(range(256)) * 4
+    (tmp_path / "f").write_bytes(bytes(range(200)) * 50)
+    data = bytes(range(200)) * 50
+    fetcher = Fetcher.for_url(str(tmp_path), None, FetchConfig(cache_dir=str(tmp_path / "c"), block_bytes=4096))
+    version = ObjectVersion("t", len(data))
+    assert fetcher.read(ByteRange(str(tmp_path / "f"), 4000, 4200), version=version) == data[4000:4200]
+    read: list = []
+    real = BlockCache.get
+    monkeypatch.setattr(BlockCache, "get", lambda self, *a: read.append(a[1:]) or real(self, *a))
+    assert fetcher.read(ByteRange(str(tmp_path / "f"), 5000, 5010), version=version) == data[5000:5010]
+    assert read == [((904, 914), 4096)] and fetcher.stats.cache_hits == 1  # 10 bytes of the grid's second block
 
 
 # -- world ------------------------------------------------------------------------------------

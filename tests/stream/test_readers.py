@@ -190,6 +190,22 @@ def test_consecutive_spans_of_one_row_group_read_it_once(table):
     assert sorted(f.fs.reads) == wanted  # no footer read either: it is in the index
 
 
+def test_row_groups_seen_lately_are_read_once_and_the_oldest_again_past_the_budget(table, monkeypatch):
+    """The units of a shuffled window each hold a few rows of the same row groups: a row group
+    among the latest seen is not read again; past _GROUPS_KEPT_BYTES the oldest is."""
+    from gpupipe.stream import readers
+
+    f = fetcher()
+    spans = [Span(0, 0, 1), Span(1, 0, 1), Span(0, 3, 4), Span(1, 2, 3), Span(0, 1, 2)]
+    assert [ids(r) for r in rowgroup_spans(f, table, spans)] == [[0], [4], [3], [6], [1]]
+    t = table.manifest.parquet
+    assert sorted(f.fs.reads) == sorted((table.shard_urls[g], a, b) for g in (0, 1) for a, b in t.byte_ranges(g))
+    monkeypatch.setattr(readers, "_GROUPS_KEPT_BYTES", 1)  # one group kept: the last
+    f = fetcher()
+    assert [ids(r) for r in rowgroup_spans(f, table, spans)] == [[0], [4], [3], [6], [1]]
+    assert len(f.fs.reads) == 5 * len(t.byte_ranges(0))
+
+
 def test_null_cells_are_none_with_a_reason(tmp_path):
     root = tmp_path / "pq"
     root.mkdir()

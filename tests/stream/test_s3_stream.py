@@ -35,6 +35,22 @@ def test_epoch_from_s3_is_exact(s3_bucket, workers):
     assert len(ld) == -(-N // 8)
 
 
+def test_units_smaller_than_a_window_on_s3_without_a_cache_are_warned_of(s3_bucket, caplog, tmp_path):
+    """Issue 34: a unit of one batch of a shuffled window reads a sample or two per request; on
+    object storage without a block cache the loader says so, and what to set."""
+    write_dataset(s3_bucket.url("ds"), COUNTS, storage_options=s3_bucket.storage_options)
+    url, opts = s3_bucket.url("ds/"), s3_bucket.storage_options
+    with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
+        loader(url, opts)
+    assert "stream.unit_batches=1 of a window of 4 batches" in caplog.text and "unit_batches=4" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
+        loader(url, opts, unit_batches=4)
+        loader(url, opts, fetch=FetchConfig(cache_dir=str(tmp_path / "cache")))
+        loader(url, opts, shuffle=False)
+    assert "unit_batches" not in caplog.text
+
+
 def test_brace_pattern_on_s3_uses_the_manifest(s3_bucket):
     write_dataset(s3_bucket.url("ds"), COUNTS, storage_options=s3_bucket.storage_options)
     ld = loader(s3_bucket.url("ds/part-{0000..0004}.tar"), s3_bucket.storage_options)
