@@ -98,7 +98,7 @@ class EncodedDataset(IterableDataset):
     def _planned(self, fetcher: Fetcher, world: World, in_worker: bool) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
         progress = Progress.from_dict(spec, self.progress) if self.progress else None
-        units = rank_units(spec, world.rank, progress, self.stream.unit_batches)
+        units = rank_units(spec, world.rank, progress, _unit_size(self.stream))
         mine = worker_units(units, world.worker_id, world.num_workers)
         skips = SkipLog()
         wait0 = 0.0
@@ -143,7 +143,7 @@ class _WholeUnits(IterableDataset):
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[list[EncodedBatch]]:
-        size = self.dataset.stream.unit_batches
+        size = _unit_size(self.dataset.stream)
         group: list[EncodedBatch] = []
         for batch in self.dataset:
             if group and (len(group) == size or (batch.chunk, batch.batch) != (group[-1].chunk, group[-1].batch + 1)):
@@ -199,7 +199,8 @@ class EncodedLoader:
         # prefetch_factor counts items per worker, and with a manifest an item is a unit of work: a
         # worker reads about a window ahead, as when a window was its unit (and held as much).
         self.pin_memory = False
-        self.prefetch_factor = max(1, self.spec.chunk_batches // self.stream.unit_batches)
+        self.stream = replace(self.stream, unit_batches=unit_batches_for(self.source, self.stream, self.spec))
+        self.prefetch_factor = max(1, self.spec.chunk_batches // _unit_size(self.stream))
         # set by GpuLoader: the decoder's settings, for the workers to probe headers and draw crops for
         self.decode: DecodeConfig | None = None
         self.ledger = EpochLedger(self.spec)
@@ -244,7 +245,7 @@ class EncodedLoader:
         plan's order; the consumer reports what it delivers to :attr:`ledger` (see
         :mod:`gpupipe.loader.epoch`)."""
         plan, progress = self.ledger.plan, self.ledger.progress
-        units = rank_units(plan, self.world.rank, progress, self.stream.unit_batches) \
+        units = rank_units(plan, self.world.rank, progress, _unit_size(self.stream)) \
             if self.source.manifest is not None else []
         workers = self.num_workers
         if self.source.manifest is not None:
@@ -327,13 +328,37 @@ def _first(url) -> str:
     return url if isinstance(url, str) else url[0]
 
 
+def _unit_size(stream: StreamConfig) -> int:
+    assert stream.unit_batches is not None, "the loader decides it when made (unit_batches_for)"
+    return stream.unit_batches
+
+
+def _remote(source: ResolvedSource) -> bool:
+    url = source.shard_urls[0] if source.shard_urls else ""
+    return "://" in url and not url.startswith(("file://", "local://", "memory://"))
+
+
+def unit_batches_for(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> int:
+    """A worker's unit of work in batches: ``stream.unit_batches`` when set; else one batch where
+    a unit's short reads are cheap (tar shards or an image folder on this machine, or on object
+    storage behind the block cache), and the whole window where they are not — object storage
+    without ``fetch.cache_dir`` (a request per sample or two: an epoch 0.52 s became 28.7 s on
+    loopback S3) and Parquet (a unit of a shuffled window needs every row group of the window:
+    no sooner first batch, and each worker decodes them again; docs/benchmarks.md, "Units of work")."""
+    if stream.unit_batches is not None:
+        return stream.unit_batches
+    kind = source.manifest.kind if source.manifest is not None else None
+    if kind == "parquet" or (_remote(source) and stream.fetch.cache_dir is None):
+        return spec.chunk_batches
+    return 1
+
+
 def _warn_short_reads(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> None:
     """Say so when tar shards on remote storage, without a block cache, will be read a sample or
     two per request: a unit of work smaller than a shuffled window reads only its own samples."""
     url = source.shard_urls[0] if source.shard_urls else ""
-    remote = "://" in url and not url.startswith(("file://", "local://", "memory://"))
-    if (remote and source.manifest is not None and source.manifest.kind == "tar" and stream.shuffle
-            and stream.fetch.cache_dir is None and stream.unit_batches < spec.chunk_batches):
+    if (_remote(source) and source.manifest is not None and source.manifest.kind == "tar" and stream.shuffle
+            and stream.fetch.cache_dir is None and _unit_size(stream) < spec.chunk_batches):
         log.warning("stream.unit_batches=%d of a window of %d batches: each unit reads its own samples from %s, "
                     "a request per sample or two, without stream.fetch.cache_dir. On object storage set cache_dir "
                     "(a block cache on local disk), or unit_batches=%d to read whole windows (docs/tuning.md, "

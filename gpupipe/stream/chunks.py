@@ -53,11 +53,13 @@ log = logging.getLogger(__name__)
 class StreamConfig:
     """How samples are streamed and split. ``shuffle_buffer`` is the shuffle window in
     samples (rounded to whole batches); ``unit_batches`` the batches of a window a worker
-    reads at once (its unit of work); ``on_error`` is ``raise`` or ``skip``."""
+    reads at once (its unit of work; None: one batch where short reads are cheap — files on this
+    machine, or object storage behind ``fetch.cache_dir`` — else the whole window: see
+    :func:`gpupipe.loader.encoded.unit_batches_for`); ``on_error`` is ``raise`` or ``skip``."""
 
     shuffle: bool = True
     shuffle_buffer: int = 1024
-    unit_batches: int = 1
+    unit_batches: int | None = None
     drop_last: bool = True
     on_error: ErrorPolicy = ErrorPolicy.RAISE
     fetch: FetchConfig = field(default_factory=FetchConfig)
@@ -69,7 +71,7 @@ class StreamConfig:
             raise ConfigError(f"stream.on_error: {self.on_error!r} is not one of 'raise', 'skip'") from None
         if self.shuffle_buffer < 0:
             raise ConfigError(f"stream.shuffle_buffer: must be >= 0, got {self.shuffle_buffer}")
-        if self.unit_batches < 1:
+        if self.unit_batches is not None and self.unit_batches < 1:
             raise ConfigError(f"stream.unit_batches: must be >= 1, got {self.unit_batches}")
 
 

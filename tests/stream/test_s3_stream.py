@@ -37,16 +37,19 @@ def test_epoch_from_s3_is_exact(s3_bucket, workers):
 
 def test_units_smaller_than_a_window_on_s3_without_a_cache_are_warned_of(s3_bucket, caplog, tmp_path):
     """Issue 34: a unit of one batch of a shuffled window reads a sample or two per request; on
-    object storage without a block cache the loader says so, and what to set."""
+    object storage without a block cache the default unit is the window, and a smaller one set by
+    hand is warned of, with what to set; behind the block cache the default is one batch."""
     write_dataset(s3_bucket.url("ds"), COUNTS, storage_options=s3_bucket.storage_options)
     url, opts = s3_bucket.url("ds/"), s3_bucket.storage_options
     with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
-        loader(url, opts)
+        assert loader(url, opts).stream.unit_batches == 4
+    assert "unit_batches" not in caplog.text
+    with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
+        loader(url, opts, unit_batches=1)
     assert "stream.unit_batches=1 of a window of 4 batches" in caplog.text and "unit_batches=4" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
-        loader(url, opts, unit_batches=4)
-        loader(url, opts, fetch=FetchConfig(cache_dir=str(tmp_path / "cache")))
+        assert loader(url, opts, fetch=FetchConfig(cache_dir=str(tmp_path / "cache"))).stream.unit_batches == 1
         loader(url, opts, shuffle=False)
     assert "unit_batches" not in caplog.text
 
