@@ -44,19 +44,27 @@ class Unit:
         return self.chunk.index, self.first_batch
 
 
-def cut_units(chunks: Sequence[Chunk], unit_batches: int) -> list[Unit]:
+def cut_units(chunks: Sequence[Chunk], unit_batches: int, first_batches: int | None = None) -> list[Unit]:
     """Each chunk's undelivered batches (from ``chunk.first_batch``) cut into units of
     ``unit_batches``, the last of a chunk shorter when they do not divide; a ``unit_batches``
-    larger than a chunk gives the chunk whole. In plan order."""
-    if unit_batches < 1:
-        raise PlanError(f"unit_batches must be >= 1, got {unit_batches}")
-    return [Unit(c, first, min(unit_batches, c.num_batches - first))
-            for c in chunks for first in range(c.first_batch, c.num_batches, unit_batches)]
+    larger than a chunk gives the chunk whole. The first chunk (of a pass: the first with
+    batches left) is cut into units of ``first_batches`` when given: a pass's first batch then
+    waits for its own samples only, and the rest is read in larger units, which read longer
+    byte ranges (fewer and cheaper). In plan order."""
+    first_batches = unit_batches if first_batches is None else first_batches
+    if min(unit_batches, first_batches) < 1:
+        raise PlanError(f"unit_batches must be >= 1, got {min(unit_batches, first_batches)}")
+    out = []
+    for n, c in enumerate(chunks):
+        size = first_batches if n == 0 else unit_batches
+        out += [Unit(c, first, min(size, c.num_batches - first)) for first in range(c.first_batch, c.num_batches, size)]
+    return out
 
 
-def rank_units(spec: PlanSpec, rank: int, progress: Progress | None = None, unit_batches: int = 1) -> list[Unit]:
-    """The units of ``rank`` that still have batches to deliver, in plan order."""
-    return cut_units(rank_chunks(spec, rank, progress), unit_batches)
+def rank_units(spec: PlanSpec, rank: int, progress: Progress | None = None, unit_batches: int = 1,
+               first_batches: int | None = None) -> list[Unit]:
+    """The units of ``rank`` that still have batches to deliver, in plan order (:func:`cut_units`)."""
+    return cut_units(rank_chunks(spec, rank, progress), unit_batches, first_batches)
 
 
 T = TypeVar("T")

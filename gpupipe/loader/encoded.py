@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import itertools
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -67,9 +68,12 @@ class EncodedDataset(IterableDataset):
     """The worker side. Everything on it is plain data (a test pickles it)."""
 
     def __init__(self, source: ResolvedSource, spec: PlanSpec, stream: StreamConfig, world: World,
-                 epoch: int = 0, progress: Mapping | None = None, decode: DecodeConfig | None = None):
+                 epoch: int = 0, progress: Mapping | None = None, decode: DecodeConfig | None = None,
+                 unit_sizes: tuple[int, int] | None = None):
         self.source, self.spec, self.stream, self.world = source, spec, stream, world
         self.epoch, self.progress = epoch, dict(progress) if progress else None
+        # (a pass's first chunk, the others): batches a unit of work holds (EncodedLoader.unit_sizes)
+        self.unit_sizes = unit_sizes or (stream.unit_batches or 1,) * 2
         self.decode = decode  # set: each batch goes out padded, its headers probed for this decoder
 
     def _finish(self, batch: EncodedBatch) -> EncodedBatch:
@@ -95,11 +99,15 @@ class EncodedDataset(IterableDataset):
         finally:
             fetcher.close()
 
+    def units(self, world: World) -> list[Unit]:
+        """The units of work of this worker (``world``: the worker's own), in plan order."""
+        progress = Progress.from_dict(self.spec, self.progress) if self.progress else None
+        units = rank_units(self.spec, world.rank, progress, self.unit_sizes[1], self.unit_sizes[0])
+        return worker_units(units, world.worker_id, world.num_workers)
+
     def _planned(self, fetcher: Fetcher, world: World, in_worker: bool) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
-        progress = Progress.from_dict(spec, self.progress) if self.progress else None
-        units = rank_units(spec, world.rank, progress, _unit_size(self.stream))
-        mine = worker_units(units, world.worker_id, world.num_workers)
+        mine = self.units(world)
         skips = SkipLog()
         wait0 = 0.0
         for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
@@ -136,22 +144,18 @@ class _WholeUnits(IterableDataset):
     plan's order whatever the number of workers (and :meth:`EncodedLoader.batches` puts them in
     order should they not). Batches one by one would interleave the units of the workers.
 
-    A unit is ``unit_batches`` consecutive batches of a chunk, fewer only at the chunk's end: a
-    group ends when it has that many, or the next batch is of another chunk or not the next one."""
+    The worker's units are the dataset's (:meth:`EncodedDataset.units`): a group is the batches
+    of one of them, in order."""
 
     def __init__(self, dataset: EncodedDataset):
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[list[EncodedBatch]]:
-        size = _unit_size(self.dataset.stream)
-        group: list[EncodedBatch] = []
-        for batch in self.dataset:
-            if group and (len(group) == size or (batch.chunk, batch.batch) != (group[-1].chunk, group[-1].batch + 1)):
+        batches = iter(self.dataset)
+        for unit in self.dataset.units(self.dataset.world.for_current_worker()):
+            group = list(itertools.islice(batches, unit.num_batches))
+            if group:
                 yield group
-                group = []
-            group.append(batch)
-        if group:
-            yield group
 
 
 @keyword_form
@@ -199,8 +203,8 @@ class EncodedLoader:
         # prefetch_factor counts items per worker, and with a manifest an item is a unit of work: a
         # worker reads about a window ahead, as when a window was its unit (and held as much).
         self.pin_memory = False
-        self.stream = replace(self.stream, unit_batches=unit_batches_for(self.source, self.stream, self.spec))
-        self.prefetch_factor = max(1, self.spec.chunk_batches // _unit_size(self.stream))
+        self.unit_sizes = unit_sizes_for(self.source, self.stream, self.spec)
+        self.prefetch_factor = max(1, self.spec.chunk_batches // self.unit_sizes[1])
         # set by GpuLoader: the decoder's settings, for the workers to probe headers and draw crops for
         self.decode: DecodeConfig | None = None
         self.ledger = EpochLedger(self.spec)
@@ -231,7 +235,7 @@ class EncodedLoader:
     def _dataset(self) -> EncodedDataset:
         """The worker side for the rest of the current epoch (plain data: it pickles)."""
         return EncodedDataset(self.source, self.ledger.plan, self.stream, self.world, self.epoch,
-                              self.ledger.progress.to_dict(), self.decode)
+                              self.ledger.progress.to_dict(), self.decode, self.unit_sizes)
 
     def __iter__(self) -> Iterator[EncodedBatch]:
         self.ledger.begin()
@@ -245,7 +249,7 @@ class EncodedLoader:
         plan's order; the consumer reports what it delivers to :attr:`ledger` (see
         :mod:`gpupipe.loader.epoch`)."""
         plan, progress = self.ledger.plan, self.ledger.progress
-        units = rank_units(plan, self.world.rank, progress, _unit_size(self.stream)) \
+        units = rank_units(plan, self.world.rank, progress, self.unit_sizes[1], self.unit_sizes[0]) \
             if self.source.manifest is not None else []
         workers = self.num_workers
         if self.source.manifest is not None:
@@ -270,6 +274,9 @@ class EncodedLoader:
                     raise self._worker_died(it, units, received, exc) from exc
                 self.stats.wait_s += time.perf_counter() - t0
                 if item is None:
+                    if whole and (expected or arrived):  # never silently short: the workers' units are the plan's
+                        raise GpupipeError(f"the workers ended the pass with units {list(expected)[:3]} not delivered "
+                                           f"and {sorted(arrived)[:3]} out of order: a gpupipe bug, please report it")
                     return
                 group = item if isinstance(item, list) else [item]
                 key = (group[0].chunk, group[0].batch)
@@ -328,29 +335,30 @@ def _first(url) -> str:
     return url if isinstance(url, str) else url[0]
 
 
-def _unit_size(stream: StreamConfig) -> int:
-    assert stream.unit_batches is not None, "the loader decides it when made (unit_batches_for)"
-    return stream.unit_batches
-
-
 def _remote(source: ResolvedSource) -> bool:
     url = source.shard_urls[0] if source.shard_urls else ""
     return "://" in url and not url.startswith(("file://", "local://", "memory://"))
 
 
-def unit_batches_for(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> int:
-    """A worker's unit of work in batches: ``stream.unit_batches`` when set; else one batch where
-    a unit's short reads are cheap (tar shards or an image folder on this machine, or on object
-    storage behind the block cache), and the whole window where they are not — object storage
-    without ``fetch.cache_dir`` (a request per sample or two: an epoch 0.52 s became 28.7 s on
-    loopback S3) and Parquet (a unit of a shuffled window needs every row group of the window:
-    no sooner first batch, and each worker decodes them again; docs/benchmarks.md, "Units of work")."""
+def unit_sizes_for(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> tuple[int, int]:
+    """A worker's unit of work in batches, (in a pass's first chunk, in the others):
+    ``stream.unit_batches`` for both when set. Else: an image folder, one batch (an image is a
+    request either way); tar shards where short reads are cheap (on this machine, or on object
+    storage behind the block cache), one batch in the first chunk — the pass's first batch waits
+    for its own samples only — and the window after it: a unit of one batch of a shuffled window
+    reads ~190 short ranges, +12-18 us of CPU a sample on the host path here; where they are not
+    (object storage without ``fetch.cache_dir``: an epoch 0.52 s became 28.7 s on loopback S3)
+    and for Parquet (a unit needs every row group of its window anyway), the window throughout
+    (docs/benchmarks.md, "Units of work")."""
     if stream.unit_batches is not None:
-        return stream.unit_batches
+        return stream.unit_batches, stream.unit_batches
+    window = spec.chunk_batches
     kind = source.manifest.kind if source.manifest is not None else None
+    if kind == "folder":
+        return 1, 1
     if kind == "parquet" or (_remote(source) and stream.fetch.cache_dir is None):
-        return spec.chunk_batches
-    return 1
+        return window, window
+    return 1, window
 
 
 def _warn_short_reads(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec) -> None:
@@ -358,7 +366,8 @@ def _warn_short_reads(source: ResolvedSource, stream: StreamConfig, spec: PlanSp
     two per request: a unit of work smaller than a shuffled window reads only its own samples."""
     url = source.shard_urls[0] if source.shard_urls else ""
     if (_remote(source) and source.manifest is not None and source.manifest.kind == "tar" and stream.shuffle
-            and stream.fetch.cache_dir is None and _unit_size(stream) < spec.chunk_batches):
+            and stream.fetch.cache_dir is None and stream.unit_batches is not None
+            and stream.unit_batches < spec.chunk_batches):
         log.warning("stream.unit_batches=%d of a window of %d batches: each unit reads its own samples from %s, "
                     "a request per sample or two, without stream.fetch.cache_dir. On object storage set cache_dir "
                     "(a block cache on local disk), or unit_batches=%d to read whole windows (docs/tuning.md, "

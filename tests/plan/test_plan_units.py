@@ -20,10 +20,10 @@ unit_sizes = st.integers(1, 6)
 
 
 def by_units(spec: PlanSpec, epoch: int, rank: int, unit_batches: int, workers: int = 1,
-             progress: Progress | None = None) -> list[tuple[int, bool]]:
+             progress: Progress | None = None, first_batches: int | None = None) -> list[tuple[int, bool]]:
     """Ids and valid flags as the loader delivers them: each worker reads its round-robin share of
     the units, one item per unit, and torch takes the workers' items round-robin."""
-    units = rank_units(spec, rank, progress, unit_batches)
+    units = rank_units(spec, rank, progress, unit_batches, first_batches)
     n = max(workers, 1)
     shares = [worker_units(units, w, n) for w in range(n)]
     order = [share[i] for i in range(max(map(len, shares), default=0)) for share in shares if i < len(share)]
@@ -41,6 +41,20 @@ def by_units(spec: PlanSpec, epoch: int, rank: int, unit_batches: int, workers: 
 def test_units_deliver_the_whole_chunk_order_for_any_unit_size_and_worker_count(spec, epoch, unit_batches, workers):
     for rank in range(spec.world_size):
         assert by_units(spec, epoch, rank, unit_batches, workers) == delivered(spec, epoch, rank)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=specs, epoch=st.integers(0, 5), unit_batches=unit_sizes, first=unit_sizes, workers=st.integers(0, 4))
+def test_small_units_in_a_passs_first_chunk_change_nothing_delivered(spec, epoch, unit_batches, first, workers):
+    """The loader's default on local tar shards: units of one batch in the first chunk (a fast
+    first batch), the window after it (long reads); any two sizes deliver the chunk order."""
+    units = rank_units(spec, 0, None, unit_batches, first)
+    chunks = rank_chunks(spec, 0)
+    if chunks:
+        assert all(u.num_batches <= first for u in units if u.chunk == chunks[0])
+        assert all(u.num_batches <= unit_batches for u in units if u.chunk != chunks[0])
+    for rank in range(spec.world_size):
+        assert by_units(spec, epoch, rank, unit_batches, workers, first_batches=first) == delivered(spec, epoch, rank)
 
 
 @settings(max_examples=100, deadline=None)

@@ -42,14 +42,14 @@ def test_units_smaller_than_a_window_on_s3_without_a_cache_are_warned_of(s3_buck
     write_dataset(s3_bucket.url("ds"), COUNTS, storage_options=s3_bucket.storage_options)
     url, opts = s3_bucket.url("ds/"), s3_bucket.storage_options
     with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
-        assert loader(url, opts).stream.unit_batches == 4
+        assert loader(url, opts).unit_sizes == (4, 4)
     assert "unit_batches" not in caplog.text
     with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
         loader(url, opts, unit_batches=1)
     assert "stream.unit_batches=1 of a window of 4 batches" in caplog.text and "unit_batches=4" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="gpupipe.loader.encoded"):
-        assert loader(url, opts, fetch=FetchConfig(cache_dir=str(tmp_path / "cache"))).stream.unit_batches == 1
+        assert loader(url, opts, fetch=FetchConfig(cache_dir=str(tmp_path / "cache"))).unit_sizes == (1, 4)
         loader(url, opts, shuffle=False)
     assert "unit_batches" not in caplog.text
 
