@@ -73,7 +73,17 @@ def sanitize_boxes(boxes: Boxes, canvas_hw: HW, min_size: float = 1.0, min_area:
     return Boxes(b[valid], boxes.labels[valid], counts)
 
 
-class SanitizeBoundingBoxes(Transform):
+class _BoxesOnly(Transform):
+    """A transform of the boxes alone: images pass unchanged, in their dtype."""
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return dtype
+
+    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return images
+
+
+class SanitizeBoundingBoxes(_BoxesOnly):
     """torchvision ``SanitizeBoundingBoxes(min_size=1, min_area=1)``: removes degenerate boxes
     and their labels (:func:`sanitize_boxes`); images and masks pass unchanged. Labels are
     always the packed ``Boxes.labels`` (torchvision's ``labels_getter`` has nothing to find)."""
@@ -86,30 +96,18 @@ class SanitizeBoundingBoxes(Transform):
             raise ValueError(f"min_area must be >= 1, got {min_area}.")
         self.min_size, self.min_area = float(min_size), float(min_area)
 
-    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return dtype
-
-    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return images
-
     def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
         if targets.boxes is None:
             return targets
         return replace(targets, boxes=sanitize_boxes(targets.boxes, in_hw, self.min_size, self.min_area))
 
 
-class ClampBoundingBoxes(Transform):
+class ClampBoundingBoxes(_BoxesOnly):
     """torchvision v2 ``ClampBoundingBoxes()``: each box clamped to its image's canvas ``[0, W] ×
     [0, H]``; images, labels and masks pass unchanged. (Every geometric transform here clamps the
     boxes it moves already, as torchvision's do: this one matters after boxes came in unclamped.)"""
 
     keeps_targets = False
-
-    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return dtype
-
-    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return images
 
     def apply_targets(self, targets: Targets, params: dict[str, torch.Tensor], in_hw: HW) -> Targets:
         if targets.boxes is None:
@@ -120,7 +118,7 @@ class ClampBoundingBoxes(Transform):
         return replace(targets, boxes=replace(targets.boxes, boxes=b.clamp(min=0).minimum(limit)))
 
 
-class ConvertBoundingBoxFormat(Transform):
+class ConvertBoundingBoxFormat(_BoxesOnly):
     """torchvision v2 ``ConvertBoundingBoxFormat(format)`` to ``"XYXY"``: gpupipe's boxes are always
     absolute XYXY (a COCO file's XYWH boxes are converted when it is read; :func:`pack_targets`
     refuses other formats), so the conversion to XYXY passes everything unchanged; any other format
@@ -136,12 +134,6 @@ class ConvertBoundingBoxFormat(Transform):
                              "(a COCO file's XYWH boxes are converted when it is read); convert to another format "
                              "after the loader, e.g. torchvision.ops.box_convert(boxes, 'xyxy', 'xywh')")
         self.format = "XYXY"
-
-    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        return dtype
-
-    def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        return images
 
 
 def _plain(x: torch.Tensor) -> torch.Tensor:
