@@ -7,6 +7,10 @@ Object storage: one loopback moto S3 server per session (``s3_server``), a fresh
 bucket per test (``s3_bucket``), fault-injecting proxies in front of the server
 (``s3_proxy``) and a bucket behind IAM checks (``s3_auth_bucket``). The helpers
 behind them live in ``s3util.py`` and ``fault_proxy.py``.
+
+gpupipe vs torchvision: the ``vs_torchvision`` record and the two tables printed at the end
+of the run live in ``tv_report.py``, a plugin registered here so that its hooks run in the
+process that prints the summary (the controller, under pytest-xdist).
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ import s3util
 import torch
 from fault_proxy import FaultProxy
 from tvshim import import_torchvision
+
+pytest_plugins = ["tv_report"]
 
 import_torchvision()  # once, before any test module imports it (tvshim.py says why)
 
