@@ -1,9 +1,14 @@
 """Shared pytest fixtures.
 
+Jobs of several processes (gloo ranks, torchrun, Lightning's DDP launcher, a training killed
+and resumed) run one at a time under pytest-xdist: ``one_job_at_a_time`` (``job_turn`` in a
+module-scoped fixture).
+
 Devices: ``device`` runs a test on the CPU and, where CUDA is present, on the GPU
 (that case is marked ``gpu``; it skips cleanly without CUDA).
 
-Object storage: one loopback moto S3 server per session (``s3_server``), a fresh
+Object storage: one loopback moto S3 server per session (``s3_server``; one per worker under
+pytest-xdist, each on a free port), a fresh
 bucket per test (``s3_bucket``), fault-injecting proxies in front of the server
 (``s3_proxy``) and a bucket behind IAM checks (``s3_auth_bucket``). The helpers
 behind them live in ``s3util.py`` and ``fault_proxy.py``.
@@ -14,13 +19,17 @@ process that prints the summary (the controller, under pytest-xdist).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 import s3util
 import torch
 from fault_proxy import FaultProxy
+from gloo_ranks import exclusive
 from tvshim import import_torchvision
 
 pytest_plugins = ["tv_report"]
@@ -34,6 +43,28 @@ import_torchvision()  # once, before any test module imports it (tvshim.py says 
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
 def device(request) -> torch.device:
     return torch.device(request.param)
+
+
+# ---------------------------------------------------------------- jobs of several processes
+
+
+@pytest.fixture(scope="session")
+def job_turn(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """``with job_turn():`` around a job of several processes. Under pytest-xdist (``make test``)
+    the workers take turns through an exclusive lock on a file in the folder they share (the
+    parent of each one's basetemp), so two such jobs never compete for the cores and no starved
+    rank meets its process group's 20-60 s join timeout, while the rest of the suite goes on
+    beside them on the other workers. In a single pytest process it holds nothing."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return contextlib.nullcontext
+    return functools.partial(exclusive, tmp_path_factory.getbasetemp().parent / "jobs.lock")
+
+
+@pytest.fixture
+def one_job_at_a_time(job_turn: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+    """The whole test in ``job_turn()``: ``@pytest.mark.usefixtures("one_job_at_a_time")``."""
+    with job_turn():
+        yield
 
 
 # ---------------------------------------------------------------- object storage
