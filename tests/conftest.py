@@ -1,23 +1,47 @@
 """Shared pytest fixtures.
 
+Jobs of several processes (gloo ranks, torchrun, Lightning's DDP launcher, a training killed
+and resumed) run one at a time under pytest-xdist: ``one_job_at_a_time`` (``job_turn`` in a
+module-scoped fixture).
+
 Devices: ``device`` runs a test on the CPU and, where CUDA is present, on the GPU
 (that case is marked ``gpu``; it skips cleanly without CUDA).
 
-Object storage: one loopback moto S3 server per session (``s3_server``), a fresh
+Object storage: one loopback moto S3 server per session (``s3_server``; one per worker under
+pytest-xdist, each on a free port), a fresh
 bucket per test (``s3_bucket``), fault-injecting proxies in front of the server
 (``s3_proxy``) and a bucket behind IAM checks (``s3_auth_bucket``). The helpers
 behind them live in ``s3util.py`` and ``fault_proxy.py``.
+
+gpupipe vs torchvision: the ``vs_torchvision`` record and the two tables printed at the end
+of the run live in ``tv_report.py``, a plugin registered here so that its hooks run in the
+process that prints the summary (the controller, under pytest-xdist).
 """
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning. Set before torch is imported (libgomp reads it once, when it
+# loads) and inherited by every process a test starts. With two xdist workers on two cores, each with torch's
+# two threads, spinning threads took the cores the other worker (or a test's subprocesses) needed: tests/augment
+# on 2 workers took 30-32 s (51-53 s of CPU) and takes 25 s (41 s) with this, back to back on a quiet machine;
+# in one process it made no difference there, and saved 55 -> 33 s on a busy one. It changes how threads wait,
+# not how many there are or what they compute.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 import pytest
 import s3util
 import torch
 from fault_proxy import FaultProxy
+from gloo_ranks import exclusive
 from tvshim import import_torchvision
+
+pytest_plugins = ["tv_report"]
 
 import_torchvision()  # once, before any test module imports it (tvshim.py says why)
 
@@ -28,6 +52,28 @@ import_torchvision()  # once, before any test module imports it (tvshim.py says 
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
 def device(request) -> torch.device:
     return torch.device(request.param)
+
+
+# ---------------------------------------------------------------- jobs of several processes
+
+
+@pytest.fixture(scope="session")
+def job_turn(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """``with job_turn():`` around a job of several processes. Under pytest-xdist (``make test``)
+    the workers take turns through an exclusive lock on a file in the folder they share (the
+    parent of each one's basetemp), so two such jobs never compete for the cores and no starved
+    rank meets its process group's 20-60 s join timeout, while the rest of the suite goes on
+    beside them on the other workers. In a single pytest process it holds nothing."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return contextlib.nullcontext
+    return functools.partial(exclusive, tmp_path_factory.getbasetemp().parent / "jobs.lock")
+
+
+@pytest.fixture
+def one_job_at_a_time(job_turn: Callable[[], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
+    """The whole test in ``job_turn()``: ``@pytest.mark.usefixtures("one_job_at_a_time")``."""
+    with job_turn():
+        yield
 
 
 # ---------------------------------------------------------------- object storage

@@ -3,11 +3,13 @@
 waited for, and what rank 0 printed last given back."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 
@@ -16,6 +18,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) while the block runs: other
+    processes doing the same wait their turn (conftest.py's ``job_turn``)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_ranks(script: Path, world: int, *, timeout: float = 120, env: Mapping[str, str] | None = None) -> str:

@@ -18,7 +18,7 @@ chi-square test of homogeneity. Rejected below ``ALPHA`` = 0.001; the seeds are 
 the run is deterministic. test_the_tests_reject_a_wrong_distribution shows a range 10%
 narrower, a rate 0.1 off and 25 magnitude bins instead of 31 are rejected.
 
-The run ends with two tables (tests/augment/conftest.py): the largest difference per op
+The run ends with two tables (tests/tv_report.py, also under pytest-xdist): the largest difference per op
 and the distribution tests per op.
 """
 from __future__ import annotations

@@ -210,6 +210,7 @@ def test_datamodule_errors_name_the_config_key(data):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: a job of several processes
 def test_two_processes_ddp_gloo_equal_steps_exactly_once(tmp_path):
     """2 ranks (Lightning's ddp launcher re-runs the script for rank 1), uneven shards with one
     empty: equal step counts, and each epoch's samples split exactly once between ranks."""
@@ -259,6 +260,7 @@ def _read_ledger(path: Path) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: a job of several processes
 def test_sigkill_then_resume_from_the_last_checkpoint_matches_an_uninterrupted_run(data, tmp_path):
     """A real SIGKILL somewhere after step 12 of 20 (inside epoch 1; the in-process test above
     covers epoch 0), then a fresh process resumes from the last checkpoint on disk."""

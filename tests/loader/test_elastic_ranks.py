@@ -11,6 +11,8 @@ import pytest
 from datagen import write_dataset
 from gloo_ranks import run_ranks
 
+pytestmark = pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: every test here runs a job of ranks
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
 
 _RANK_SCRIPT = """

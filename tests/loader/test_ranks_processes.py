@@ -45,7 +45,7 @@ def _outcomes(out: Path, names: list[str], n: int, procs: list[subprocess.Popen]
 
 
 @pytest.fixture(scope="module")
-def torchrun_cases(tmp_path_factory) -> dict[str, list[dict]]:
+def torchrun_cases(tmp_path_factory, job_turn) -> dict[str, list[dict]]:
     """The cases below, in one ``torchrun`` job: two agents (node ranks 0 and 1), two processes each,
     every case's loader built in turn in one process group (a refusal by every rank leaves it
     usable). Each case: every rank's outcome, by rank."""
@@ -65,13 +65,14 @@ def torchrun_cases(tmp_path_factory) -> dict[str, list[dict]]:
     out.mkdir()
     config = tmp / "config.json"
     config.write_text(json.dumps({"cases": cases, "out": str(out), "timeout": 20}))
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
-                               f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                               str(SCRIPT), str(config)],
-                              env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for node in range(2)]
-    return _outcomes(out, [c["name"] for c in cases], 4, procs)
+    with job_turn():  # conftest.py: one job of several processes at a time
+        port = free_port()
+        procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                                   "--nproc-per-node=2", f"--node-rank={node}", "--master-addr=127.0.0.1",
+                                   f"--master-port={port}", str(SCRIPT), str(config)],
+                                  env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for node in range(2)]
+        return _outcomes(out, [c["name"] for c in cases], 4, procs)
 
 
 def _what_was_read(ranks: list[dict]) -> str:
@@ -132,6 +133,7 @@ def test_after_refusals_ranks_that_agree_read_every_sample_once(torchrun_cases):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py
 def test_processes_started_by_srun_find_their_place(tmp_path):
     """4 processes on 2 simulated nodes with only srun's variables (SLURM_*; no RANK, LOCAL_RANK):
     each finds its rank, the world size and its local rank, and together they read every sample
@@ -157,6 +159,7 @@ def test_processes_started_by_srun_find_their_place(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py
 def test_two_ranks_of_one_host_on_one_gpu_are_refused(tmp_path):
     """Two ranks whose launcher's local rank is not found (both local rank 0) on one host:
     both would decode on the same GPU; both refuse, naming it."""

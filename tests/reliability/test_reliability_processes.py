@@ -109,6 +109,7 @@ def _run_two_ranks(tmp_path, url: str, workers: int, drop_last: bool) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: a job of several processes
 @pytest.mark.parametrize("workers, drop_last", [(0, True), (2, False)])
 def test_two_gloo_ranks_two_epochs_uneven_shards(tmp_path, workers, drop_last):
     counts = [13, 0, 21, 8, 1]  # 43 samples, one shard empty

@@ -160,6 +160,7 @@ def test_world_from_environment(monkeypatch):
         World(rank=2, world_size=2)
 
 
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: a job of several processes
 def test_world_from_torch_distributed_two_gloo_ranks(tmp_path):
     write_dataset(str(tmp_path / "ds"), [13, 0, 21, 8])
     script = tmp_path / "rank.py"

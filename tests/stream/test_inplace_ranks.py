@@ -12,6 +12,8 @@ from inplace_data import write_class_folder, write_parquet
 
 from gpupipe.tools.indexer import index_in_place
 
+pytestmark = pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: every test here runs a job of ranks
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the helpers a subprocess imports
 
 _RANK_SCRIPT = """
