@@ -241,7 +241,8 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
                     span = _tar_read(fetcher, source, s, span, wanted)
                 # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
                 one = _deliver(span, url, int(first_ids[s.shard]) + s.start,
-                               on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(), wanted)
+                               on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(quiet=True),
+                               wanted)
                 tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
             table = SampleTable.concat(tables)
         yield unit, table.take(order)
