@@ -241,13 +241,11 @@ class DaliDecoder:
         return job
 
     def _finish(self, job: _Job) -> DecodedBatch:
-        """The outputs of ``job``'s run (fed again if DALI failed on a batch before it), with
-        the recovery of :meth:`_decode_native` if DALI fails on this one; then the batch."""
+        """The outputs of ``job``'s run, with the recovery of :meth:`_decode_native` if DALI fails
+        on it; then the batch."""
         t0 = time.perf_counter()
         batch, cfg, out = job.batch, self.config, None
-        if job.pipe is not None:
-            if not job.pipe.ok:  # fed to a pipeline that an earlier batch's error invalidated
-                job.pipe = self._submit(*job.fed)
+        if job.pipe is not None:  # (fed again by decode_stream if an earlier batch's error broke its pipeline)
             try:
                 out = self._output(self._take(job.pipe), job.fed[1])
             except RuntimeError:

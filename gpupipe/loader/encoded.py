@@ -72,8 +72,9 @@ class EncodedDataset(IterableDataset):
                  unit_sizes: tuple[int, int] | None = None):
         self.source, self.spec, self.stream, self.world = source, spec, stream, world
         self.epoch, self.progress = epoch, dict(progress) if progress else None
-        # (a pass's first chunk, the others): batches a unit of work holds (EncodedLoader.unit_sizes)
-        self.unit_sizes = unit_sizes or (stream.unit_batches or 1,) * 2
+        # (a pass's first chunk, the others): batches a unit of work holds; the loader's own, which
+        # its reorder buffer expects (a pass that ends with units missing raises)
+        self.unit_sizes = unit_sizes or unit_sizes_for(source, stream, spec)
         self.decode = decode  # set: each batch goes out padded, its headers probed for this decoder
 
     def _finish(self, batch: EncodedBatch) -> EncodedBatch:
