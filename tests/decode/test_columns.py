@@ -117,7 +117,9 @@ def _decoders():
 
 @pytest.mark.parametrize("backend", _decoders())
 @pytest.mark.parametrize("resize", ["random_resized_crop", "shorter", "fixed"])
-def test_columns_and_layout_change_nothing_a_decoder_delivers(backend, resize):
+def test_columns_and_layout_change_nothing_a_decoder_delivers(backend, resize, device):
+    """The same pixels, labels and skips whether the batch is packed or padded, annotated in a
+    worker or not (on CUDA: DALI's ``mixed`` decode)."""
     if backend == "dali":
         pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
     images = [(k, d) for k, d in _batch_images() if k != "bomb"]  # (a 65500² header is only refused)
@@ -128,7 +130,7 @@ def test_columns_and_layout_change_nothing_a_decoder_delivers(backend, resize):
         if "annotated" in form:
             batch = annotate(batch, config)
             assert batch.probed is not None and (batch.crops is not None) == (resize == "random_resized_crop")
-        decoder = make_decoder(config, "cpu")
+        decoder = make_decoder(config, device)
         try:
             out = decoder.decode(batch)
         finally:
@@ -158,9 +160,9 @@ import pickle, sys, torch
 from gpupipe.decode import DecodeConfig, make_decoder
 batches = pickle.load(open(sys.argv[1], "rb"))
 config = DecodeConfig(backend="dali", num_threads=2, on_error="skip", image_size=(24, 24))
-one = make_decoder(config, "cpu")
+one = make_decoder(config, sys.argv[2])
 alone = [one.decode(b) for b in batches]
-ahead = make_decoder(config, "cpu")
+ahead = make_decoder(config, sys.argv[2])
 stream = list(ahead.decode_stream(iter(batches)))
 for a, b in zip(alone, stream):
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels) and torch.equal(a.valid, b.valid)
@@ -189,7 +191,7 @@ def _damaged_png(seed: int) -> bytes:
     return data[:at] + chunk + data[at + 12 + length:]
 
 
-def test_fed_ahead_is_batch_by_batch_also_when_dali_fails_in_between(tmp_path):
+def test_fed_ahead_is_batch_by_batch_also_when_dali_fails_in_between(tmp_path, device):
     """Four batches decoded one ahead (batch i+1 fed before batch i is taken) give what each
     decoded alone gives — with DALI failing on batch 1 (its pipeline is rebuilt while batch 2
     was fed to the old one) — and a pass broken off leaves nothing for a later decode to find.
@@ -204,7 +206,7 @@ def test_fed_ahead_is_batch_by_batch_also_when_dali_fails_in_between(tmp_path):
         batches.append(annotate(_encode(images, pad=2.0), DecodeConfig(image_size=(24, 24))))
     path = tmp_path / "batches.pkl"
     path.write_bytes(pickle.dumps(batches))
-    run = subprocess.run([sys.executable, "-c", _STREAM_CHILD, str(path)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", _STREAM_CHILD, str(path), str(device)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     count, skipped = map(int, run.stdout.split()[-2:])
@@ -212,13 +214,14 @@ def test_fed_ahead_is_batch_by_batch_also_when_dali_fails_in_between(tmp_path):
 
 
 @pytest.mark.dali
-def test_a_delivered_batch_stays_intact_while_later_ones_are_decoded():
-    """On the CPU DALI's output is handed over without a copy where its executor reference-counts
-    outputs: batches kept by the consumer must not change while later batches are decoded."""
+def test_a_delivered_batch_stays_intact_while_later_ones_are_decoded(device):
+    """DALI's output is handed over without a copy (on the CPU where its executor reference-counts
+    outputs; on CUDA through DLPack): batches kept by the consumer must not change while later
+    batches are decoded."""
     pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
     natural = corpus.natural_jpegs(16, (40, 30))
     batches = [_encode([(f"b{b}i{i}", natural[(b * 4 + i) % 16]) for i in range(4)], pad=2.0) for b in range(4)]
-    decoder = make_decoder(DecodeConfig(backend="dali", num_threads=2), "cpu")
+    decoder = make_decoder(DecodeConfig(backend="dali", num_threads=2), device)
     kept = []
     for out in decoder.decode_stream(iter(batches * 3)):
         kept.append((out.images, out.images.clone()))
