@@ -7,8 +7,15 @@ image folder (one sample). The plan never asks which kind it has; ``counts`` are
 the samples per unit, and a :class:`Span` is samples ``[start, stop)`` of a unit.
 Below, "shard" means any unit.
 
-The epoch's global sample sequence is the shards in a seeded order, each
-shard's samples in file order (so that runs of samples are byte ranges). Every
+The epoch's global sample sequence is made of *blocks*: each shard cut into runs of
+``block`` consecutive samples (the last of a shard shorter), the blocks of all shards in
+one seeded order, each block's samples in file order (so that a block is a byte range).
+A shuffle window therefore holds blocks of many shards, wherever they sit: on shards
+written in class order (a sorted ImageFolder packed without shuffling) a window of 1,024
+samples in blocks of 8 draws from 128 places of the data set, and its batches mix classes
+about as a uniform shuffle does (docs/tuning.md). ``block`` 0 keeps shards whole: the
+sequence is the shards in a seeded order, the layout of plans before blocks (and the one
+for units that cannot be read in part, such as Parquet row groups). Every
 rank takes ``steps`` batches, ``steps * batch_size`` positions of the sequence
 from its own start. With ``drop_last`` the ranks' spans are contiguous and the
 tail that does not fill a step on every rank is left out; otherwise the sequence
@@ -22,7 +29,11 @@ sample more than another.
 A rank's positions are cut into *chunks* of ``chunk_batches`` whole batches. A
 chunk is the shuffle window: its samples are permuted by a generator keyed by
 (seed, epoch, chunk start), so the order inside it does not depend on the rank or
-worker count. A DataLoader worker's unit of work is smaller: a few consecutive
+worker count. With blocks the permutation *spreads* each block over the window: the
+samples of a block are ranked at random, and the window delivers every block's first
+sample, then every block's second, ... (each rank in a random order), so a batch takes at
+most one or two samples of a block and holds as many places of the data set as it can (a
+window of 1,024 in blocks of 4: every batch of 256 one sample from each of 256 blocks). A DataLoader worker's unit of work is smaller: a few consecutive
 batches of a chunk's delivery order (:mod:`gpupipe.plan_units`), reading only the
 samples they hold. Units go round-robin to workers and are delivered in their
 order, so the order of the batches depends neither on the worker count nor on the
@@ -40,9 +51,8 @@ order does not.
 """
 from __future__ import annotations
 
-import functools
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TypeVar
@@ -58,7 +68,10 @@ __all__ = [
     "Chunk",
     "Progress",
     "permutation",
+    "spread",
     "shard_order",
+    "blocks",
+    "block_order",
     "steps_per_rank",
     "epoch_steps",
     "rank_bounds",
@@ -73,7 +86,7 @@ __all__ = [
     "resume_plan",
 ]
 
-_TAG_SHARDS, _TAG_WINDOW = 1, 2
+_TAG_SHARDS, _TAG_WINDOW, _TAG_BLOCKS = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -132,8 +145,11 @@ class PlanSpec:
     drop_last: bool = True
     chunk_batches: int = 4
     before: tuple[Earlier, ...] = ()
+    block: int = 0  # samples per contiguous run of a shard in the sequence; 0: shards whole
 
     def __post_init__(self) -> None:
+        if self.block < 0:
+            raise PlanError(f"block must be >= 0 (0: shards whole), got {self.block}")
         if self.batch_size < 1:
             raise PlanError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.world_size < 1:
@@ -223,9 +239,29 @@ def shuffle_buffer(items: Iterable[T], size: int, rng: np.random.Generator) -> I
 
 
 def shard_order(spec: PlanSpec, epoch: int) -> np.ndarray:
-    """Manifest indices of the shards in this epoch's order."""
+    """Manifest indices of the shards in this epoch's order (the order of whole shards: ``block`` 0)."""
     n = len(spec.counts)
     return permutation(n, (spec.seed, epoch, _TAG_SHARDS)) if spec.shuffle else np.arange(n)
+
+
+def blocks(counts: Sequence[int], block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each shard cut into runs of ``block`` samples, in manifest order: (shard, first sample,
+    samples) of every block, int64. ``block`` 0: one block per shard (empty shards included)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if block == 0:
+        return np.arange(len(counts), dtype=np.int64), np.zeros(len(counts), np.int64), counts
+    per = -(-counts // block)
+    shard = np.repeat(np.arange(len(counts), dtype=np.int64), per)
+    firsts = np.concatenate([[0], np.cumsum(per)[:-1]]) if len(per) else np.zeros(0, np.int64)
+    first = (np.arange(len(shard), dtype=np.int64) - np.repeat(firsts, per)) * block
+    return shard, first, np.minimum(block, counts[shard] - first)
+
+
+def block_order(spec: PlanSpec, epoch: int, num_blocks: int) -> np.ndarray:
+    """Indices of the epoch's blocks (:func:`blocks`) in this epoch's order."""
+    if spec.block == 0:
+        return shard_order(spec, epoch)
+    return permutation(num_blocks, (spec.seed, epoch, _TAG_BLOCKS)) if spec.shuffle else np.arange(num_blocks)
 
 
 # -- the cut, on plain integers: a sequence of `length` samples, `world` ranks, batch `batch` ------------
@@ -245,20 +281,37 @@ def _bounds(length: int, world: int, batch: int, drop_last: bool, rank: int, spr
     return start, start + q + (rank < r)
 
 
-@functools.lru_cache(maxsize=4)
-def _window(size: int, seed: int, epoch: int, start: int, depth: int, shuffle: bool) -> np.ndarray:
+def _window(size: int, seed: int, epoch: int, start: int, depth: int, shuffle: bool,
+            runs: np.ndarray | None = None) -> np.ndarray:
     """Delivery order of a chunk of ``size`` positions from ``start`` (plan ``depth``: resumes under
-    other settings this epoch; 0 keeps the key of a whole epoch's plan). Read-only, and kept for
-    the latest chunks: a worker asks for it once per unit, and a chunk has many units."""
-    order = np.arange(size) if not shuffle else permutation(
-        size, (seed, epoch, _TAG_WINDOW, start) if depth == 0 else (seed, epoch, _TAG_WINDOW, start, depth))
-    order.flags.writeable = False
-    return order
+    other settings this epoch; 0 keeps the key of a whole epoch's plan): a keyed permutation, or
+    with ``runs`` (the block of each position) one that spreads each block over the window
+    (:func:`spread`)."""
+    if not shuffle:
+        return np.arange(size)
+    key = (seed, epoch, _TAG_WINDOW, start) if depth == 0 else (seed, epoch, _TAG_WINDOW, start, depth)
+    return permutation(size, key) if runs is None else spread(runs, key)
 
 
-def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: int) -> np.ndarray:
+def spread(runs: np.ndarray, key: Sequence[int]) -> np.ndarray:
+    """A permutation of ``range(len(runs))`` keyed by ``key`` that spreads each run (positions with
+    one value of ``runs``, a block) over the whole: each run's positions ranked at random, then
+    every run's rank-0 position, every run's rank-1 position, ..., each rank in a random order."""
+    n = len(runs)
+    raw = np.random.PCG64(np.random.SeedSequence(list(key))).random_raw(2 * n)
+    grouped = np.lexsort((raw[:n], runs))  # by run, at random inside one
+    g = runs[grouped]
+    firsts = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]]))
+    rank = np.empty(n, dtype=np.int64)
+    rank[grouped] = np.arange(n) - np.repeat(firsts, np.diff(np.append(firsts, n)))
+    return np.lexsort((raw[n:], rank))
+
+
+def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: int,
+                 block_of: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """Indices (sorted) into a sequence of ``length`` samples of those of the epoch that ``part``,
-    a plan over that sequence, did not deliver on any of its ranks."""
+    a plan over that sequence, did not deliver on any of its ranks; ``block_of`` gives the block
+    of positions of that sequence (``None``: shards whole)."""
     world, batch, cb = part.world_size, part.batch_size, part.chunk_batches
     steps = _steps(length, world, batch, part.drop_last)
     num_chunks = -(-steps // cb)
@@ -274,24 +327,31 @@ def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: in
         left[start:max(start, min(start + part.done_below * cb * batch, valid_stop))] = False
         for c, d in partial.items():
             first = start + c * cb * batch
-            pos = first + _window(min(cb, steps - c * cb) * batch, seed, part.epoch, first, depth, shuffle)[: d * batch]
+            size = min(cb, steps - c * cb) * batch
+            runs = None if block_of is None else block_of(np.arange(first, first + size) % length)
+            pos = first + _window(size, seed, part.epoch, first, depth, shuffle, runs)[: d * batch]
             left[pos[pos < valid_stop]] = False
     return np.flatnonzero(left)
 
 
-@functools.lru_cache(maxsize=8)
-def _rest(num_samples: int, seed: int, shuffle: bool, before: tuple[Earlier, ...]) -> np.ndarray:
-    seq = np.arange(num_samples, dtype=np.int64)
-    for depth, part in enumerate(before):
-        seq = seq[_undelivered(len(seq), part, seed, shuffle, depth)]
-    seq.flags.writeable = False
-    return seq
+_RESTS: dict = {}  # (num_samples, seed, shuffle, before, block, counts_crc32) → _sequence's array, the latest few
 
 
 def _sequence(spec: PlanSpec) -> np.ndarray:
     """Positions in the epoch's sequence of the samples the plan still has to deliver, in
     sequence order (read-only int64). Only for a plan with ``before``."""
-    return _rest(spec.num_samples, spec.seed, spec.shuffle, spec.before)
+    key = (spec.num_samples, spec.seed, spec.shuffle, spec.before, spec.block, spec.counts_crc32)
+    if key not in _RESTS:
+        if len(_RESTS) >= 8:
+            del _RESTS[next(iter(_RESTS))]
+        ends = _layout(spec, spec.before[0].epoch)[3] if spec.block else None
+        seq = np.arange(spec.num_samples, dtype=np.int64)
+        for depth, part in enumerate(spec.before):
+            block_of = None if ends is None else (lambda p, seq=seq: np.searchsorted(ends, seq[p], side="right"))
+            seq = seq[_undelivered(len(seq), part, spec.seed, spec.shuffle, depth, block_of)]
+        seq.flags.writeable = False
+        _RESTS[key] = seq
+    return _RESTS[key]
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -334,11 +394,12 @@ def worker_chunks(chunks: Sequence[Chunk], worker_id: int, num_workers: int) -> 
     return list(chunks[worker_id::num_workers])
 
 
-_LAST_LAYOUT: list = [None]  # ((spec, epoch), (order, counts, ends)) of the latest call
+_LAST_LAYOUT: list = [None]  # ((spec, epoch), (shard, first, counts, ends)) of the latest call
 
 
-def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Shard order, counts in that order and their running ends, for one epoch.
+def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The epoch's blocks in sequence order: their shard, first sample and sample count, and
+    the running ends of the counts.
 
     Kept for the latest (spec, epoch), matched by identity: a folder source has one
     unit per image, and a worker asks for the spans of many chunks of one epoch — the
@@ -347,9 +408,9 @@ def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     hit = _LAST_LAYOUT[0]
     if hit is not None and hit[0][0] is spec and hit[0][1] == epoch:
         return hit[1]
-    order = shard_order(spec, epoch)
-    counts = np.asarray(spec.counts, dtype=np.int64)[order]
-    layout = (order, counts, np.cumsum(counts))
+    shard, first, counts = blocks(spec.counts, spec.block)
+    order = block_order(spec, epoch, len(shard))
+    layout = (shard[order], first[order], counts[order], np.cumsum(counts[order]))
     _LAST_LAYOUT[0] = ((spec, epoch), layout)
     return layout
 
@@ -368,7 +429,7 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     length = spec.length
     if length == 0:
         return []
-    order, counts, ends = _layout(spec, epoch)
+    shard, first, counts, ends = _layout(spec, epoch)
     pos = np.arange(chunk.start, chunk.start + chunk.num_batches * spec.batch_size, dtype=np.int64)
     if within is not None:
         pos = pos[within]
@@ -377,17 +438,33 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     if spec.before:
         p = _sequence(spec)[p]
     k = np.searchsorted(ends, p, side="right")
-    offset = p - (ends[k] - counts[k])
+    unit, offset = shard[k], first[k] + p - (ends[k] - counts[k])
     new = np.ones(len(p), dtype=bool)  # a span starts at a new shard, a gap, or where padding starts or ends
-    new[1:] = (k[1:] != k[:-1]) | (offset[1:] != offset[:-1] + 1) | (valid[1:] != valid[:-1])
+    new[1:] = (unit[1:] != unit[:-1]) | (offset[1:] != offset[:-1] + 1) | (valid[1:] != valid[:-1])
     firsts = np.flatnonzero(new).tolist()
-    return [Span(shard=int(order[k[a]]), start=int(offset[a]), stop=int(offset[a]) + (b - a), valid=bool(valid[a]))
+    return [Span(shard=int(unit[a]), start=int(offset[a]), stop=int(offset[a]) + (b - a), valid=bool(valid[a]))
             for a, b in zip(firsts, firsts[1:] + [len(p)])]
 
 
+_ORDERS: list = []  # ((spec, epoch, chunk start, size), order) of the latest chunks, matched by identity
+
+
 def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
-    """Delivery order of the chunk's samples, as indices into its span order."""
-    return _window(chunk.num_batches * spec.batch_size, spec.seed, epoch, chunk.start, len(spec.before), spec.shuffle)
+    """Delivery order of the chunk's samples, as indices into its span order (read-only). Kept for
+    the latest chunks: a worker asks for it once per unit, and a chunk has many units."""
+    size = chunk.num_batches * spec.batch_size
+    for (s, e, start, n), order in _ORDERS:
+        if s is spec and (e, start, n) == (epoch, chunk.start, size):
+            return order
+    runs = None
+    if spec.block and spec.shuffle and spec.length:
+        _check_epoch(spec, epoch)
+        p = np.arange(chunk.start, chunk.start + size, dtype=np.int64) % spec.length
+        runs = np.searchsorted(_layout(spec, epoch)[3], _sequence(spec)[p] if spec.before else p, side="right")
+    order = _window(size, spec.seed, epoch, chunk.start, len(spec.before), spec.shuffle, runs)
+    order.flags.writeable = False
+    _ORDERS[:] = [((spec, epoch, chunk.start, size), order)] + _ORDERS[:3]
+    return order
 
 
 def chunk_sample_ids(spec: PlanSpec, epoch: int, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
@@ -490,7 +567,8 @@ def plan_identity(spec: PlanSpec) -> dict:
     the same totals put other samples at every position of the epoch) and the cut (which may change)."""
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
-            "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32}
+            "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32,
+            "block": spec.block}
 
 
 def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, before: Sequence[Earlier] = (),
@@ -502,7 +580,12 @@ def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, b
     With the saved cut (world size, batch size, shuffle window, ``drop_last``) the saved plan
     continues, in its order. With another, the saved part becomes an :class:`Earlier` and the
     plan covers the samples of the epoch no rank has delivered, in a new order.
+
+    The epoch keeps the saved ``block`` (a state without one: shards whole), whatever ``spec``
+    says: the blocks fix which sample is at which position of the epoch. The next epoch is
+    laid out with ``spec``'s.
     """
+    spec = replace(spec, block=int(saved.get("block", 0)))
     check_resumable(saved, spec, mid_epoch=True)
     before = tuple(before)
     if any(part.epoch != epoch for part in before):

@@ -28,8 +28,11 @@ a)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
   cp .gpuwheels/p0/* "$HOME/gpw/"
   mkdir -p "$DATA"
-  setsid nohup bash -c "export PYTHONPATH=$PWD; cd $PWD
+  # the ingest needs braceexpand, which arrives with Kornia's wheels in call b (seen 2026-11-26: it failed without)
+  setsid nohup bash -c "export PYTHONPATH=$HOME/lite:$PWD; cd $PWD
     python3 -m gpupipe.tools.bench.data paper --images 50000 --root $DATA/paper-50000 --workers 16
+    for i in \$(seq 600); do [ -e $HOME/lite/braceexpand.py ] && break; sleep 1; done
+    python3 -m gpupipe.tools.cli ingest $DATA/paper-50000/images $DATA/paper-50000/shards --shard-size 1000
     python3 -m gpupipe.tools.cli ingest $DATA/paper-50000/images $DATA/paper-50000-5/shards --shard-size 10000
     touch $DATA/done" > /tmp/datagen.log 2>&1 < /dev/null &
   sleep 5; cat /tmp/datagen.log

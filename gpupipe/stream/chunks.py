@@ -52,13 +52,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StreamConfig:
     """How samples are streamed and split. ``shuffle_buffer`` is the shuffle window in
-    samples (rounded to whole batches); ``unit_batches`` the batches of a window a worker
+    samples (rounded to whole batches); ``shuffle_block`` the samples of one shard the epoch's
+    order keeps together (a window holds blocks of many shards, so that shards written in class
+    order still mix; 0: shards whole; None: 8 for tar shards, 0 for Parquet row groups and image
+    folders, see :func:`gpupipe.loader.encoded.block_for`); ``unit_batches`` the batches of a window a worker
     reads at once (its unit of work; None: one batch where short reads are cheap — files on this
     machine, or object storage behind ``fetch.cache_dir`` — else the whole window: see
     :func:`gpupipe.loader.encoded.unit_batches_for`); ``on_error`` is ``raise`` or ``skip``."""
 
     shuffle: bool = True
     shuffle_buffer: int = 1024
+    shuffle_block: int | None = None
     unit_batches: int | None = None
     drop_last: bool = True
     on_error: ErrorPolicy = ErrorPolicy.RAISE
@@ -71,6 +75,8 @@ class StreamConfig:
             raise ConfigError(f"stream.on_error: {self.on_error!r} is not one of 'raise', 'skip'") from None
         if self.shuffle_buffer < 0:
             raise ConfigError(f"stream.shuffle_buffer: must be >= 0, got {self.shuffle_buffer}")
+        if self.shuffle_block is not None and self.shuffle_block < 0:
+            raise ConfigError(f"stream.shuffle_block: must be >= 0 (0: shards whole), got {self.shuffle_block}")
         if self.unit_batches is not None and self.unit_batches < 1:
             raise ConfigError(f"stream.unit_batches: must be >= 1, got {self.unit_batches}")
 
@@ -138,7 +144,9 @@ def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRang
 
     Samples whose bytes arrived damaged (a checksum or a tar header fails) are read
     again one by one, each up to ``refetch`` times; when one stays damaged the object
-    itself changed, and the rest of the span is not read again.
+    itself changed: the samples after it are parsed from the bytes already fetched, from
+    their own offsets in the manifest (a damaged tar header hides where the next member
+    starts, and must not take its healthy neighbours with it).
     """
     span = _parse_span(blocks, r.url, r.start, len(offsets) - 1, crcs)
     damaged = [i for i, e in sorted(span.problems.items()) if not isinstance(e, StorageError)]
@@ -158,8 +166,25 @@ def _read_span(fetcher: Fetcher, blocks: list[bytes] | GpupipeError, r: ByteRang
                 break
             span.problems[i] = again.problems[0]
         if i in span.problems:
+            _read_past(fetcher, span, blocks, r, version, offsets, crcs, i)
             break
     return span
+
+
+def _read_past(fetcher: Fetcher, span: ReadSpan, blocks: list[bytes] | GpupipeError, r: ByteRange,
+               version: ObjectVersion, offsets: np.ndarray, crcs: np.ndarray | None, bad: int) -> None:
+    """Fill ``span``'s samples after the damaged sample ``bad`` by reading on from the next
+    sample's offset in the bytes already fetched (each checked, and read again, as before)."""
+    if bad + 2 >= len(offsets) or isinstance(blocks, GpupipeError):
+        return
+    start = int(offsets[bad + 1])
+    tail = [b"".join(blocks)[start - r.start:]]
+    rest = _read_span(fetcher, tail, ByteRange(r.url, start, r.stop), version, offsets[bad + 1:],
+                      None if crcs is None else crcs[bad + 1:])
+    span.samples[bad + 1:] = rest.samples
+    for j in range(bad + 1, len(offsets) - 1):
+        span.problems.pop(j, None)
+    span.problems.update({bad + 1 + j: e for j, e in rest.problems.items()})
 
 
 @dataclass(frozen=True)
@@ -280,6 +305,9 @@ def _tar_read(fetcher: Fetcher, source: ResolvedSource, s: Span, blocks: list[by
                       source.unit_version(s.shard), offsets, crcs)
 
 
+_JOIN_SEGMENTS = 16  # a unit's spans joined into one buffer before the scan above this many
+
+
 def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[list[bytes] | GpupipeError],
                   first_ids: np.ndarray, wanted: _Wanted) -> SampleTable | None:
     """The samples of a unit's tar spans, in span order, from one scan of their bytes side by side
@@ -303,6 +331,8 @@ def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[l
         if crcs is not None and entry.crc32 is not None:
             crcs[mine] = entry.crc32[index[mine]]
     segments = [block for blocks in got if not isinstance(blocks, GpupipeError) for block in blocks]
+    if len(segments) > _JOIN_SEGMENTS:  # many short spans (blocks of shards): one copy beats a gather per span
+        segments = [np.concatenate([np.frombuffer(x, dtype=np.uint8) for x in segments])]
     table = _scanned(segments, np.concatenate([[0], np.cumsum(sizes)]), crcs, wanted, source.shard_urls[spans[0].shard])
     if table is None:
         return None

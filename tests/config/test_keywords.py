@@ -30,7 +30,7 @@ NON_DEFAULT = {
     "batch_size": 4, "num_workers": 0, "prefetch": 3, "device": "cpu",
     "image_size": (8, 12), "resize": "random_resized_crop", "scale": (0.5, 1.0), "ratio": (0.5, 2.0),
     "max_pixels": 1 << 20, "num_threads": 2, "hw_decoder_load": 0.5, "fancy_upsampling": False,
-    "shuffle": False, "shuffle_buffer": 8, "unit_batches": 2, "drop_last": False,
+    "shuffle": False, "shuffle_buffer": 8, "shuffle_block": 2, "unit_batches": 2, "drop_last": False,
     "concurrency": 3, "object_concurrency": 5, "readahead_bytes": 1 << 20, "block_bytes": 1 << 19, "retries": 2,
     "backoff_s": 0.01, "backoff_max_s": 0.5, "request_timeout_s": 7.0, "cache_dir": None, "cache_bytes": 1 << 24,
     "refetch": 1, "classes": ("a", "b"), "image_column": None, "label_column": None, "targets": ("boxes",),

@@ -95,6 +95,22 @@ def test_bad_data_in_a_unit_follows_on_error(tmp_path):
     assert [ids for _, _, _, ids, _ in got] == [ids for ids, _ in whole_windows(ld)]
 
 
+def test_a_damaged_header_costs_its_own_sample_only(tmp_path):
+    """A tar header damaged on disk hides where the next member starts; the samples after it in
+    the same byte range are read from their own offsets in the manifest, not lost with it (not
+    shuffled, a whole window reads the shard as one range)."""
+    path = tmp_path / "ds"
+    write_dataset(str(path), [40])
+    entry = Manifest.from_json((path / MANIFEST_NAME).read_text()).shards[0]
+    data = bytearray((path / entry.name).read_bytes())
+    data[int(entry.offsets[5]) + 148] ^= 0x11  # the header checksum of the sixth sample
+    (path / entry.name).write_bytes(bytes(data))
+    ld = EncodedLoader(str(path), batch_size=BATCH, seed=5, drop_last=False, on_error="skip",
+                       stream=StreamConfig(shuffle=False, shuffle_buffer=40, unit_batches=99))
+    delivered = [i for _, _, ids, _, _ in rows(ld) for i in ids]
+    assert ld.stats.skipped == 1 and sorted(delivered) == [i for i in range(40) if i != 5]
+
+
 def test_unit_batches_below_one_is_refused():
     with pytest.raises(ConfigError, match="stream.unit_batches: must be >= 1, got 0"):
         StreamConfig(unit_batches=0)

@@ -31,7 +31,7 @@ from gpupipe.plan import (
 def _specs(counts):
     return st.builds(PlanSpec, counts=counts, batch_size=st.integers(1, 9), world_size=st.integers(1, 8),
                      seed=st.integers(0, 2**32), shuffle=st.booleans(), drop_last=st.booleans(),
-                     chunk_batches=st.integers(1, 5))
+                     chunk_batches=st.integers(1, 5), block=st.one_of(st.just(0), st.integers(1, 12)))
 
 
 specs = _specs(st.lists(st.integers(0, 40), min_size=1, max_size=12).map(tuple))  # tar shards
@@ -347,7 +347,9 @@ def v1_delivered(spec: PlanSpec, epoch: int, rank: int, progress: Progress) -> l
 def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epoch, data, workers):
     """A mid-epoch state of version 1: padding on the last ranks, and chunks delivered interleaved
     by several workers (several chunks started). Resumed under its own cut or another, the
-    samples not yet delivered by any rank are delivered, each once."""
+    samples not yet delivered by any rank are delivered, each once. Such a state predates blocks
+    (it has no ``block``: shards whole), and the new settings' block waits for the next epoch."""
+    new_block, spec = spec.block, dataclasses.replace(spec, block=0)
     steps = steps_per_rank(spec)
     if steps < 2 or spec.num_samples == 0:
         return
@@ -359,9 +361,11 @@ def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epo
         progress.advance(c, b)
     seen = [i for r in range(spec.world_size) for i, v in v1_delivered(spec, epoch, r, progress) if v]
     cut = data.draw(st.one_of(st.just({}), cuts))
-    new = dataclasses.replace(spec, **cut)
-    state = json.loads(json.dumps({"plan": plan_identity(spec), "progress": progress.to_dict()}))
+    new = dataclasses.replace(spec, **cut, block=new_block)
+    saved = {k: v for k, v in plan_identity(spec).items() if k != "block"}
+    state = json.loads(json.dumps({"plan": saved, "progress": progress.to_dict()}))
     plan, rest_progress = resume_plan(new, epoch, state["plan"], state["progress"], spread=False)
+    assert plan.block == 0
     rest = [delivered(plan, epoch, r, 1, rest_progress) for r in range(plan.world_size)]
     assert len({len(items) for items in rest}) == 1
     seen += [i for items in rest for i, v in items if v]
