@@ -11,11 +11,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-from gpupipe.plan import PlanSpec, Progress, blocks, chunk_sample_ids, rank_chunks, resume_plan, plan_identity
+from test_plan import delivered  # noqa: E402  (tests/plan is on sys.path under pytest's rootdir layout)
 
 from gpupipe.loader.encoded import DEFAULT_BLOCK  # noqa: E402
-from test_plan import delivered  # noqa: E402  (tests/plan is on sys.path under pytest's rootdir layout)
+from gpupipe.plan import PlanSpec, Progress, blocks, chunk_sample_ids, plan_identity, rank_chunks, resume_plan
 
 
 def _batches(spec: PlanSpec, epoch: int) -> np.ndarray:
