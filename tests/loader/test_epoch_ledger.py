@@ -255,7 +255,7 @@ def test_a_state_in_the_format_of_version_1_still_loads():
              "plan": {"num_samples": 10, "num_shards": 2, "batch_size": 2, "world_size": 1, "seed": 3,
                       "shuffle": True, "drop_last": True, "chunk_batches": 2},
              "progress": {"done_below": 1, "partial": {"1": 1}}}
-    assert STATE_VERSION == 2
+    assert STATE_VERSION == 3
     ledger = EpochLedger(SMALL)
     ledger.load_state_dict(state)
     assert (ledger.epoch, ledger.complete) == (3, False)
@@ -276,8 +276,8 @@ def test_a_version_1_state_with_padding_on_the_last_rank_resumes_with_exactly_th
     assert ledger.plan.before and ledger.plan.before[0].spread is False
     assert ledger.plan.length == 10 - 3 - 3  # one batch of 3 delivered on each rank
     assert ledger.steps == 1 + 1
-    again = restored(ledger)  # saved again, now as version 2 with the earlier part recorded
-    assert again.plan == ledger.plan and again.state_dict()["version"] == 2
+    again = restored(ledger)  # saved again, now as version 3 with the earlier part recorded
+    assert again.plan == ledger.plan and again.state_dict()["version"] == 3
 
 
 @pytest.mark.parametrize("version", [None, 0, STATE_VERSION + 1, str(STATE_VERSION)])
