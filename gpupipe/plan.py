@@ -18,13 +18,15 @@ sequence is the shards in a seeded order, the layout of plans before blocks (and
 for units that cannot be read in part, such as Parquet row groups). Every
 rank takes ``steps`` batches, ``steps * batch_size`` positions of the sequence
 from its own start. With ``drop_last`` the ranks' spans are contiguous and the
-tail that does not fill a step on every rank is left out; otherwise the sequence
-is cut into ``world_size`` contiguous parts of ``N // world_size`` or one more
-real samples, and each rank's positions past its part are padding: they repeat
-the samples that follow (wrapping around at the end) and are marked invalid (a
-padded sample keeps batch shapes and step counts equal, and the mask tells the
-loss to ignore it). So the padding is spread: no rank has more than one real
-sample more than another.
+tail that does not fill a step on every rank is left out. Without it, one process
+(``world_size`` 1) takes every sample once and its last batch is short — the
+``N % batch_size`` samples left, as torch's DataLoader gives — since no other rank
+needs equal steps. Several ranks cut the sequence into ``world_size`` contiguous
+parts of ``N // world_size`` or one more real samples, and each rank's positions
+past its part are padding: they repeat the samples that follow (wrapping around
+at the end) and are marked invalid (a padded sample keeps batch shapes and step
+counts equal on every rank, and the mask tells the loss to ignore it). So the
+padding is spread: no rank has more than one real sample more than another.
 
 A rank's positions are cut into *chunks* of ``chunk_batches`` whole batches. A
 chunk is the shuffle window: its samples are permuted by a generator keyed by
@@ -78,6 +80,7 @@ __all__ = [
     "rank_chunks",
     "worker_chunks",
     "chunk_spans",
+    "chunk_size",
     "chunk_order",
     "chunk_sample_ids",
     "shuffle_buffer",
@@ -97,7 +100,8 @@ class Earlier:
     with; ``done_below`` and ``partial`` its progress (:class:`Progress`), which is every rank's:
     ranks take their steps in lockstep and deliver their chunks in order. ``spread`` is False
     for a state of version 1, whose padding sat at the end of the sequence (the last ranks)
-    rather than spread over the ranks. Plain, hashable data.
+    rather than spread over the ranks. ``short_tail`` is False for a state of version 1 or 2,
+    which padded the last batch of one process too (:func:`_short_tail`). Plain, hashable data.
     """
 
     epoch: int
@@ -108,6 +112,7 @@ class Earlier:
     done_below: int = 0
     partial: tuple[tuple[int, int], ...] = ()  # (chunk, batches delivered), sorted
     spread: bool = True
+    short_tail: bool = True
 
     @property
     def batches_done(self) -> int:
@@ -116,7 +121,7 @@ class Earlier:
 
     def to_dict(self) -> dict:
         return {"batch_size": self.batch_size, "world_size": self.world_size, "drop_last": self.drop_last,
-                "chunk_batches": self.chunk_batches, "spread": self.spread,
+                "chunk_batches": self.chunk_batches, "spread": self.spread, "short_tail": self.short_tail,
                 "progress": {"done_below": self.done_below, "partial": {str(c): d for c, d in self.partial}}}
 
     @classmethod
@@ -126,7 +131,8 @@ class Earlier:
                    drop_last=bool(state["drop_last"]), chunk_batches=int(state["chunk_batches"]),
                    done_below=int(progress["done_below"]),
                    partial=tuple(sorted((int(c), int(d)) for c, d in progress["partial"].items())),
-                   spread=bool(state.get("spread", True)))
+                   spread=bool(state.get("spread", True)),
+                   short_tail=bool(state.get("short_tail", False)))  # absent: saved by version 2, which padded
 
 
 @dataclass(frozen=True)
@@ -202,13 +208,16 @@ class Span:
 class Chunk:
     """Batches ``[first_batch, num_batches)`` of chunk ``index`` of a rank's positions.
 
-    Positions from ``valid_stop`` on are padding (``None``: those past the end of the sequence)."""
+    Positions from ``valid_stop`` on are padding (``None``: those past the end of the sequence).
+    ``size``: the chunk's positions; ``None`` for ``num_batches`` whole batches. Fewer in the last
+    chunk of one process without ``drop_last``: its last batch is short (:func:`_short_tail`)."""
 
     index: int
     start: int  # first position in the plan's (virtual) sequence
     num_batches: int
     first_batch: int = 0
     valid_stop: int | None = None
+    size: int | None = None
 
 
 def permutation(n: int, key: Sequence[int]) -> np.ndarray:
@@ -281,6 +290,13 @@ def _bounds(length: int, world: int, batch: int, drop_last: bool, rank: int, spr
     return start, start + q + (rank < r)
 
 
+def _short_tail(world: int, drop_last: bool) -> bool:
+    """Whether the plan ends at the last sample rather than at a whole batch: for one process
+    without ``drop_last``, whose last batch is then short, as torch's DataLoader gives. Padding
+    is only for ranks, which must take equal steps (a DDP collective waits for every rank)."""
+    return world == 1 and not drop_last
+
+
 def _window(size: int, seed: int, epoch: int, start: int, depth: int, shuffle: bool,
             runs: np.ndarray | None = None) -> np.ndarray:
     """Delivery order of a chunk of ``size`` positions from ``start`` (plan ``depth``: resumes under
@@ -328,6 +344,8 @@ def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: in
         for c, d in partial.items():
             first = start + c * cb * batch
             size = min(cb, steps - c * cb) * batch
+            if part.short_tail and _short_tail(world, part.drop_last):
+                size = min(size, valid_stop - first)
             runs = None if block_of is None else block_of(np.arange(first, first + size) % length)
             pos = first + _window(size, seed, part.epoch, first, depth, shuffle, runs)[: d * batch]
             left[pos[pos < valid_stop]] = False
@@ -376,17 +394,25 @@ def rank_bounds(spec: PlanSpec, rank: int) -> tuple[int, int]:
 
 
 def rank_chunks(spec: PlanSpec, rank: int, progress: Progress | None = None) -> list[Chunk]:
-    """The chunks of ``rank`` that still have batches to deliver, in order."""
+    """The chunks of ``rank`` that still have batches to deliver, in order. One process without
+    ``drop_last`` stops at its last sample: its last chunk's ``size`` leaves out the padding."""
     start, valid_stop = rank_bounds(spec, rank)
-    steps = steps_per_rank(spec)
+    steps, b = steps_per_rank(spec), spec.batch_size
+    end = valid_stop if _short_tail(spec.world_size, spec.drop_last) else start + steps * b
     chunks = []
     for index, first in enumerate(range(0, steps, spec.chunk_batches)):
         nb = min(spec.chunk_batches, steps - first)
         done = progress.done(index) if progress is not None else 0
+        at = start + first * b
         if done < nb:
-            chunks.append(Chunk(index=index, start=start + first * spec.batch_size, num_batches=nb, first_batch=done,
-                                valid_stop=valid_stop))
+            chunks.append(Chunk(index=index, start=at, num_batches=nb, first_batch=done, valid_stop=valid_stop,
+                                size=None if at + nb * b <= end else end - at))
     return chunks
+
+
+def chunk_size(spec: PlanSpec, chunk: Chunk) -> int:
+    """Positions in ``chunk``: its whole batches, or fewer where the plan ends with a short batch."""
+    return chunk.num_batches * spec.batch_size if chunk.size is None else chunk.size
 
 
 def worker_chunks(chunks: Sequence[Chunk], worker_id: int, num_workers: int) -> list[Chunk]:
@@ -430,7 +456,7 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     if length == 0:
         return []
     shard, first, counts, ends = _layout(spec, epoch)
-    pos = np.arange(chunk.start, chunk.start + chunk.num_batches * spec.batch_size, dtype=np.int64)
+    pos = np.arange(chunk.start, chunk.start + chunk_size(spec, chunk), dtype=np.int64)
     if within is not None:
         pos = pos[within]
     valid = pos < (length if chunk.valid_stop is None else chunk.valid_stop)
@@ -452,7 +478,7 @@ _ORDERS: list = []  # ((spec, epoch, chunk start, size), order) of the latest ch
 def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
     """Delivery order of the chunk's samples, as indices into its span order (read-only). Kept for
     the latest chunks: a worker asks for it once per unit, and a chunk has many units."""
-    size = chunk.num_batches * spec.batch_size
+    size = chunk_size(spec, chunk)
     for (s, e, start, n), order in _ORDERS:
         if s is spec and (e, start, n) == (epoch, chunk.start, size):
             return order
@@ -572,10 +598,11 @@ def plan_identity(spec: PlanSpec) -> dict:
 
 
 def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, before: Sequence[Earlier] = (),
-                *, spread: bool = True) -> tuple[PlanSpec, Progress]:
+                *, spread: bool = True, short_tail: bool = True) -> tuple[PlanSpec, Progress]:
     """The plan and progress that continue, under ``spec``'s settings, an epoch saved mid-way:
     ``saved`` is the :func:`plan_identity` it ran under, ``progress`` its :meth:`Progress.to_dict`,
-    ``before`` its own earlier parts, ``spread`` False for a state of version 1.
+    ``before`` its own earlier parts, ``spread`` False for a state of version 1, ``short_tail``
+    False for a state of version 1 or 2 (one process's last batch padded, :attr:`Earlier.short_tail`).
 
     With the saved cut (world size, batch size, shuffle window, ``drop_last``) the saved plan
     continues, in its order. With another, the saved part becomes an :class:`Earlier` and the
@@ -596,12 +623,26 @@ def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, b
         length = spec.num_samples
         same = all(_bounds(length, spec.world_size, spec.batch_size, spec.drop_last, r, False)
                    == _bounds(length, spec.world_size, spec.batch_size, spec.drop_last, r) for r in range(spec.world_size))
+    if same and not short_tail:  # versions 1 and 2: their order differs in a last chunk that held padding
+        same = not _padded_tail_started(replace(spec, before=before), progress)
     if same:
         plan = replace(spec, before=before)
         return plan, Progress.from_dict(plan, progress)
     part = Earlier(epoch=epoch, batch_size=int(cut["batch_size"]), world_size=int(cut["world_size"]),
                    drop_last=bool(cut["drop_last"]), chunk_batches=int(cut["chunk_batches"]),
                    done_below=int(progress["done_below"]),
-                   partial=tuple(sorted((int(c), int(d)) for c, d in progress["partial"].items())), spread=spread)
+                   partial=tuple(sorted((int(c), int(d)) for c, d in progress["partial"].items())), spread=spread,
+                   short_tail=short_tail)
     plan = replace(spec, before=before + (part,))
     return plan, Progress.for_rank(plan)  # for_rank works out the rest: a state that does not fit raises here
+
+
+def _padded_tail_started(plan: PlanSpec, progress: Mapping) -> bool:
+    """Whether a state saved by a version that padded the last batch of one process (1 or 2) has
+    delivered part of the last chunk, where that padding sat. That chunk's order under ``plan``,
+    whose last batch is short, is not the one it was delivered in: the rest of it cannot continue
+    the same plan (the other chunks, padding-free, can)."""
+    if not _short_tail(plan.world_size, plan.drop_last) or plan.length % plan.batch_size == 0:
+        return False
+    last = (steps_per_rank(plan) - 1) // plan.chunk_batches
+    return any(int(c) == last for c in progress["partial"])

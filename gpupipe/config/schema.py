@@ -161,7 +161,8 @@ class PipelineConfig:
         """Everything ``name``'s loader needs, with the per-split decisions made: training
         shuffles, drops the last partial batch (``stream.shuffle`` / ``stream.drop_last``),
         crops as ``decode.resize`` says and runs ``augment`` and ``mix``; the other splits
-        keep order, pad the tail (``valid=False``), resize the shorter side and take the
+        keep order and every sample (one process ends with a short batch, as torch's DataLoader;
+        ranks pad their tails to equal steps, ``valid=False``), resize the shorter side and take the
         centre instead of a random crop, use ``eval_batch_size``, and run ``eval_augment``
         (by default the deterministic steps of ``augment``: resize, crop, cast, normalize)."""
         from gpupipe.config.split import SplitConfig

@@ -32,9 +32,11 @@ The whole story, in one place:
   (:func:`gpupipe.plan.resume_plan`): :attr:`EpochLedger.plan` is then not :attr:`EpochLedger.spec`
   until the epoch ends, and the state records the earlier parts (``before``).
 
-State format, version 2: ``{"version": 2, "epoch", "complete", "plan": plan_identity(plan),
-"before": [Earlier.to_dict(), ...], "progress": Progress.to_dict()}``. Version 1 (no
-``before``; padding on the last ranks when ``drop_last`` is off) still loads.
+State format, version 3: ``{"version": 3, "epoch", "complete", "plan": plan_identity(plan),
+"before": [Earlier.to_dict(), ...], "progress": Progress.to_dict()}``. Version 3 ends the epoch
+of one process without ``drop_last`` with a short batch; versions 2 (that batch padded) and 1
+(no ``before``; padding on the last ranks when ``drop_last`` is off) still load: a pass saved
+inside a last chunk that held their padding goes on with exactly its undelivered samples.
 """
 from __future__ import annotations
 
@@ -46,8 +48,8 @@ from gpupipe.plan import Earlier, PlanSpec, Progress, epoch_steps, plan_identity
 
 __all__ = ["EpochLedger", "STATE_VERSION"]
 
-STATE_VERSION = 2  # 2: padding spread over the ranks, "before" (issue 25); 1 still loads
-_LOADABLE = (1, 2)
+STATE_VERSION = 3  # 3: one process's last batch short (issue 35); 2: padding spread over the ranks,
+_LOADABLE = (1, 2, 3)  # "before" (issue 25); 1 and 2 still load
 
 
 class EpochLedger:
@@ -147,7 +149,8 @@ class EpochLedger:
         saved = state["progress"]
         mid_epoch = not complete and bool(saved["done_below"] or saved["partial"] or before)
         if mid_epoch:
-            plan, progress = resume_plan(self.spec, epoch, state["plan"], saved, before, spread=version >= 2)
+            plan, progress = resume_plan(self.spec, epoch, state["plan"], saved, before, spread=version >= 2,
+                                         short_tail=version >= 3)
         else:  # at an epoch boundary any plan may follow
             plan, progress = self.spec, Progress.for_rank(self.spec)
         self.epoch, self.plan, self.progress = epoch, plan, progress

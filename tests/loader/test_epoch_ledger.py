@@ -255,7 +255,7 @@ def test_a_state_in_the_format_of_version_1_still_loads():
              "plan": {"num_samples": 10, "num_shards": 2, "batch_size": 2, "world_size": 1, "seed": 3,
                       "shuffle": True, "drop_last": True, "chunk_batches": 2},
              "progress": {"done_below": 1, "partial": {"1": 1}}}
-    assert STATE_VERSION == 2
+    assert STATE_VERSION == 3
     ledger = EpochLedger(SMALL)
     ledger.load_state_dict(state)
     assert (ledger.epoch, ledger.complete) == (3, False)
@@ -276,8 +276,31 @@ def test_a_version_1_state_with_padding_on_the_last_rank_resumes_with_exactly_th
     assert ledger.plan.before and ledger.plan.before[0].spread is False
     assert ledger.plan.length == 10 - 3 - 3  # one batch of 3 delivered on each rank
     assert ledger.steps == 1 + 1
-    again = restored(ledger)  # saved again, now as version 2 with the earlier part recorded
-    assert again.plan == ledger.plan and again.state_dict()["version"] == 2
+    again = restored(ledger)  # saved again, now as version 3 with the earlier part recorded
+    assert again.plan == ledger.plan and again.state_dict()["version"] == 3
+
+
+@pytest.mark.parametrize("partial, continues", [({"0": 1}, True), ({"1": 1}, False)])
+def test_a_version_2_state_of_one_process_loads_and_plans_the_rest_only_inside_its_padded_last_chunk(
+        partial, continues):
+    """Version 2 padded one process's last batch too: 10 samples at batch 3 were 4 batches of 3,
+    the last chunk (batches 2-3) 4 samples and 2 repeats; version 3 ends with a batch of 1, which
+    changes that chunk's order. A state saved before it continues the same plan; one saved inside
+    it plans the samples it had not delivered (tests/plan/test_plan.py checks the set)."""
+    spec = PlanSpec(counts=(4, 6), batch_size=3, chunk_batches=2, drop_last=False, seed=3)
+    state = {"version": 2, "epoch": 0, "complete": False, "plan": plan_identity(spec),
+             "progress": {"done_below": 0 if continues else 1, "partial": partial}}
+    ledger = EpochLedger(spec)
+    ledger.load_state_dict(state)
+    if continues:
+        assert ledger.plan == spec and ledger.progress.batches_done == 1 and ledger.steps == 4
+        return
+    (part,) = ledger.plan.before
+    assert part.short_tail is False and part.batches_done == 3
+    assert 1 <= ledger.plan.length <= 3  # 4 real samples of the last chunk, 1 to 3 of them delivered
+    assert ledger.steps == 3 + 1
+    again = restored(ledger)  # saved again as version 3, the earlier part's padded layout recorded
+    assert again.plan == ledger.plan and again.state_dict()["before"][0]["short_tail"] is False
 
 
 @pytest.mark.parametrize("version", [None, 0, STATE_VERSION + 1, str(STATE_VERSION)])

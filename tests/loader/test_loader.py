@@ -298,17 +298,19 @@ def test_empty_image_member_is_named_and_its_slot_is_a_genuine_pair(tmp_path):
 
 @pytest.mark.parametrize("bad", [b"", b"\xff\xd8\xff\xe0 not a jpeg"])
 def test_padding_repeat_of_a_bad_sample_is_counted_once(tmp_path, bad):
-    """End-of-epoch padding repeats sample 0; when it is bad (empty member: the stream's
-    skip; corrupt: the decoder's) ``stats.skipped`` counts it once, not twice."""
+    """End-of-epoch padding (on ranks: one process has none) repeats sample 0 on rank 0 of two
+    when 3 samples make a batch of 4 on each; when it is bad (empty member: the stream's skip;
+    corrupt: the decoder's) ``stats.skipped`` counts it once, not twice."""
     import numpy as np
 
     from gpupipe.loader.gpu import GpuLoader
     from gpupipe.tools.synth import synthetic_jpeg
 
     url = str(tmp_path / "ds")
-    write_dataset(url, [5], image=lambda i: bad if i == 0 else synthetic_jpeg(np.random.default_rng(i), (24, 24)))
+    write_dataset(url, [3], image=lambda i: bad if i == 0 else synthetic_jpeg(np.random.default_rng(i), (24, 24)))
     loader = GpuLoader(url, batch_size=4, image_size=8, decode="pil", num_workers=0, shuffle=False, drop_last=False,
-                       device="cpu", on_error="skip")
+                       device="cpu", on_error="skip", rank=0, world_size=2)
     batches = list(loader)
-    assert [b.sample_ids.tolist() for b in batches] == [[0, 1, 2, 3], [4, 0, 1, 2]]  # 0 is repeated as padding
+    assert [b.sample_ids.tolist() for b in batches] == [[0, 1, 2, 0]]  # rank 0 holds 0 and 1; 2 and 0 repeated
+    assert [b.valid.tolist() for b in batches] == [[False, True, False, False]]  # 0 bad, then padding
     assert loader.stats.skipped == 1

@@ -70,7 +70,10 @@ def check_exactly_once_and_equal_steps(spec, epoch, workers):
     all_valid = []
     for rank in range(spec.world_size):
         items = delivered(spec, epoch, rank, workers)
-        assert len(items) == steps * spec.batch_size  # equal on every rank
+        if spec.world_size == 1 and not spec.drop_last:  # one process: no padding, its last batch short
+            assert len(items) == spec.num_samples and all(v for _, v in items)
+        else:
+            assert len(items) == steps * spec.batch_size  # equal on every rank
         all_valid += [i for i, v in items if v]
     counts = Counter(all_valid)
     assert all(c == 1 for c in counts.values())  # nothing twice
@@ -213,6 +216,42 @@ def test_padding_is_spread_so_real_samples_per_rank_differ_by_at_most_one(spec, 
     real = [sum(v for _, v in delivered(spec, epoch, r)) for r in range(w)]
     assert all(n // w <= x <= -(-n // w) for x in real), real
     assert sum(real) == n
+
+
+def batches_of(spec: PlanSpec, epoch: int, rank: int) -> list[list[tuple[int, bool]]]:
+    """(id, valid) of each batch of ``rank``, in the plan's order: a chunk's delivery order cut
+    every ``batch_size`` samples."""
+    out = []
+    for c in rank_chunks(spec, rank):
+        items = list(zip(*(a.tolist() for a in chunk_sample_ids(spec, epoch, c))))
+        out += [items[i:i + spec.batch_size] for i in range(0, len(items), spec.batch_size)]
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=st.one_of(specs, object_specs, rowgroup_specs), epoch=st.integers(0, 3))
+def test_one_process_without_drop_last_ends_with_a_short_batch_as_torch_does(spec, epoch):
+    """Issue 35: ``world_size`` 1, ``drop_last=False``: ``steps`` batches, all full but the last,
+    which holds the ``N % batch_size`` samples left; no padding at all (a val folder of 30
+    images at batch 32 gave 32 samples, two of them repeats). Several ranks still pad."""
+    spec = dataclasses.replace(spec, world_size=1, drop_last=False)
+    n, b = spec.num_samples, spec.batch_size
+    batches = batches_of(spec, epoch, 0)
+    assert len(batches) == steps_per_rank(spec) == -(-n // b)
+    assert [len(x) for x in batches] == [b] * (n // b) + ([n % b] if n % b else [])
+    assert all(v for x in batches for _, v in x)
+    assert sorted(i for x in batches for i, _ in x) == list(range(n))
+
+
+def test_thirty_samples_at_batch_32_are_one_batch_of_30_on_one_process_and_padded_on_two():
+    one = PlanSpec(counts=(1,) * 30, batch_size=32, drop_last=False, seed=5)
+    (batch,) = batches_of(one, 0, 0)
+    assert len(batch) == 30 and sorted(i for i, _ in batch) == list(range(30)) and all(v for _, v in batch)
+    two = dataclasses.replace(one, world_size=2)
+    ranks = [batches_of(two, 0, r) for r in range(2)]
+    assert [[len(x) for x in r] for r in ranks] == [[32], [32]]  # equal steps and shapes on both ranks
+    assert sorted(i for r in ranks for i, v in r[0] if v) == list(range(30))
+    assert [sum(not v for _, v in r[0]) for r in ranks] == [17, 17]  # 15 real samples each, the rest padding
 
 
 # ------------------------------------------------------------------------------ elastic resume (issue 25)
@@ -364,7 +403,7 @@ def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epo
     new = dataclasses.replace(spec, **cut, block=new_block)
     saved = {k: v for k, v in plan_identity(spec).items() if k != "block"}
     state = json.loads(json.dumps({"plan": saved, "progress": progress.to_dict()}))
-    plan, rest_progress = resume_plan(new, epoch, state["plan"], state["progress"], spread=False)
+    plan, rest_progress = resume_plan(new, epoch, state["plan"], state["progress"], spread=False, short_tail=False)
     assert plan.block == 0
     rest = [delivered(plan, epoch, r, 1, rest_progress) for r in range(plan.world_size)]
     assert len({len(items) for items in rest}) == 1
@@ -373,3 +412,32 @@ def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epo
     epoch_all = spec.num_samples if not spec.drop_last else steps * spec.world_size * spec.batch_size
     lost = epoch_all - len(seen)
     assert 0 <= lost <= (new.world_size * new.batch_size - 1 if new.drop_last and plan.before else 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=st.one_of(specs, object_specs), epoch=st.integers(0, 3), data=st.data(), workers=st.integers(1, 4))
+def test_a_version_2_state_of_one_process_resumes_inside_its_padded_last_chunk_with_exactly_the_rest(
+        spec, epoch, data, workers):
+    """Versions 1 and 2 padded one process's last batch too (the layout :func:`v1_delivered` writes
+    out: with one rank, version 2's spread padding is version 1's). A state saved inside that last
+    chunk, whose order this version's short batch changes, resumes under its own cut with the
+    samples it had not delivered, each once; a state saved before it continues the same plan.
+    Such a state predates blocks: shards whole, and no ``block`` in it."""
+    spec = dataclasses.replace(spec, world_size=1, drop_last=False, block=0)
+    steps = steps_per_rank(spec)
+    if steps < 2 or spec.num_samples == 0:
+        return
+    sizes = Progress.for_rank(spec).chunk_sizes
+    queues = [[(c, b) for c in range(w, len(sizes), workers) for b in range(sizes[c])] for w in range(workers)]
+    batches = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]  # round-robin
+    progress = Progress.for_rank(spec)
+    for c, b in batches[: data.draw(st.integers(1, len(batches) - 1))]:
+        progress.advance(c, b)
+    seen = [i for i, v in v1_delivered(spec, epoch, 0, progress) if v]
+    saved = {k: v for k, v in plan_identity(spec).items() if k != "block"}
+    state = json.loads(json.dumps({"version": 2, "plan": saved, "progress": progress.to_dict()}))
+    plan, rest_progress = resume_plan(spec, epoch, state["plan"], state["progress"], short_tail=False)
+    if len(sizes) - 1 not in progress.partial:
+        assert plan == spec  # the last chunk not begun: the same plan goes on, in its order
+    rest = [i for i, v in delivered(plan, epoch, 0, 1, rest_progress) if v]
+    assert sorted(seen + rest) == list(range(spec.num_samples))

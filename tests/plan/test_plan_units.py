@@ -13,10 +13,15 @@ from hypothesis import strategies as st
 from test_plan import cuts, delivered, object_specs, rowgroup_specs, specs, take
 
 from gpupipe.core.errors import PlanError
-from gpupipe.plan import Chunk, PlanSpec, Progress, plan_identity, rank_chunks, resume_plan
+from gpupipe.plan import Chunk, PlanSpec, Progress, chunk_size, plan_identity, rank_chunks, resume_plan
 from gpupipe.plan_units import Unit, cut_units, rank_units, unit_sample_ids, unit_spans, worker_units
 
 unit_sizes = st.integers(1, 6)
+
+
+def unit_samples(spec: PlanSpec, u: Unit) -> int:
+    """Samples in ``u``: whole batches, but for one process's short last batch (the plan ends at its last sample)."""
+    return min(u.num_batches * spec.batch_size, chunk_size(spec, u.chunk) - u.first_batch * spec.batch_size)
 
 
 def by_units(spec: PlanSpec, epoch: int, rank: int, unit_batches: int, workers: int = 1,
@@ -31,7 +36,7 @@ def by_units(spec: PlanSpec, epoch: int, rank: int, unit_batches: int, workers: 
     out = []
     for u in order:
         ids, valid = unit_sample_ids(spec, epoch, u)
-        assert len(ids) == u.num_batches * spec.batch_size
+        assert len(ids) == unit_samples(spec, u)
         out.extend(zip(ids.tolist(), valid.tolist()))
     return out
 
@@ -84,7 +89,7 @@ def test_a_unit_reads_only_its_samples_in_runs(spec, epoch, unit_batches):
     that the next span does not continue (else they would be one)."""
     for u in rank_units(spec, 0, None, unit_batches):
         spans, order = unit_spans(spec, epoch, u)
-        assert sum(len(s) for s in spans) == u.num_batches * spec.batch_size
+        assert sum(len(s) for s in spans) == unit_samples(spec, u)
         assert sorted(order.tolist()) == list(range(len(order)))
         assert all(0 <= s.start < s.stop <= spec.counts[s.shard] for s in spans)
         for a, b in zip(spans, spans[1:]):

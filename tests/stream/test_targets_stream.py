@@ -29,12 +29,12 @@ N = 30
 
 
 def _loader(url, kinds=("boxes", "masks"), *, workers: int = 0, on_error: str = "raise", seed: int = 3,
-            shuffle: bool = True, drop_last: bool = False) -> EncodedLoader:
+            shuffle: bool = True, drop_last: bool = False, world: World | None = None) -> EncodedLoader:
     policy = ErrorPolicy(on_error)
     split = SplitConfig(Source(str(url), targets=kinds), batch_size=4, num_workers=workers, seed=seed,
                         stream=StreamConfig(shuffle=shuffle, shuffle_buffer=8, drop_last=drop_last, on_error=policy),
                         decode=DecodeConfig(on_error=policy, seed=seed))
-    return EncodedLoader(split, world=World())
+    return EncodedLoader(split, world=world or World())
 
 
 def _delivered(batches, kinds=("boxes", "masks")) -> dict[str, tuple]:
@@ -183,11 +183,16 @@ def test_bad_annotations_follow_on_error(tmp_path, bad, manifest):
 
 
 def test_padding_carries_no_targets(tmp_path):
-    """drop_last=False pads the tail with repeated samples, marked invalid: no boxes, no mask."""
+    """drop_last=False on two ranks pads each rank's tail with repeated samples, marked invalid: no
+    boxes, no mask. One process pads nothing: its last batch is short (issue 35)."""
     write_detection(str(tmp_path / "ds"), 10, shard_size=5)
-    batches = list(_loader(tmp_path / "ds", drop_last=False, shuffle=False))
-    assert sum(not v for b in batches for v in b.valid.tolist()) == 2
-    _delivered(batches)  # asserts it
+    ranks = [list(_loader(tmp_path / "ds", shuffle=False, world=World(rank=r, world_size=2))) for r in range(2)]
+    assert [sum(not v for b in batches for v in b.valid.tolist()) for batches in ranks] == [3, 3]
+    for batches in ranks:
+        _delivered(batches)  # asserts it
+    one = list(_loader(tmp_path / "ds", shuffle=False))
+    assert [len(b) for b in one] == [4, 4, 2] and all(v for b in one for v in b.valid.tolist())
+    assert len(_delivered(one)) == 10
 
 
 # ------------------------------------------------------------------- the columns
