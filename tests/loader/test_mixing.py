@@ -79,6 +79,16 @@ def test_a_uniform_shuffle_is_never_far_from_uniform(classes, batch, batches, sk
     assert not far_from_uniform(m)
 
 
+def test_batches_of_half_the_classes_each_are_far_from_uniform_by_their_labels():
+    # each batch even over 5 of 10 classes (a window holding half of them): the top share is near
+    # uniform's, the number of labels is half of it
+    halves = np.arange(50) % 5
+    m = mixing([halves + 5 * (i % 2) for i in range(16)])
+    assert m.top_share == 0.2 and m.top_share - m.uniform_top_share < 0.05
+    assert m.labels_per_batch == 5 and m.uniform_labels_per_batch > 9.5
+    assert far_from_uniform(m)
+
+
 @settings(max_examples=30, deadline=None)
 @given(batch=st.integers(1, 64), seed=st.integers(0, 2**16))
 def test_renaming_the_labels_changes_nothing(batch, seed):
