@@ -172,6 +172,10 @@ class EncodedLoader:
     depend on the number of workers or on ``stream.unit_batches``. Under another world size, batch size, shuffle window or
     ``drop_last`` (rank 0's state, loaded on every rank) it continues with exactly the samples
     of the epoch not yet delivered, in a new order (:func:`gpupipe.plan.resume_plan`).
+
+    On rank 0 a shuffled pass's first batches are checked for classes mixed far less than a
+    uniform shuffle would mix them (:mod:`gpupipe.loader.mixing`): one warning per loader, and
+    the numbers in ``mixing.result`` (``mixing`` is ``None`` without shuffle and on other ranks).
     """
 
     def __init__(self, split: SplitConfig | str | list[str], world: World | None = None, **options):
@@ -212,7 +216,9 @@ class EncodedLoader:
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
         # a shuffled pass's first batches checked for classes mixed far less than a uniform shuffle would
-        self.mixing = MixingCheck(_first(split.source.url), split.batch_size) if self.stream.shuffle else None
+        # (on rank 0: one warning a job, not one a rank)
+        self.mixing = MixingCheck(_first(split.source.url), split.batch_size) \
+            if self.stream.shuffle and self.world.rank == 0 else None
         _warn_short_reads(self.source, self.stream, self.spec)
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
             raise ConfigError(

@@ -90,6 +90,13 @@ def test_no_check_without_shuffle_and_with_workers_the_same_verdict(sorted_shard
     assert len(mixing_warnings(caplog)) == 1 and two.mixing.warned
 
 
+def test_only_rank_0_checks(sorted_shards, caplog):
+    with caplog.at_level(logging.WARNING):
+        for rank in range(2):
+            list(loader(sorted_shards, rank=rank, world_size=2))
+    assert len(mixing_warnings(caplog)) == 1
+
+
 def test_gpu_loader_warns_too(tmp_path, caplog):
     rng = np.random.default_rng(0)
     images = {i: synthetic_jpeg(rng, (16, 16)) for i in range(CLASSES * PER_CLASS)}
