@@ -168,7 +168,7 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
-    from gpupipe.tools.sourceinfo import KIND_NAMES, inspect, shuffle_mixing
+    from gpupipe.tools.sourceinfo import KIND_NAMES, inspect, shuffle_lines, shuffle_mixing
 
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
     if args.shuffle:
@@ -196,23 +196,8 @@ def _inspect_run(args: argparse.Namespace) -> int:
     for key, targets in itertools.zip_longest(info["first_keys"], info["first_targets"]):
         print(f"  {key}" + (f"  {_inspect_targets(targets)}" if targets is not None else ""))
     if "shuffle" in info:
-        print("\n".join(_inspect_shuffle(info["shuffle"])))
+        print("\n".join(shuffle_lines(info["shuffle"])))
     return 0
-
-
-def _inspect_shuffle(s: dict) -> list[str]:
-    """The lines of ``--shuffle``: the two numbers beside a uniform shuffle's, and the verdict."""
-    head = (f"shuffle:  the first {s['batches']} batches of {s['batch_size']} (shuffle_buffer {s['shuffle_buffer']}, "
-            f"seed {s['seed']}): {s['samples']} labelled samples, {s['labels']} distinct labels")
-    if not s["batches"]:
-        return [head, "  no labels to compare (the samples have none: labels are -1)"]
-    verdict = ("far from uniform: the loader warns. Raise stream.shuffle_buffer or lower stream.shuffle_block, or "
-               "write the shards shuffled (docs/tuning.md)" if s["far_from_uniform"] else "close enough to uniform")
-    return [head,
-            f"  most common label per batch: {100 * s['top_share']:.1f} % "
-            f"(uniform shuffle: {100 * s['uniform_top_share']:.1f} %)",
-            f"  labels per batch: {s['labels_per_batch']:.1f} (uniform: {s['uniform_labels_per_batch']:.1f})",
-            f"  {verdict}"]
 
 
 def _inspect_targets(targets: dict) -> str:

@@ -23,7 +23,7 @@ from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import Fetcher, open_filesystem
 
-__all__ = ["KIND_NAMES", "inspect", "in_place_summary", "shuffle_mixing", "SHUFFLE_BATCHES"]
+__all__ = ["KIND_NAMES", "inspect", "in_place_summary", "shuffle_mixing", "shuffle_lines", "SHUFFLE_BATCHES"]
 
 KIND_NAMES = {"tar": "tar shards", "folder": "image folder", "parquet": "Parquet"}
 _STREAM_BLOCK = 1 << 20
@@ -139,7 +139,7 @@ def shuffle_mixing(url: str, *, storage_options: Mapping[str, Any] | None = None
     ``far_from_uniform`` (the loader's warning would fire), ``batch_size``, ``shuffle_buffer`` and
     ``seed`` as used. ``settings``: ``EncodedLoader`` keywords (``batch_size``, ``shuffle_buffer``,
     ``seed``; ``None``: the default). The loader is gpupipe's own, on one rank without workers, so
-    the batches are the ones training with these settings gets first (rank 0, epoch 0)."""
+    the batches are the ones training on one rank with these settings gets first (epoch 0)."""
     from gpupipe.loader.encoded import EncodedLoader
     from gpupipe.loader.mixing import far_from_uniform, mixing
 
@@ -155,3 +155,20 @@ def shuffle_mixing(url: str, *, storage_options: Mapping[str, Any] | None = None
     m = mixing(labels)
     return {"batch_size": loader.split.batch_size, "shuffle_buffer": loader.stream.shuffle_buffer,
             "seed": loader.split.seed, **m.as_dict(), "far_from_uniform": far_from_uniform(m)}
+
+
+def shuffle_lines(s: Mapping[str, Any]) -> list[str]:
+    """The lines ``gpupipe inspect --shuffle`` prints for :func:`shuffle_mixing`'s ``s``: the two
+    numbers beside a uniform shuffle's, and the verdict."""
+    head = (f"shuffle:  the first {s['batches']} batches of {s['batch_size']} (shuffle_buffer {s['shuffle_buffer']}, "
+            f"seed {s['seed']}): {s['samples']} labelled samples, {s['labels']} distinct labels")
+    if not s["batches"]:
+        return [head, "  no labels to compare (the samples have none: labels are -1)"]
+    verdict = ("far from uniform (by the loader's warning's measure). Raise stream.shuffle_buffer or lower "
+               "stream.shuffle_block, or write the shards shuffled (docs/tuning.md)" if s["far_from_uniform"]
+               else "close enough to uniform")
+    return [head,
+            f"  most common label per batch: {100 * s['top_share']:.1f} % "
+            f"(uniform shuffle: {100 * s['uniform_top_share']:.1f} %)",
+            f"  labels per batch: {s['labels_per_batch']:.1f} (uniform: {s['uniform_labels_per_batch']:.1f})",
+            f"  {verdict}"]
