@@ -31,6 +31,7 @@ from gpupipe.decode.base import DecodeConfig
 from gpupipe.decode.columns import annotate
 from gpupipe.loader.agree import start_in_agreement
 from gpupipe.loader.epoch import EpochLedger
+from gpupipe.loader.mixing import MixingCheck
 from gpupipe.plan import PlanSpec, Progress, steps_per_rank
 from gpupipe.plan_units import Unit, rank_units, unit_spans, worker_units
 from gpupipe.sources.classes import agreed_classes
@@ -171,6 +172,10 @@ class EncodedLoader:
     depend on the number of workers or on ``stream.unit_batches``. Under another world size, batch size, shuffle window or
     ``drop_last`` (rank 0's state, loaded on every rank) it continues with exactly the samples
     of the epoch not yet delivered, in a new order (:func:`gpupipe.plan.resume_plan`).
+
+    On rank 0 a shuffled pass's first batches are checked for classes mixed far less than a
+    uniform shuffle would mix them (:mod:`gpupipe.loader.mixing`): one warning per loader, and
+    the numbers in ``mixing.result`` (``mixing`` is ``None`` without shuffle and on other ranks).
     """
 
     def __init__(self, split: SplitConfig | str | list[str], world: World | None = None, **options):
@@ -211,6 +216,10 @@ class EncodedLoader:
         self.decode: DecodeConfig | None = None
         self.ledger = EpochLedger(self.spec)
         self.stats = LoaderStats()
+        # a shuffled pass's first batches checked for classes mixed far less than a uniform shuffle would
+        # (on rank 0: one warning a job, not one a rank)
+        self.mixing = MixingCheck(_first(split.source.url), split.batch_size) \
+            if self.stream.shuffle and self.world.rank == 0 else None
         _warn_short_reads(self.source, self.stream, self.spec)
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
             raise ConfigError(
@@ -261,6 +270,7 @@ class EncodedLoader:
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None, persistent_workers=False)
         expected = collections.deque(u.key for u in units)
+        check = self.mixing.start() if self.mixing is not None else None  # None: nothing to check
         arrived: dict[tuple[int, int], list[EncodedBatch]] = {}  # units that came before their turn
         received: dict[tuple[int, int], int] = {}  # batches received per unit (chunk, first batch), this pass
         it = start_workers(loader)
@@ -279,6 +289,8 @@ class EncodedLoader:
                     if whole and (expected or arrived):  # never silently short: the workers' units are the plan's
                         raise GpupipeError(f"the workers ended the pass with units {list(expected)[:3]} not delivered "
                                            f"and {sorted(arrived)[:3]} out of order: a gpupipe bug, please report it")
+                    if check is not None:
+                        check.finish()
                     return
                 group = item if isinstance(item, list) else [item]
                 key = (group[0].chunk, group[0].batch)
@@ -290,6 +302,8 @@ class EncodedLoader:
                         group += arrived.pop(expected.popleft())
                 for batch in group:
                     self._count(batch)
+                    if check is not None and not check.add(batch.labels, batch.valid, batch.targets is not None):
+                        check = None  # checked (or nothing to check) for this pass
                     yield batch
         finally:
             stop_workers(it)

@@ -6,6 +6,10 @@ start) already holds what a summary needs — the objects with their sizes and l
 the files, row groups and columns — so no image byte is read: the first keys are the
 first object names (``c0/img1.jpg``) or the keys the loader gives the first rows
 (``part-000.parquet/0``).
+
+With ``--shuffle``, :func:`shuffle_mixing` runs gpupipe's own loader, shuffled as training would
+shuffle it, for a few batches and compares how mixed their labels are with a uniform shuffle
+(:mod:`gpupipe.loader.mixing`): it reads those batches' samples and no others.
 """
 from __future__ import annotations
 
@@ -19,10 +23,11 @@ from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import Fetcher, open_filesystem
 
-__all__ = ["KIND_NAMES", "inspect", "in_place_summary"]
+__all__ = ["KIND_NAMES", "inspect", "in_place_summary", "shuffle_mixing", "shuffle_lines", "SHUFFLE_BATCHES"]
 
 KIND_NAMES = {"tar": "tar shards", "folder": "image folder", "parquet": "Parquet"}
 _STREAM_BLOCK = 1 << 20
+SHUFFLE_BATCHES = 20  # --batches: enough for a mean within a point of its value on uniform data
 
 
 def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys: int = 5) -> dict[str, Any]:
@@ -125,3 +130,45 @@ def _parquet(table, urls, keys: int) -> dict[str, Any]:
     image = f"{columns.image}.{columns.image_field}" if columns.image_field else columns.image
     return {"units": len(table), "unit": "row group", "files": len(table.files), "first_shard": urls[0] if len(table)
             else None, "first_keys": first, "fields": [], "image_column": image, "label_column": columns.label}
+
+
+def shuffle_mixing(url: str, *, storage_options: Mapping[str, Any] | None = None, batches: int = SHUFFLE_BATCHES,
+                   **settings: Any) -> dict[str, Any]:
+    """How mixed the labels of the first ``batches`` batches of a shuffled pass are, beside a
+    uniform shuffle of the same labels: :class:`~gpupipe.loader.mixing.Mixing`'s numbers, plus
+    ``far_from_uniform`` (the loader's warning would fire), ``batch_size``, ``shuffle_buffer`` and
+    ``seed`` as used. ``settings``: ``EncodedLoader`` keywords (``batch_size``, ``shuffle_buffer``,
+    ``seed``; ``None``: the default). The loader is gpupipe's own, on one rank without workers, so
+    the batches are the ones training on one rank with these settings gets first (epoch 0)."""
+    from gpupipe.loader.encoded import EncodedLoader
+    from gpupipe.loader.mixing import far_from_uniform, mixing
+
+    given = {k: v for k, v in settings.items() if v is not None}
+    loader = EncodedLoader(url, shuffle=True, num_workers=0, rank=0, world_size=1,
+                           storage_options=dict(storage_options or {}), **given)
+    loader.mixing = None  # this command reports; the loader need not warn as well
+    labels = []
+    for batch in itertools.islice(loader, max(0, batches)):
+        kept = batch.labels[batch.valid & (batch.labels >= 0)]
+        if kept.numel():
+            labels.append(kept.numpy().copy())
+    m = mixing(labels)
+    return {"batch_size": loader.split.batch_size, "shuffle_buffer": loader.stream.shuffle_buffer,
+            "seed": loader.split.seed, **m.as_dict(), "far_from_uniform": far_from_uniform(m)}
+
+
+def shuffle_lines(s: Mapping[str, Any]) -> list[str]:
+    """The lines ``gpupipe inspect --shuffle`` prints for :func:`shuffle_mixing`'s ``s``: the two
+    numbers beside a uniform shuffle's, and the verdict."""
+    head = (f"shuffle:  the first {s['batches']} batches of {s['batch_size']} (shuffle_buffer {s['shuffle_buffer']}, "
+            f"seed {s['seed']}): {s['samples']} labelled samples, {s['labels']} distinct labels")
+    if not s["batches"]:
+        return [head, "  no labels to compare (the samples have none: labels are -1)"]
+    verdict = ("far from uniform (by the loader's warning's measure). Raise stream.shuffle_buffer or lower "
+               "stream.shuffle_block, or write the shards shuffled (docs/tuning.md)" if s["far_from_uniform"]
+               else "close enough to uniform")
+    return [head,
+            f"  most common label per batch: {100 * s['top_share']:.1f} % "
+            f"(uniform shuffle: {100 * s['uniform_top_share']:.1f} %)",
+            f"  labels per batch: {s['labels_per_batch']:.1f} (uniform: {s['uniform_labels_per_batch']:.1f})",
+            f"  {verdict}"]
