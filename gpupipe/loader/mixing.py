@@ -29,6 +29,9 @@ __all__ = ["Mixing", "mixing", "far_from_uniform", "MixingCheck", "SIGMAS", "TOP
            "CHECK_BATCHES", "MIN_CHECK_BATCH"]
 
 log = logging.getLogger(__name__)
+ADVICE = ("set stream.shuffle_block to a few samples (e.g. 4: blocks of the shards spread over each window; on "
+          "object storage with stream.fetch.cache_dir), raise stream.shuffle_buffer, or write the shards shuffled "
+          "(gpupipe ingest does)")  # what to change, said by the warning and by `gpupipe inspect --shuffle`
 
 # far_from_uniform: a mean beyond the uniform expectation by SIGMAS standard deviations of that mean
 # under a uniform shuffle, and by a margin: the most common label's share above it by the uniform
@@ -180,8 +183,7 @@ class MixingCheck:
             self.warned = True
             log.warning("the shuffle of %s is mixing classes poorly: over its first %d batches the most common label "
                         "was %.1f %% of a batch (a uniform shuffle of the same samples: %.1f %%), with %.1f labels in "
-                        "a batch (uniform: %.1f). The shards are likely in class order; raise stream.shuffle_buffer or lower "
-                        "stream.shuffle_block, or write the shards shuffled (gpupipe ingest does); check with "
+                        "a batch (uniform: %.1f). The shards are likely in class order; %s; check with "
                         "`gpupipe inspect URL --shuffle` (docs/tuning.md, \"Is my shuffle mixing classes?\")",
                         self.source, m.batches, 100 * m.top_share, 100 * m.uniform_top_share, m.labels_per_batch,
-                        m.uniform_labels_per_batch)
+                        m.uniform_labels_per_batch, ADVICE)

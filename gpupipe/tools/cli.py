@@ -156,14 +156,16 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
         "epoch 0) and prints the most common label's mean share of a batch and the mean number of labels in a "
         "batch, each beside a uniform shuffle of the same labels (those of the batches read: classes they never "
         "reach do not count). Shards written in class order with too small a shuffle window show e.g. 66 % "
-        "(uniform: 13 %) and 2.8 labels (uniform: 10.0); the loader then warns. Raise stream.shuffle_buffer or "
-        "lower stream.shuffle_block, or write the shards shuffled (docs/tuning.md, \"Is my shuffle mixing "
-        "classes?\").")
+        "(uniform: 13 %) and 2.8 labels (uniform: 10.0); the loader then warns. Set stream.shuffle_block "
+        "to a few samples (the default for tar shards read cheaply), raise stream.shuffle_buffer, or write the "
+        "shards shuffled (docs/tuning.md, \"Is my shuffle mixing classes?\").")
     g.add_argument("--shuffle", action="store_true", help="measure how well the shuffle mixes labels (reads samples)")
     g.add_argument("--batches", type=int, default=SHUFFLE_BATCHES, metavar="N",
                    help=f"batches to read for --shuffle (default {SHUFFLE_BATCHES})")
     setting_argument(g, "batch_size", what="batch size for --shuffle")
     setting_argument(g, "shuffle_buffer", what="shuffle window in samples for --shuffle")
+    setting_argument(g, "shuffle_block", what="samples of a shard kept together for --shuffle (0: shards whole)",
+                     default_text="4 for tar shards read cheaply, else 0")
     setting_argument(g, "seed", what="seed of the shuffle for --shuffle")
 
 
@@ -173,7 +175,8 @@ def _inspect_run(args: argparse.Namespace) -> int:
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
     if args.shuffle:
         info["shuffle"] = shuffle_mixing(args.url, storage_options=dict(args.storage_options), batches=args.batches,
-                                         batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer, seed=args.seed)
+                                         batch_size=args.batch_size, shuffle_buffer=args.shuffle_buffer,
+                                         shuffle_block=args.shuffle_block, seed=args.seed)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -154,19 +154,20 @@ def shuffle_mixing(url: str, *, storage_options: Mapping[str, Any] | None = None
             labels.append(kept.numpy().copy())
     m = mixing(labels)
     return {"batch_size": loader.split.batch_size, "shuffle_buffer": loader.stream.shuffle_buffer,
-            "seed": loader.split.seed, **m.as_dict(), "far_from_uniform": far_from_uniform(m)}
+            "shuffle_block": loader.spec.block, "seed": loader.split.seed, **m.as_dict(), "far_from_uniform": far_from_uniform(m)}
 
 
 def shuffle_lines(s: Mapping[str, Any]) -> list[str]:
     """The lines ``gpupipe inspect --shuffle`` prints for :func:`shuffle_mixing`'s ``s``: the two
     numbers beside a uniform shuffle's, and the verdict."""
     head = (f"shuffle:  the first {s['batches']} batches of {s['batch_size']} (shuffle_buffer {s['shuffle_buffer']}, "
-            f"seed {s['seed']}): {s['samples']} labelled samples, {s['labels']} distinct labels")
+            f"shuffle_block {s['shuffle_block']}, seed {s['seed']}): {s['samples']} labelled samples, {s['labels']} distinct labels")
     if not s["batches"]:
         return [head, "  no labels to compare (the samples have none: labels are -1)"]
-    verdict = ("far from uniform (by the loader's warning's measure). Raise stream.shuffle_buffer or lower "
-               "stream.shuffle_block, or write the shards shuffled (docs/tuning.md)" if s["far_from_uniform"]
-               else "close enough to uniform")
+    from gpupipe.loader.mixing import ADVICE
+
+    verdict = (f"far from uniform (by the loader's warning's measure): {ADVICE} (docs/tuning.md)"
+               if s["far_from_uniform"] else "close enough to uniform")
     return [head,
             f"  most common label per batch: {100 * s['top_share']:.1f} % "
             f"(uniform shuffle: {100 * s['uniform_top_share']:.1f} %)",

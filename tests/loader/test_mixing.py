@@ -135,7 +135,7 @@ def test_the_check_warns_once_per_loader_naming_the_source_and_the_settings(capl
         assert feed(check, sorted_labels, 32) == 0  # warned: the next passes check nothing
     (message,) = warnings_of(caplog)
     assert "s3://bucket/sorted" in message and "100.0 %" in message
-    assert "raise stream.shuffle_buffer or lower stream.shuffle_block" in message and "docs/tuning.md" in message
+    assert "set stream.shuffle_block to a few samples" in message and "docs/tuning.md" in message
 
 
 def test_the_check_takes_the_first_batches_only_and_stays_quiet_on_uniform_data(caplog):

@@ -2,9 +2,9 @@
 written in class order and a shuffle window smaller than a class's run of samples. The same samples
 written in a shuffled order give no warning and batches like a uniform shuffle's.
 
-The class-ordered case relies on the plan reading a window of consecutive samples: if a window
-draws from many shards (stream.shuffle_block), these shards need a block of whole shards to stay
-class-ordered in the batches."""
+The class-ordered case needs a window of consecutive samples: shards whole (``shuffle_block=0``,
+the default on object storage without ``fetch.cache_dir``). With the default blocks on local
+shards the same data mixes, and nothing warns."""
 from __future__ import annotations
 
 import logging
@@ -44,7 +44,8 @@ def mixing_warnings(caplog) -> list[str]:
 
 
 def loader(url: str, **kw) -> EncodedLoader:
-    kw = {"batch_size": BATCH, "shuffle_buffer": WINDOW, "num_workers": 0, "rank": 0, "world_size": 1, **kw}
+    kw = {"batch_size": BATCH, "shuffle_buffer": WINDOW, "shuffle_block": 0, "num_workers": 0, "rank": 0,
+          "world_size": 1, **kw}
     return EncodedLoader(url, **kw)
 
 
@@ -54,7 +55,7 @@ def test_class_ordered_shards_warn_once_per_loader(sorted_shards, caplog):
         for _ in range(3):  # three epochs
             assert sum(1 for _ in one) == 20
     (message,) = mixing_warnings(caplog)
-    assert sorted_shards in message and "raise stream.shuffle_buffer or lower stream.shuffle_block" in message
+    assert sorted_shards in message and "set stream.shuffle_block to a few samples" in message
     m = one.mixing.result
     assert m.batches == 20 and m.top_share > 0.8 and m.top_share > 2 * m.uniform_top_share
     caplog.clear()
@@ -101,9 +102,20 @@ def test_gpu_loader_warns_too(tmp_path, caplog):
     rng = np.random.default_rng(0)
     images = {i: synthetic_jpeg(rng, (16, 16)) for i in range(CLASSES * PER_CLASS)}
     url = write(str(tmp_path / "sorted"), np.arange(CLASSES * PER_CLASS), image=images.__getitem__)
-    gpu = GpuLoader(url, batch_size=BATCH, shuffle_buffer=WINDOW, image_size=(8, 8), decode="pil", device="cpu",
-                    num_workers=0, rank=0, world_size=1)
+    gpu = GpuLoader(url, batch_size=BATCH, shuffle_buffer=WINDOW, shuffle_block=0, image_size=(8, 8), decode="pil",
+                    device="cpu", num_workers=0, rank=0, world_size=1)
     with caplog.at_level(logging.WARNING):
         for _ in gpu:
             pass
     assert len(mixing_warnings(caplog)) == 1
+
+
+def test_class_ordered_shards_mix_with_the_default_blocks(sorted_shards, caplog):
+    """The default ``shuffle_block`` on local shards (blocks of 4, spread over each window): the
+    class-ordered shards give batches near a uniform shuffle's, and nothing warns."""
+    one = loader(sorted_shards, shuffle_block=None)
+    with caplog.at_level(logging.WARNING):
+        assert sum(1 for _ in one) == 20
+    assert not mixing_warnings(caplog)
+    m = one.mixing.result
+    assert one.spec.block == 4 and m.top_share < 1.25 * m.uniform_top_share

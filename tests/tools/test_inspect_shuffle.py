@@ -12,7 +12,7 @@ from gpupipe.formats.writer import ShardSink
 from gpupipe.tools.cli import main
 
 CLASSES, PER_CLASS = 10, 64
-ARGS = ["--shuffle", "--batch-size", "32", "--shuffle-buffer", "64", "--batches", "12"]
+ARGS = ["--shuffle", "--batch-size", "32", "--shuffle-buffer", "64", "--batches", "12", "--shuffle-block", "0"]
 
 
 def write(root: str, order, labelled: bool = True) -> str:
@@ -38,11 +38,11 @@ def test_class_ordered_shards_read_far_above_uniform(tmp_path, capsys):
     assert s["labels_per_batch"] < 2 < s["uniform_labels_per_batch"]
     assert main(["inspect", url, *ARGS]) == 0
     out = capsys.readouterr().out
-    assert "shuffle:  the first 12 batches of 32 (shuffle_buffer 64, seed 0): 384 labelled samples" in out
+    assert "shuffle:  the first 12 batches of 32 (shuffle_buffer 64, shuffle_block 0, seed 0): 384 labelled samples" in out
     assert f"most common label per batch: {100 * s['top_share']:.1f} % (uniform shuffle: " \
            f"{100 * s['uniform_top_share']:.1f} %)" in out
     assert f"labels per batch: {s['labels_per_batch']:.1f} (uniform: {s['uniform_labels_per_batch']:.1f})" in out
-    assert "raise stream.shuffle_buffer or lower stream.shuffle_block" in out.lower()
+    assert "set stream.shuffle_block to a few samples" in out.lower()
 
 
 def test_the_same_samples_shuffled_at_rest_read_near_uniform(tmp_path, capsys):
@@ -76,5 +76,14 @@ def test_help_says_what_the_numbers_mean(capsys):
     assert main(["inspect", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split()).lower()
     for needle in ("--shuffle", "--batches n", "--batch-size n", "--shuffle-buffer n", "uniform shuffle", "66 % (",
-                   "raise stream.shuffle_buffer or lower stream.shuffle_block", "is my shuffle mixing classes?"):
+                   "set stream.shuffle_block to a few samples", "is my shuffle mixing classes?"):
         assert needle in text
+
+
+def test_class_ordered_shards_mix_with_the_default_blocks(tmp_path, capsys):
+    """The same class-ordered shards with the default ``shuffle_block`` (blocks of 4 for local tar
+    shards, spread over the window): near a uniform shuffle, and no verdict against them."""
+    url = write(str(tmp_path / "sorted"), range(CLASSES * PER_CLASS))
+    s = inspect_json(capsys, url, *ARGS[:-2])["shuffle"]
+    assert s["shuffle_block"] == 4 and not s["far_from_uniform"]
+    assert s["top_share"] < 1.25 * s["uniform_top_share"]
