@@ -15,7 +15,14 @@ written in class order (a sorted ImageFolder packed without shuffling) a window 
 samples in blocks of 8 draws from 128 places of the data set, and its batches mix classes
 about as a uniform shuffle does (docs/tuning.md). ``block`` 0 keeps shards whole: the
 sequence is the shards in a seeded order, the layout of plans before blocks (and the one
-for units that cannot be read in part, such as Parquet row groups). Every
+for units that cannot be read in part, such as Parquet row groups).
+
+**Several sources** (``draws``: per source, its number of units — consecutive in ``counts`` —
+and the samples it gives an epoch) mix in the same sequence: each source's draw of an epoch is
+a cyclic run of its samples in a seeded order fixed across epochs (by blocks), the epoch's run
+following the previous epoch's, so a source drawn below its size sees other samples each epoch
+and all of them over epochs, and one drawn above it repeats them as evenly; the blocks of all
+draws then take one seeded order as a single source's do. Every
 rank takes ``steps`` batches, ``steps * batch_size`` positions of the sequence
 from its own start. With ``drop_last`` the ranks' spans are contiguous and the
 tail that does not fill a step on every rank is left out. Without it, one process
@@ -89,7 +96,7 @@ __all__ = [
     "resume_plan",
 ]
 
-_TAG_SHARDS, _TAG_WINDOW, _TAG_BLOCKS = 1, 2, 3
+_TAG_SHARDS, _TAG_WINDOW, _TAG_BLOCKS, _TAG_DRAW = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -152,8 +159,14 @@ class PlanSpec:
     chunk_batches: int = 4
     before: tuple[Earlier, ...] = ()
     block: int = 0  # samples per contiguous run of a shard in the sequence; 0: shards whole
+    draws: tuple[tuple[int, int], ...] = ()  # per source: (units, samples an epoch); (): one source, each sample once
 
     def __post_init__(self) -> None:
+        if self.draws and (sum(u for u, _ in self.draws) != len(self.counts)
+                           or any(u < 0 or n < 0 for u, n in self.draws)):
+            raise PlanError(f"draws {self.draws} do not cover the {len(self.counts)} units (units >= 0, samples >= 0)")
+        if any(n > 0 and sum(self.counts[a:a + u]) == 0 for (u, n), a in zip(self.draws, self._draw_starts)):
+            raise PlanError("a source with no samples cannot be drawn from")
         if self.block < 0:
             raise PlanError(f"block must be >= 0 (0: shards whole), got {self.block}")
         if self.batch_size < 1:
@@ -168,8 +181,13 @@ class PlanSpec:
             raise PlanError("the earlier parts of an epoch must all be of that epoch")
 
     @cached_property
+    def _draw_starts(self) -> list[int]:
+        return list(np.cumsum([0] + [u for u, _ in self.draws])[:-1]) if self.draws else []
+
+    @cached_property
     def num_samples(self) -> int:
-        return int(sum(self.counts))
+        """Samples of an epoch: all units' once, or with ``draws`` the sources' draws."""
+        return int(sum(n for _, n in self.draws)) if self.draws else int(sum(self.counts))
 
     @cached_property
     def length(self) -> int:
@@ -253,22 +271,98 @@ def shard_order(spec: PlanSpec, epoch: int) -> np.ndarray:
     return permutation(n, (spec.seed, epoch, _TAG_SHARDS)) if spec.shuffle else np.arange(n)
 
 
-def blocks(counts: Sequence[int], block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def blocks(counts: Sequence[int] | np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each shard cut into runs of ``block`` samples, in manifest order: (shard, first sample,
     samples) of every block, int64. ``block`` 0: one block per shard (empty shards included)."""
-    counts = np.asarray(counts, dtype=np.int64)
+    sizes = np.asarray(counts, dtype=np.int64)
     if block == 0:
-        return np.arange(len(counts), dtype=np.int64), np.zeros(len(counts), np.int64), counts
-    per = -(-counts // block)
-    shard = np.repeat(np.arange(len(counts), dtype=np.int64), per)
+        return np.arange(len(sizes), dtype=np.int64), np.zeros(len(sizes), np.int64), sizes
+    per = -(-sizes // block)
+    shard = np.repeat(np.arange(len(sizes), dtype=np.int64), per)
     firsts = np.concatenate([[0], np.cumsum(per)[:-1]]) if len(per) else np.zeros(0, np.int64)
     first = (np.arange(len(shard), dtype=np.int64) - np.repeat(firsts, per)) * block
-    return shard, first, np.minimum(block, counts[shard] - first)
+    return shard, first, np.minimum(block, sizes[shard] - first)
+
+
+def draw_sizes(sizes: Sequence[int], *, weight: Sequence[float | None] | None = None,
+               repeat: Sequence[float | None] | None = None, samples: Sequence[int | None] | None = None) -> tuple[int, ...]:
+    """Samples an epoch takes from each source of ``sizes`` samples, each source given exactly one
+    of ``weight`` (relative: the weighted sources share their total size in these proportions),
+    ``repeat`` (its size times this) or ``samples`` (absolute); rounded so the weighted shares sum
+    exactly (largest remainders). A pure function: every rank computes the same."""
+    k = len(sizes)
+    w: list[float | None] = list(weight) if weight is not None else [None] * k
+    r: list[float | None] = list(repeat) if repeat is not None else [None] * k
+    n: list[int | None] = list(samples) if samples is not None else [None] * k
+    out = [0] * k
+    for i in range(k):
+        given = [x for x in (w[i], r[i], n[i]) if x is not None]
+        if len(given) != 1 or given[0] < 0:
+            raise PlanError(f"source {i}: give one of weight, repeat or samples (>= 0), got {given or 'none'}")
+        ri, ni = r[i], n[i]
+        if ri is not None:
+            out[i] = int(round(ri * sizes[i]))
+        elif ni is not None:
+            out[i] = int(ni)
+    weighted = [(i, wi) for i, wi in enumerate(w) if wi is not None]
+    total = sum(wi for _, wi in weighted)
+    if weighted and total <= 0:
+        raise PlanError("the weights of the sources sum to 0")
+    budget = sum(sizes[i] for i, _ in weighted)
+    exact = [budget * wi / total for _, wi in weighted]
+    floors = [int(np.floor(x)) for x in exact]
+    for j in sorted(range(len(weighted)), key=lambda j: (floors[j] - exact[j], j))[: budget - sum(floors)]:
+        floors[j] += 1
+    for (i, _), f in zip(weighted, floors):
+        out[i] = f
+    return tuple(out)
+
+
+def _draw(counts: np.ndarray, block: int, samples: int, epoch: int, key: tuple[int, ...], shuffle: bool
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One source's draw of ``samples`` for ``epoch``: (unit, first sample, samples) of its pieces,
+    units counted within the source. Its blocks in a seeded order fixed across epochs (``key``),
+    their samples end to end, and the epoch's run the cyclic ``[epoch * samples, (epoch + 1) *
+    samples)`` of them, cut at block edges."""
+    unit, first, count = blocks(counts, block)
+    keep = count > 0
+    unit, first, count = unit[keep], first[keep], count[keep]
+    if shuffle:
+        order = permutation(len(unit), key)
+        unit, first, count = unit[order], first[order], count[order]
+    size = int(count.sum())
+    if samples == 0 or size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    start = epoch * samples % size
+    laps = -(-(start + samples) // size)  # the base order, end to end, as often as the run needs it
+    ends = np.cumsum(np.tile(count, laps))
+    unit, first, count = np.tile(unit, laps), np.tile(first, laps), np.tile(count, laps)
+    lo = int(np.searchsorted(ends, start, side="right"))
+    hi = int(np.searchsorted(ends, start + samples, side="left"))
+    unit, first, count, ends = unit[lo:hi + 1], first[lo:hi + 1].copy(), count[lo:hi + 1].copy(), ends[lo:hi + 1]
+    cut_front = start - (ends[0] - count[0])
+    first[0] += cut_front
+    count[0] -= cut_front
+    count[-1] -= ends[-1] - (start + samples)
+    return unit, first, count
+
+
+def _epoch_blocks(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The epoch's blocks before their order: (shard, first sample, samples), int64 — every unit's
+    (:func:`blocks`), or with ``draws`` every source's draw (:func:`_draw`)."""
+    if not spec.draws:
+        return blocks(spec.counts, spec.block)
+    counts = np.asarray(spec.counts, dtype=np.int64)
+    parts = []
+    for s, ((units, n), a) in enumerate(zip(spec.draws, spec._draw_starts)):
+        unit, first, count = _draw(counts[a:a + units], spec.block, n, epoch, (spec.seed, _TAG_DRAW, s), spec.shuffle)
+        parts.append((unit + a, first, count))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
 
 
 def block_order(spec: PlanSpec, epoch: int, num_blocks: int) -> np.ndarray:
     """Indices of the epoch's blocks (:func:`blocks`) in this epoch's order."""
-    if spec.block == 0:
+    if spec.block == 0 and not spec.draws:
         return shard_order(spec, epoch)
     return permutation(num_blocks, (spec.seed, epoch, _TAG_BLOCKS)) if spec.shuffle else np.arange(num_blocks)
 
@@ -434,7 +528,7 @@ def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     hit = _LAST_LAYOUT[0]
     if hit is not None and hit[0][0] is spec and hit[0][1] == epoch:
         return hit[1]
-    shard, first, counts = blocks(spec.counts, spec.block)
+    shard, first, counts = _epoch_blocks(spec, epoch)
     order = block_order(spec, epoch, len(shard))
     layout = (shard[order], first[order], counts[order], np.cumsum(counts[order]))
     _LAST_LAYOUT[0] = ((spec, epoch), layout)
@@ -564,7 +658,7 @@ class Progress:
 
 # -- resume --------------------------------------------------------------------------------------
 
-_DATA_KEYS = ("num_samples", "num_shards", "seed", "shuffle", "counts_crc32")
+_DATA_KEYS = ("num_samples", "num_shards", "seed", "shuffle", "counts_crc32", "draws")
 _CUT_KEYS = ("batch_size", "world_size", "drop_last", "chunk_batches")
 
 
@@ -578,7 +672,9 @@ def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
     current = {k: v for k, v in plan_identity(spec).items() if k in _DATA_KEYS}
     if "counts_crc32" not in saved:  # a state saved before the unit sizes were recorded
         del current["counts_crc32"]
-    diffs = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in current.items() if saved.get(k) != v]
+    before: dict[str, list] = {"draws": []}  # what a state saved before a key was recorded means by its absence
+    diffs = [f"{k}: saved {saved.get(k, before.get(k))!r}, now {v!r}" for k, v in current.items()
+             if saved.get(k, before.get(k)) != v]
     if diffs:
         raise PlanError(
             "cannot resume mid-epoch with other data or another sample order (" + "; ".join(diffs) + "). "
@@ -594,7 +690,7 @@ def plan_identity(spec: PlanSpec) -> dict:
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
             "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32,
-            "block": spec.block}
+            "block": spec.block, "draws": [list(d) for d in spec.draws]}
 
 
 def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, before: Sequence[Earlier] = (),

@@ -28,6 +28,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -330,7 +331,7 @@ def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[l
         sizes[mine] = entry.offsets[index[mine] + 1] - entry.offsets[index[mine]]
         if crcs is not None and entry.crc32 is not None:
             crcs[mine] = entry.crc32[index[mine]]
-    segments = [block for blocks in got if not isinstance(blocks, GpupipeError) for block in blocks]
+    segments: list[Any] = [block for blocks in got if not isinstance(blocks, GpupipeError) for block in blocks]
     if len(segments) > _JOIN_SEGMENTS:  # many short spans (blocks of shards): one copy beats a gather per span
         segments = [np.concatenate([np.frombuffer(x, dtype=np.uint8) for x in segments])]
     table = _scanned(segments, np.concatenate([[0], np.cumsum(sizes)]), crcs, wanted, source.shard_urls[spans[0].shard])

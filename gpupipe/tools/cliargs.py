@@ -54,7 +54,7 @@ def storage_arguments(p: argparse.ArgumentParser, flag: str = "--storage-option"
                    help=f"fsspec storage option for {what} (repeatable; values are JSON or strings)")
 
 
-def setting_argument(p: argparse.ArgumentParser, name: str, *flags: str, default: Any = None, what: str = "",
+def setting_argument(p: argparse._ActionsContainer, name: str, *flags: str, default: Any = None, what: str = "",
                      default_text: str | None = None) -> None:
     """The flag of the loader setting ``name`` (a ``GpuLoader`` keyword, e.g. ``batch_size``): its type
     and YAML key come from the declaration; ``default`` is the command's own (None: the declared one
