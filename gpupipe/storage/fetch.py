@@ -37,11 +37,11 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageError
 from gpupipe.core.types import ByteRange
@@ -188,6 +188,48 @@ class _Done:
         if self.error is not None:
             raise self.error
         return self.value
+
+    def cancel(self) -> bool:
+        return False  # done already
+
+
+T = TypeVar("T")
+
+
+def read_ahead(items: Iterator[T], submit: Callable[[T], Any], size: Callable[[T], int], *, in_flight: int,
+               readahead_bytes: int, stats: FetchStats) -> Iterator[tuple[T, Any]]:
+    """Each item with its result — what ``submit(item)``'s future gives, or the ``StorageError``
+    it raised — in order, keeping up to ``in_flight`` submitted and about ``readahead_bytes``
+    (``size(item)`` each) asked ahead of the consumer, at least one: the one read-ahead window of
+    every read path (threads in :meth:`Fetcher.read_many`, coroutines in
+    :mod:`gpupipe.storage.objects`), so memory does not grow with the dataset. The consumer's
+    wait is counted in ``stats.wait_s``; what is pending when it stops is cancelled."""
+    pending: deque[tuple[T, int, Any]] = deque()
+    ahead, exhausted = 0, False
+    try:
+        while True:
+            while not exhausted and len(pending) < in_flight and (not pending or ahead < readahead_bytes):
+                item = next(items, None)
+                if item is None:
+                    exhausted = True
+                    break
+                nbytes = size(item)
+                pending.append((item, nbytes, submit(item)))
+                ahead += nbytes
+            if not pending:
+                return
+            item, nbytes, fut = pending.popleft()
+            t0 = time.perf_counter()
+            try:
+                data: Any = fut.result()
+            except StorageError as exc:
+                data = exc
+            stats.wait_s += time.perf_counter() - t0
+            ahead -= nbytes
+            yield item, data
+    finally:
+        for _, _, fut in pending:  # the consumer stopped early: nothing keeps running for it
+            fut.cancel()
 
 
 class Fetcher:
@@ -350,29 +392,48 @@ class Fetcher:
             data = sync(self.fs.loop, self.fs._cat_file, path, start=start, end=stop, timeout=self.config.request_timeout_s)
         else:
             data = self.fs.cat_file(path, start=start, end=stop)
-        with self._lock:
-            self.stats.requests += 1
-            self.stats.bytes += len(data)
+        self.count_read(len(data))
         if len(data) != stop - start:
             raise _ShortRead(f"got {len(data)} of {stop - start} bytes for range [{start}, {stop})")
         return data if pooled and self._pool_buffers is not None else bytes(data)
 
     def _retrying(self, url: str, attempt):
-        cfg = self.config
-        for n in range(cfg.retries + 1):
+        for n in range(self.config.retries + 1):
             try:
                 result = attempt()
                 self.answered = True
                 return result
-            except Exception as exc:  # classified in give_up; a bug is not retried
-                error = self.give_up(exc, url, attempts=n + 1)
-                if error is not None:
-                    raise error from exc
-                delay = self._jitter.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
-                log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
-                time.sleep(delay)
+            except Exception as exc:  # classified by retry_after; a bug is not retried
+                time.sleep(self.retry_after(exc, url, n))
+        raise AssertionError("unreachable: retry_after raises after the last attempt")
 
-    def give_up(self, exc: BaseException, url: str, *, attempts: int) -> StorageError | None:
+    def retry_after(self, exc: BaseException, url: str, attempt: int) -> float:
+        """The one retry policy of every read path (threads here, coroutines in
+        :mod:`gpupipe.storage.objects`): after try ``attempt`` (from 0) of a request for ``url``
+        failed with ``exc``, the seconds to wait before the next — capped exponential backoff with
+        full jitter — or the ``StorageError`` raised, from ``exc``, when it is not worth another
+        (:meth:`_error_or_retry` decides and counts)."""
+        error = self._error_or_retry(exc, url, attempts=attempt + 1)
+        if error is not None:
+            raise error from exc
+        cfg = self.config
+        with self._lock:  # one generator, shared by the pool's threads and the event loop
+            delay = self._jitter.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**attempt))
+        log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
+        return delay
+
+    def count_read(self, nbytes: int) -> None:
+        """One request answered with ``nbytes``, in :attr:`stats` (from any thread)."""
+        with self._lock:
+            self.stats.requests += 1
+            self.stats.bytes += nbytes
+
+    def count_refetch(self) -> None:
+        """A range asked again because its bytes failed a checksum, in :attr:`stats`."""
+        with self._lock:
+            self.stats.refetches += 1
+
+    def _error_or_retry(self, exc: BaseException, url: str, *, attempts: int) -> StorageError | None:
         """After ``attempts`` tries of a request for ``url`` failed, the last with ``exc``:
         the ``StorageError`` to raise, or ``None`` to retry (counted in :attr:`stats`).
 
@@ -410,8 +471,7 @@ class Fetcher:
     def read_fresh(self, r: ByteRange, version: Version = "") -> list[bytes] | StorageError:
         """``r`` again from storage, block by block, past the cache (whose blocks of ``r``
         are dropped): for bytes that arrived whole but failed a checksum."""
-        with self._lock:
-            self.stats.refetches += 1
+        self.count_refetch()
         try:
             return [self.read(b, version=v, fresh=True) for _, _, b, v in self._blocks([(r, version)])]
         except StorageError as exc:
@@ -435,35 +495,23 @@ class Fetcher:
         cfg = self.config
         if self._pool is None:
             self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
-        pending: deque[tuple[int, int, Future | _Done]] = deque()  # (range index, block bytes, future)
-        blocks = self._blocks(ranges)
+        pool = self._pool
+        counts: dict[int, int] = {}  # range index → its blocks
+
+        def size(item: tuple[int, int, ByteRange, ObjectVersion]) -> int:
+            index, total, block, version = item
+            counts[index] = total
+            return self._held(block, version)
+
+        def submit(item: tuple[int, int, ByteRange, ObjectVersion]) -> Any:
+            _, _, block, version = item
+            short = reuse and self._pool_buffers is not None and (block.length or _INLINE_BYTES) < _INLINE_BYTES
+            return self._inline(block) if short else pool.submit(self.read, block, version=version, reuse=reuse)
+
         done: dict[int, list[bytes | StorageError]] = {}
-        counts: dict[int, int] = {}
-        next_out, in_flight = 0, 0
-        exhausted = False
-        while True:
-            while not exhausted and (not pending or in_flight < cfg.readahead_bytes) and len(pending) < 4 * cfg.concurrency:
-                item = next(blocks, None)
-                if item is None:
-                    exhausted = True
-                    break
-                index, total, block, version = item
-                counts[index] = total
-                held = self._held(block, version)
-                short = reuse and self._pool_buffers is not None and (block.length or _INLINE_BYTES) < _INLINE_BYTES
-                pending.append((index, held, self._inline(block) if short else
-                                self._pool.submit(self.read, block, version=version, reuse=reuse)))
-                in_flight += held
-            if not pending:
-                return
-            index, nbytes, fut = pending.popleft()
-            t0 = time.perf_counter()
-            try:
-                data: bytes | StorageError = fut.result()
-            except StorageError as exc:
-                data = exc
-            self.stats.wait_s += time.perf_counter() - t0
-            in_flight -= nbytes
+        next_out = 0
+        for (index, _, _, _), data in read_ahead(self._blocks(ranges), submit, size, in_flight=4 * cfg.concurrency,
+                                                 readahead_bytes=cfg.readahead_bytes, stats=self.stats):
             done.setdefault(index, []).append(data)
             while next_out in counts and len(done.get(next_out, ())) == counts[next_out]:
                 parts = done.pop(next_out)
@@ -494,9 +542,7 @@ class Fetcher:
         self._files[url] = fd
         out = bytearray(stop - start)
         got = os.preadv(fd, [out], start)
-        with self._lock:
-            self.stats.requests += 1
-            self.stats.bytes += got
+        self.count_read(got)
         if got != stop - start:
             raise _ShortRead(f"got {got} of {stop - start} bytes for range [{start}, {stop})")
         return out

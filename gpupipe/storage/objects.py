@@ -4,8 +4,8 @@ At 20 ms a request one object at a time gives 50 images/s, so
 :func:`fetch_objects` keeps up to ``in_flight`` requests running on fsspec's own
 event loop (the ``_cat_file`` coroutines of an async filesystem such as s3fs,
 gcsfs or http), each retried on its own with the fetcher's rules — the same
-fault classes and messages (:meth:`~gpupipe.storage.fetch.Fetcher.give_up`), capped
-exponential backoff with full jitter, ``request_timeout_s`` per attempt, and the
+fault classes, messages and backoff (:meth:`~gpupipe.storage.fetch.Fetcher.retry_after`: capped
+exponential backoff with full jitter), ``request_timeout_s`` per attempt, and the
 same :class:`~gpupipe.storage.fetch.FetchStats` counters as
 :class:`~gpupipe.storage.fetch.Fetcher`. Results come back in request order; at most
 ``in_flight`` requests and about ``readahead_bytes`` are outstanding, so memory
@@ -23,19 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 
 from gpupipe.core.errors import StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.storage.fetch import Fetcher, Version
+from gpupipe.storage.fetch import Fetcher, Version, read_ahead
 
 __all__ = ["fetch_objects", "read_object_fresh", "read_whole", "with_protocol"]
 
 log = logging.getLogger(__name__)
-_JITTER = random.Random()  # timing only; never touches data order
 
 
 class _ShortBody(OSError):
@@ -65,66 +61,48 @@ def read_object_fresh(fetcher: Fetcher, r: ByteRange, version: Version = "") -> 
     if not _is_async(fetcher):
         got = fetcher.read_fresh(r, version)  # counts it
         return got if isinstance(got, StorageError) else b"".join(got)
-    fetcher.stats.refetches += 1
+    fetcher.count_refetch()
     return next(_window(fetcher, [(r, version)], 1))
 
 
 def _window(fetcher: Fetcher, ranges: Iterable[tuple[ByteRange, Version]], in_flight: int
             ) -> Iterator[bytes | StorageError]:
-    cfg, loop = fetcher.config, fetcher.fs.loop
-    source = iter(ranges)
-    pending: deque = deque()  # (bytes asked, concurrent future), in request order
-    ahead, exhausted = 0, False
-    try:
-        while True:
-            while not exhausted and len(pending) < in_flight and (not pending or ahead < cfg.readahead_bytes):
-                item = next(source, None)
-                if item is None:
-                    exhausted = True
-                    break
-                r = item[0]
-                if r.stop is None:
-                    raise ValueError(f"fetch_objects needs the size of {r.url}")
-                pending.append((r.stop - r.start, asyncio.run_coroutine_threadsafe(_get(fetcher, r.url, r.start, r.stop), loop)))
-                ahead += r.stop - r.start
-            if not pending:
-                return
-            nbytes, fut = pending.popleft()
-            t0 = time.perf_counter()
-            try:
-                data: bytes | StorageError = fut.result()
-            except StorageError as exc:
-                data = exc
-            fetcher.stats.wait_s += time.perf_counter() - t0
-            ahead -= nbytes
-            yield data
-    finally:
-        for _, fut in pending:  # the consumer stopped early: nothing keeps running for it
-            fut.cancel()
+    """Each range's bytes (or its error), in order, fetched by coroutines on the filesystem's loop
+    through the fetcher's read-ahead window (:func:`~gpupipe.storage.fetch.read_ahead`)."""
+    loop = fetcher.fs.loop
+
+    def size(item: tuple[ByteRange, Version]) -> int:
+        r = item[0]
+        if r.stop is None:
+            raise ValueError(f"fetch_objects needs the size of {r.url}")
+        return r.stop - r.start
+
+    def submit(item: tuple[ByteRange, Version]):
+        r = item[0]
+        return asyncio.run_coroutine_threadsafe(_get(fetcher, r.url, r.start, r.stop or 0), loop)
+
+    for _, data in read_ahead(iter(ranges), submit, size, in_flight=in_flight,
+                              readahead_bytes=fetcher.config.readahead_bytes, stats=fetcher.stats):
+        yield data
 
 
 async def _get(fetcher: Fetcher, url: str, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of ``url`` in one ranged GET, retried by the fetcher's rules
-    (:meth:`Fetcher.give_up` decides and counts; the wait is on this loop, not a thread)."""
-    fs, cfg, stats = fetcher.fs, fetcher.config, fetcher.stats
+    (:meth:`Fetcher.retry_after` decides, counts and says how long to wait; the wait is on this
+    loop, not a thread)."""
+    fs, cfg = fetcher.fs, fetcher.config
     path = fs._strip_protocol(url)
     for n in range(cfg.retries + 1):
         try:
             data = await asyncio.wait_for(fs._cat_file(path, start=start, end=stop), cfg.request_timeout_s)
-            stats.requests += 1
-            stats.bytes += len(data)
+            fetcher.count_read(len(data))
             if len(data) != stop - start:
                 raise _ShortBody(f"got {len(data)} of {stop - start} bytes for range [{start}, {stop})")
             fetcher.answered = True
             return bytes(data)
-        except Exception as exc:  # classified by give_up, exactly as for every other read
-            error = fetcher.give_up(exc, url, attempts=n + 1)
-            if error is not None:
-                raise error from exc
-            delay = _JITTER.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**n))
-            log.debug("retrying %s in %.2fs after %s", url, delay, type(exc).__name__)
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable: give_up ends the last attempt")
+        except Exception as exc:  # classified by retry_after, exactly as for every other read
+            await asyncio.sleep(fetcher.retry_after(exc, url, n))
+    raise AssertionError("unreachable: retry_after raises after the last attempt")
 
 
 def read_whole(fetcher: Fetcher, url: str) -> tuple[bytes, str] | None:
