@@ -95,36 +95,27 @@ def loader_for(url: str, block: int, args, cache_dir: str | None = None, **kw) -
 
 
 def s3_runs(folder: str, args) -> dict:
+    import tempfile
+
     from fault_proxy import FaultProxy
-    from s3util import create_bucket, start_moto_server
+    from s3util import folder_on_s3
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    server, endpoint = start_moto_server()
     out = {}
-    try:
-        bucket = create_bucket(endpoint)
-        fs = bucket.fs()
-        for f in sorted(Path(folder).iterdir()):
-            fs.pipe_file(f"{bucket.name}/ds/{f.name}", f.read_bytes())
-        with FaultProxy(endpoint, latency_s=args.latency_ms / 1000, methods=()) as proxy:
-            opts = {**bucket.storage_options, "endpoint_url": proxy.url}
-            import tempfile
-
-            runs = [(b, None) for b in args.blocks] + [(b, "cache") for b in args.blocks if args.s3_cache]
-            for block, cached in runs:
-                before = dict(proxy.counts)
-                cache = tempfile.mkdtemp(prefix="gpupipe-cache-") if cached else None  # warmed by timed's first epoch
-                r = timed(lambda block=block, cache=cache: loader_for(bucket.url("ds/"), block, args, cache,
-                                                                      storage_options=opts), args.repeat)
-                gets = proxy.counts.get("method:GET", 0) - before.get("method:GET", 0)
-                epochs = args.repeat + 1
-                r.pop("labels")
-                r["gets_per_sample"] = gets / (epochs * r["samples"])
-                r["bytes_per_get"] = epochs * r["samples"] * args.mean_bytes / max(gets, 1)
-                out[f"{block}{'+cache' if cached else ''}"] = r
-    finally:
-        server.stop()
+    with folder_on_s3(folder) as (bucket, endpoint), \
+            FaultProxy(endpoint, latency_s=args.latency_ms / 1000, methods=()) as proxy:
+        opts = {**bucket.storage_options, "endpoint_url": proxy.url}
+        runs = [(b, None) for b in args.blocks] + [(b, "cache") for b in args.blocks if args.s3_cache]
+        for block, cached in runs:
+            before = dict(proxy.counts)
+            cache = tempfile.mkdtemp(prefix="gpupipe-cache-") if cached else None  # warmed by timed's first epoch
+            r = timed(lambda block=block, cache=cache: loader_for(bucket.url("ds/"), block, args, cache,
+                                                                  storage_options=opts), args.repeat)
+            gets = proxy.counts.get("method:GET", 0) - before.get("method:GET", 0)
+            epochs = args.repeat + 1
+            r.pop("labels")
+            r["gets_per_sample"] = gets / (epochs * r["samples"])
+            r["bytes_per_get"] = epochs * r["samples"] * args.mean_bytes / max(gets, 1)
+            out[f"{block}{'+cache' if cached else ''}"] = r
     return out
 
 

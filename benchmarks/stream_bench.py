@@ -93,17 +93,11 @@ def sequential_read(folder: str, repeat: int) -> dict:
 
 def s3_runs(folder: str, args) -> dict:
     from fault_proxy import FaultProxy
-    from s3util import create_bucket, start_moto_server
+    from s3util import folder_on_s3
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    server, endpoint = start_moto_server()
     out = {}
-    try:
-        bucket = create_bucket(endpoint)
+    with folder_on_s3(folder) as (bucket, endpoint):
         fs = bucket.fs()
-        for f in sorted(Path(folder).iterdir()):
-            fs.pipe_file(f"{bucket.name}/ds/{f.name}", f.read_bytes())
         for latency_ms in args.latency_ms:
             with FaultProxy(endpoint, latency_s=latency_ms / 1000, methods=()) as proxy:
                 opts = {**bucket.storage_options, "endpoint_url": proxy.url}
@@ -112,8 +106,6 @@ def s3_runs(folder: str, args) -> dict:
                                              stream=StreamConfig(fetch=FetchConfig(block_bytes=args.block_mb << 20)))
                 out[f"s3_{latency_ms}ms"] = timed(make, args.repeat)
                 out[f"s3_{latency_ms}ms_sequential_read"] = s3_sequential(fs, bucket, proxy, args.repeat)
-    finally:
-        server.stop()
     return out
 
 

@@ -26,6 +26,7 @@ import contextlib
 import http.client
 import itertools
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +124,26 @@ def start_moto_server():
     server.start()
     host, port = server.get_host_and_port()
     return server, f"http://{host}:{port}"
+
+
+@contextlib.contextmanager
+def folder_on_s3(folder: str, prefix: str = "ds") -> Iterator[tuple[S3Bucket, str]]:
+    """A moto server on loopback holding every file of ``folder`` under ``prefix/`` of a new
+    bucket (fake credentials in the environment, as botocore wants some): (bucket, endpoint).
+    For the benchmarks that read a data set from object storage."""
+    from pathlib import Path
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    server, endpoint = start_moto_server()
+    try:
+        bucket = create_bucket(endpoint)
+        fs = bucket.fs()
+        for f in sorted(Path(folder).iterdir()):
+            fs.pipe_file(f"{bucket.name}/{prefix}/{f.name}", f.read_bytes())
+        yield bucket, endpoint
+    finally:
+        server.stop()
 
 
 def _client(service: str, endpoint: str, key: str = FAKE_KEY, secret: str = FAKE_SECRET):

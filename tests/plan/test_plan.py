@@ -381,6 +381,18 @@ def v1_delivered(spec: PlanSpec, epoch: int, rank: int, progress: Progress) -> l
     return out
 
 
+def interleaved_progress(spec: PlanSpec, workers: int, data) -> Progress:
+    """A rank's progress after some of its batches, delivered round-robin by ``workers`` workers
+    (several chunks started at once), as a state of an older version could hold."""
+    sizes = Progress.for_rank(spec).chunk_sizes
+    queues = [[(c, b) for c in range(w, len(sizes), workers) for b in range(sizes[c])] for w in range(workers)]
+    batches = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]  # round-robin
+    progress = Progress.for_rank(spec)
+    for c, b in batches[: data.draw(st.integers(1, len(batches) - 1))]:
+        progress.advance(c, b)
+    return progress
+
+
 @settings(max_examples=200, deadline=None)
 @given(spec=specs, epoch=st.integers(0, 3), data=st.data(), workers=st.integers(1, 4))
 def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epoch, data, workers):
@@ -392,12 +404,7 @@ def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epo
     steps = steps_per_rank(spec)
     if steps < 2 or spec.num_samples == 0:
         return
-    sizes = Progress.for_rank(spec).chunk_sizes
-    queues = [[(c, b) for c in range(w, len(sizes), workers) for b in range(sizes[c])] for w in range(workers)]
-    batches = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]  # round-robin
-    progress = Progress.for_rank(spec)
-    for c, b in batches[: data.draw(st.integers(1, len(batches) - 1))]:
-        progress.advance(c, b)
+    progress = interleaved_progress(spec, workers, data)
     seen = [i for r in range(spec.world_size) for i, v in v1_delivered(spec, epoch, r, progress) if v]
     cut = data.draw(st.one_of(st.just({}), cuts))
     new = dataclasses.replace(spec, **cut, block=new_block)
@@ -427,17 +434,12 @@ def test_a_version_2_state_of_one_process_resumes_inside_its_padded_last_chunk_w
     steps = steps_per_rank(spec)
     if steps < 2 or spec.num_samples == 0:
         return
-    sizes = Progress.for_rank(spec).chunk_sizes
-    queues = [[(c, b) for c in range(w, len(sizes), workers) for b in range(sizes[c])] for w in range(workers)]
-    batches = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]  # round-robin
-    progress = Progress.for_rank(spec)
-    for c, b in batches[: data.draw(st.integers(1, len(batches) - 1))]:
-        progress.advance(c, b)
+    progress = interleaved_progress(spec, workers, data)
     seen = [i for i, v in v1_delivered(spec, epoch, 0, progress) if v]
     saved = {k: v for k, v in plan_identity(spec).items() if k != "block"}
     state = json.loads(json.dumps({"version": 2, "plan": saved, "progress": progress.to_dict()}))
     plan, rest_progress = resume_plan(spec, epoch, state["plan"], state["progress"], short_tail=False)
-    if len(sizes) - 1 not in progress.partial:
+    if len(progress.chunk_sizes) - 1 not in progress.partial:
         assert plan == spec  # the last chunk not begun: the same plan goes on, in its order
     rest = [i for i, v in delivered(plan, epoch, 0, 1, rest_progress) if v]
     assert sorted(seen + rest) == list(range(spec.num_samples))
