@@ -391,13 +391,14 @@ def test_thread_cpu_tells_the_native_decoders_threads_from_the_rest_and_children
         end = _time.thread_time() + 0.3
         while _time.thread_time() < end:
             pass
+        burned.set()
         done.wait()
 
-    done = threading.Event()
+    done, burned = threading.Event(), threading.Event()
     before = thread_cpu()
     t = threading.Thread(target=native)
     t.start()
-    _time.sleep(0.6)
+    assert burned.wait(60)  # its 0.3 s of CPU, however long a loaded machine takes to give them
     mid = thread_cpu()
     done.set()
     t.join()
