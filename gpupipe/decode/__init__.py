@@ -25,20 +25,21 @@ import logging
 import torch
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError
-from gpupipe.decode.base import BACKENDS, DecodeConfig, DecodedBatch, Decoder, DecodeStats, ResizeMode
+from gpupipe.decode.base import (
+    BACKENDS,
+    BackendSpec,
+    DecodeConfig,
+    DecodedBatch,
+    Decoder,
+    DecodeStats,
+    ResizeMode,
+    register_backend,
+)
 
-__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS",
-           "make_decoder", "available_backends", "preload"]
+__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS", "BackendSpec",
+           "register_backend", "make_decoder", "available_backends", "preload"]
 
 log = logging.getLogger(__name__)
-
-
-# What a backend imports on its first batch, beyond its own module: DALI's Python side takes
-# 0.3-0.45 s of CPU to import (its operator registry), inside the first epoch unless done ahead.
-_FIRST_USE_IMPORTS = {"dali": ("nvidia.dali.fn", "nvidia.dali.types", "nvidia.dali.pipeline"),
-                      "nvjpeg": ("torchvision.io",), "pil": ("PIL.Image", "PIL.ImageOps")}
-_PACKAGES = {"dali": ("nvidia.dali", "nvidia-dali", "dali"), "nvjpeg": ("torchvision", "torchvision", "nvjpeg"),
-             "pil": ("PIL", "Pillow", "pil")}
 
 
 def _importable(module: str) -> bool:
@@ -50,8 +51,7 @@ def _importable(module: str) -> bool:
 
 def available_backends(device: torch.device) -> list[str]:
     """Backends usable on ``device``, best first (the order ``auto`` tries)."""
-    order = ["dali", "nvjpeg", "pil"] if device.type == "cuda" else ["dali", "pil"]
-    return [b for b in order if _importable(_PACKAGES[b][0])]
+    return [b.name for b in BACKENDS.values() if device.type in b.devices and _importable(b.module)]
 
 
 def make_decoder(config: DecodeConfig, device: torch.device | str | None = None) -> Decoder:
@@ -64,12 +64,14 @@ def make_decoder(config: DecodeConfig, device: torch.device | str | None = None)
             raise MissingDependencyError("nvidia-dali or Pillow", extra="dali", feature="decoding images")
         name = found[0]
         log.info("decode backend: %s on %s (auto)", name, dev)
-    module, package, extra = _PACKAGES[name]
-    if name == "nvjpeg" and dev.type != "cuda":
-        raise ConfigError("decode.backend: 'nvjpeg' decodes on a CUDA device; use 'dali' or 'pil' on the CPU")
-    if not _importable(module):
-        raise MissingDependencyError(package, extra=extra, feature=f"the {name!r} decode backend")
-    mod, attr = BACKENDS[name].split(":")
+    spec = BACKENDS[name]
+    if dev.type not in spec.devices:
+        here = " or ".join(repr(b.name) for b in BACKENDS.values() if dev.type in b.devices)
+        raise ConfigError(f"decode.backend: {name!r} decodes on a {' or '.join(d.upper() for d in spec.devices)} "
+                          f"device; use {here} on the {dev.type.upper()}")
+    if not _importable(spec.module):
+        raise MissingDependencyError(spec.package, extra=spec.extra, feature=f"the {name!r} decode backend")
+    mod, attr = spec.decoder.split(":")
     return getattr(importlib.import_module(mod), attr)(config, dev)
 
 
@@ -82,9 +84,10 @@ def preload(config: DecodeConfig, device: torch.device | str | None = None) -> N
     name = config.backend
     if name == "auto":
         name = next(iter(available_backends(dev)), "")
-    if name not in _PACKAGES or not _importable(_PACKAGES[name][0]):
+    spec = BACKENDS.get(name)
+    if spec is None or not _importable(spec.module):
         return
-    for module in (BACKENDS[name].split(":")[0], *_FIRST_USE_IMPORTS.get(name, ())):
+    for module in (spec.decoder.split(":")[0], *spec.first_use):
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 -- a broken install is make_decoder's to report, with its own message

@@ -20,15 +20,55 @@ from gpupipe.core.targets import Targets
 from gpupipe.core.types import ErrorPolicy
 from gpupipe.formats.imageheader import MAX_PIXELS
 
-__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS", "RowTargets",
-           "TargetRows"]
+__all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS", "BackendSpec",
+           "register_backend", "RowTargets", "TargetRows"]
 
-_BACKENDS = {  # name -> the class, imported on first use
-    "dali": "gpupipe.decode.dali:DaliDecoder",
-    "nvjpeg": "gpupipe.decode.nvjpeg:NvjpegDecoder",
-    "pil": "gpupipe.decode.pil:PilDecoder",
-}
-BACKENDS = MappingProxyType(_BACKENDS)
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What a decode backend is, in one record: its name (``decode.backend``), its class
+    (``"module:Class"``, imported on first use), the library it needs (the module looked for, the
+    pip package and gpupipe's extra that bring it), the device types it decodes on, whether it
+    decodes in the host's memory (the loader then counts the decode as CPU work), whether it is
+    native code that could take the process down on hostile bytes (``gpupipe validate`` then runs
+    it in a child process), what it imports on its first batch beyond its module (imported ahead by
+    :func:`gpupipe.decode.preload`), and its place in ``auto``'s order (lower first)."""
+
+    name: str
+    decoder: str
+    module: str
+    package: str
+    extra: str
+    devices: tuple[str, ...]
+    on_host: bool
+    native: bool
+    first_use: tuple[str, ...] = ()
+    rank: int = 100
+
+
+_BACKENDS: dict[str, BackendSpec] = {}
+BACKENDS = MappingProxyType(_BACKENDS)  # name -> its BackendSpec, in auto's order
+
+
+def register_backend(spec: BackendSpec) -> None:
+    """Make ``spec`` a ``decode.backend`` (a name already taken is replaced)."""
+    _BACKENDS[spec.name] = spec
+    ordered = sorted(_BACKENDS.values(), key=lambda s: s.rank)
+    _BACKENDS.clear()
+    _BACKENDS.update((s.name, s) for s in ordered)
+
+
+for _spec in (
+    # DALI's Python side is 0.3-0.45 s of CPU to import (its operator registry): ahead, not inside an epoch
+    BackendSpec("dali", "gpupipe.decode.dali:DaliDecoder", "nvidia.dali", "nvidia-dali", "dali", ("cuda", "cpu"),
+                on_host=False, native=True, first_use=("nvidia.dali.fn", "nvidia.dali.types", "nvidia.dali.pipeline"),
+                rank=0),
+    BackendSpec("nvjpeg", "gpupipe.decode.nvjpeg:NvjpegDecoder", "torchvision", "torchvision", "nvjpeg", ("cuda",),
+                on_host=False, native=True, first_use=("torchvision.io",), rank=1),
+    BackendSpec("pil", "gpupipe.decode.pil:PilDecoder", "PIL", "Pillow", "pil", ("cuda", "cpu"), on_host=True,
+                native=False, first_use=("PIL.Image", "PIL.ImageOps"), rank=2),
+):
+    register_backend(_spec)
 
 
 class ResizeMode(str, Enum):

@@ -25,7 +25,7 @@ from gpupipe.config.split import SplitConfig
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.machine import default_num_workers, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
-from gpupipe.decode import DecodedBatch, Decoder, make_decoder, preload
+from gpupipe.decode import BACKENDS, DecodedBatch, Decoder, make_decoder, preload
 from gpupipe.loader.encoded import EncodedLoader
 from gpupipe.loader.stages import END, Stage, Stages
 from gpupipe.stream.batch import EncodedBatch
@@ -90,7 +90,8 @@ class GpuLoader:
             raise ConfigError(f"GpuLoader(split): the settings are in the SplitConfig; got also {sorted(options)}")
         world = world or World.detect()
         self.device = _device(device if device is not None else split.device, world)
-        on_cpu = self.device.type == "cpu" or split.decode.backend == "pil"
+        backend = BACKENDS.get(split.decode.backend)  # (None for auto: DALI or nvJPEG where there is a GPU)
+        on_cpu = self.device.type == "cpu" or (backend is not None and backend.on_host)
         workers = split.num_workers
         if workers is None:  # decided here: it depends on where decoding runs
             workers = default_num_workers(world, decode_on_cpu=on_cpu)

@@ -136,14 +136,14 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
     from dataclasses import replace
 
     from gpupipe.core.types import ErrorPolicy
-    from gpupipe.decode import DecodeConfig, make_decoder
+    from gpupipe.decode import BACKENDS, DecodeConfig, make_decoder
     from gpupipe.tools.validate_child import ChildDecoder, contained_verdicts, verdicts
 
     config = DecodeConfig(backend=decode, image_size=_DECODE_SIZE, on_error=ErrorPolicy.RAISE, max_pixels=max_pixels)
     decoder = make_decoder(config, device or "cpu")  # resolves auto, refuses what cannot run here; builds nothing yet
     decoder.stats.warn_stretched = False  # its 8x8 resize is the check's, not the user's (the child does the same)
     where = f"{decoder.name} on {decoder.device}"
-    if decoder.name == "pil":
+    if not BACKENDS[decoder.name].native:  # it cannot take the process down: no child needed
         return functools.partial(verdicts, decoder), decoder.close, where
     decoder.close()
     child = ChildDecoder(replace(config, backend=decoder.name), str(decoder.device))

@@ -85,8 +85,10 @@ def _reason(exc: DecodeError, data: bytes, backend: str) -> str:
     reason = str(exc)
     if reason.startswith("cannot decode sample"):
         reason = reason.split(": ", 1)[-1]
-    if backend == "pil":
-        return f"pil: {reason}"
+    from gpupipe.decode import BACKENDS
+
+    if not BACKENDS[backend].native:  # Pillow's own message (it is the opinion added to the others')
+        return f"{backend}: {reason}"
     return f"{backend}: {reason} ({pillow_opinion(data)})"
 
 
