@@ -152,27 +152,6 @@ def test_the_root_holds_few_modules():
     assert len(modules) <= 12, modules
 
 
-def test_moved_modules_still_import_with_a_warning_naming_the_new_place():
-    import importlib
-    import sys
-    import warnings
-
-    for old, new in (("gpupipe.validate", "gpupipe.tools.validate"), ("gpupipe.bench.data", "gpupipe.tools.bench.data"),
-                     ("gpupipe.errors", "gpupipe.core.errors"), ("gpupipe.manifest", "gpupipe.formats.manifest"),
-                     ("gpupipe.dataset", "gpupipe.loader.encoded"), ("gpupipe.storage_faults", "gpupipe.storage.faults"),
-                     ("gpupipe.configtypes", "gpupipe.config.values"), ("gpupipe.epoch", "gpupipe.loader.epoch")):
-        for name in [n for n in sys.modules if n == old or old.startswith(n + ".")]:
-            if name != "gpupipe":
-                del sys.modules[name]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new)
-        assert module.__spec__.name == new and module.__name__ == new  # the module keeps its own identity
-        messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert f"{old} moved to {new}; import that instead" in messages, messages
-
-
 def test_no_room_exports_a_name_that_hides_one_of_its_modules():
     """``gpupipe.sources.resolve`` was both a module and the function the room exports: the attribute
     gave the function, so ``monkeypatch.setattr("gpupipe.sources.resolve.x", ...)`` failed."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["uniform", "bernoulli", "randint", "normal", "draw"]
+__all__ = ["uniform", "randint", "normal", "draw"]
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
@@ -59,11 +59,6 @@ def uniform(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, count: in
     """(B, count) float32 uniform in [low, high): the top 24 bits of each hash."""
     u = ((_bits(seed, epoch, sample_ids, tag, count) >> 40) & 0xFFFFFF).to(torch.float32) / float(1 << 24)
     return low + (high - low) * u
-
-
-def bernoulli(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, p: float) -> torch.Tensor:
-    """(B,) bool, True with probability ``p``."""
-    return uniform(seed, epoch, sample_ids, tag)[:, 0] < p
 
 
 def randint(seed: int, epoch: int, sample_ids: torch.Tensor, tag: int, high: torch.Tensor | int) -> torch.Tensor:

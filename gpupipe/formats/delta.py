@@ -33,7 +33,7 @@ from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageErro
 from gpupipe.formats.folder import FolderListing
 from gpupipe.formats.rowgroups import LABEL_COLUMNS
 
-__all__ = ["DELTA_INDEX", "Snapshot", "split_version", "is_delta", "latest_version", "delta_storage_options",
+__all__ = ["DELTA_INDEX", "Snapshot", "split_version", "latest_version", "delta_storage_options",
            "read_snapshot", "index_json", "parse_index"]
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,6 @@ def split_version(url: str) -> tuple[str, int | None]:
     """``("s3://b/table", 3)`` for ``s3://b/table@v3``; ``(url, None)`` without a pin."""
     m = _PINNED.match(url)
     return (m.group(1), int(m.group(2))) if m else (url, None)
-
-
-def is_delta(listing: FolderListing) -> bool:
-    """Whether a recursive listing is a Delta table's (it holds ``_delta_log`` commits)."""
-    return latest_version(listing) is not None
 
 
 def latest_version(listing: FolderListing) -> int | None:

@@ -55,7 +55,7 @@ from gpupipe.formats.rowtargets import TARGET_COLUMNS, check_target_types, row_t
 from gpupipe.formats.tar import safe_key, sample_fields
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "TAIL_BYTES", "Columns", "RowGroupTable", "Pieces", "footer_range",
-           "read_footer", "describe_parquet", "parquet_columns", "parquet_classes", "read_columns", "decode_row_group",
+           "read_footer", "describe_parquet", "parquet_columns", "parquet_classes", "read_columns",
            "row_key", "row_group_samples", "require_pyarrow", "is_image_type", "classlabel_names",
            "with_target_columns"]
 
@@ -422,13 +422,6 @@ def read_columns(meta, file: Pieces, index: int, leaves: Sequence[str]):
     except Exception as exc:  # pyarrow: ArrowInvalid, OSError (thrift, decompression, a missing range)
         raise ShardFormatError(f"row group {index} cannot be decoded ({type(exc).__name__}: {exc})",
                                shard=file.name) from None
-
-
-def decode_row_group(meta, file: Pieces, index: int, columns: Columns
-                     ) -> tuple[list[bytes | None], list]:
-    """Images and raw label values (``None`` where null) of row group ``index``."""
-    images, labels, _ = _decode(meta, file, index, columns)
-    return images, labels
 
 
 def _decode(meta, file: Pieces, index: int, columns: Columns) -> tuple[list[bytes | None], list, dict[str, list]]:
