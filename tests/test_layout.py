@@ -10,20 +10,47 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpupipe"
 
 
 def _imports():
+    """(path, node, the module it names) of every ``from ... import`` of a gpupipe module, relative
+    imports resolved (``from .warp import x`` in gpupipe/augment is ``gpupipe.augment.warp``)."""
     for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpupipe"):
-                yield path.relative_to(PACKAGE.parent), node
+            if isinstance(node, ast.ImportFrom):
+                module = _resolved(rel, node)
+                if module.startswith("gpupipe"):
+                    yield rel, node, module
+
+
+def _resolved(rel: Path, node: ast.ImportFrom) -> str:
+    """The absolute name of the module ``node`` imports from, in the file ``rel``."""
+    if not node.level:
+        return node.module or ""
+    package = _module_of(rel) if rel.name == "__init__.py" else _module_of(rel).rpartition(".")[0]
+    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def private_imports(imports) -> list[str]:
+    """``from m import _name`` of another module (``m`` the resolved module name)."""
+    return [f"{path}: from {module} import {alias.name}" for path, node, module in imports
+            for alias in node.names if alias.name.startswith("_")]
 
 
 def test_no_module_imports_a_private_name_of_another_module():
-    bad = [f"{path}: from {node.module} import {alias.name}" for path, node in _imports()
-           for alias in node.names if alias.name.startswith("_")]
+    bad = private_imports(_imports())
     assert not bad, bad
 
 
+def test_the_private_import_check_sees_relative_imports():
+    tree = ast.parse("from .warp import _affine, warp\nfrom gpupipe.core.errors import _hidden\n")
+    path = Path("gpupipe/augment/policyops.py")
+    imports = [(path, node, _resolved(path, node)) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert private_imports(imports) == ["gpupipe/augment/policyops.py: from gpupipe.augment.warp import _affine",
+                                        "gpupipe/augment/policyops.py: from gpupipe.core.errors import _hidden"]
+
+
 def test_nothing_imports_the_cli_entry_module():
-    bad = [str(path) for path, node in _imports() if node.module == "gpupipe.tools.cli"]
+    bad = [str(path) for path, _, module in _imports() if module == "gpupipe.tools.cli"]
     assert not bad, f"import the shared helpers from gpupipe.tools.cliargs instead: {bad}"
 
 
@@ -73,12 +100,9 @@ def _all_imports():
     level, inside functions and under ``TYPE_CHECKING`` alike; relative imports resolved."""
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE.parent)
-        package = _module_of(rel) if path.name == "__init__.py" else _module_of(rel).rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom):
-                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
-                module = ".".join([*base, *([node.module] if node.module else [])])
-                yield from ((rel, name) for name in _imported(module, node))
+                yield from ((rel, name) for name in _imported(_resolved(rel, node), node))
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     yield rel, alias.name

@@ -310,7 +310,7 @@ def _repeat(w: _Work, step: Repeat) -> None:
     w.channels = step.channels
 
 
-def _affine(w: _Work, step: Affine) -> None:
+def affine_rows(w: _Work, step: Affine) -> None:
     w.scale = w.scale * step.scale
     w.shift = w.shift * step.scale + step.shift
 
@@ -334,7 +334,7 @@ def out_channels(channels: int, steps: list[Step]) -> int:
 
 
 # by the step's type (each action takes its own kind of step)
-_ACTIONS: dict[type, Callable[[_Work, Any], None]] = {Affine: _affine, Repeat: _repeat, Blend: _blend, Hue: _hue}
+_ACTIONS: dict[type, Callable[[_Work, Any], None]] = {Affine: affine_rows, Repeat: _repeat, Blend: _blend, Hue: _hue}
 
 
 def _run_slice(x: torch.Tensor, steps: list[Step], out_dtype: torch.dtype, owned: bool) -> torch.Tensor:

@@ -15,13 +15,13 @@ from .warp import (
     HW,
     RESIZE_INTERPOLATIONS,
     GeometricTransform,
-    _check_range,
-    _int,
-    _int_between,
-    _ones,
-    _setup_size,
+    batch_ones,
     box_matrix,
     check_interpolation,
+    check_range,
+    int_between,
+    real_to_int,
+    setup_size,
 )
 
 __all__ = ["Resize", "CenterCrop", "RandomCrop", "RandomResizedCrop", "crop_padding"]
@@ -56,7 +56,7 @@ class Resize(GeometricTransform):
             raise TypeError(f"Size should be int or sequence. Got {type(size)}")
         elif isinstance(size, Sequence) and len(size) not in (1, 2):
             raise ValueError(f"size can be an integer, a sequence of one or two integers, or None, but got {size} instead.")
-        self.size = (None if size is None else _int(size) if isinstance(size, numbers.Real)
+        self.size = (None if size is None else real_to_int(size) if isinstance(size, numbers.Real)
                      else tuple(int(s) for s in size))
         if self.size is not None and min((self.size,) if isinstance(self.size, int) else self.size) <= 0:
             raise ValueError(f"size should be positive (got {size})")
@@ -87,7 +87,7 @@ class Resize(GeometricTransform):
         return (new_short, new_long) if h <= w else (new_long, new_short)
 
     def make_params(self, images, key):
-        return {"ones": _ones(key)}
+        return {"ones": batch_ones(key)}
 
     def matrix(self, params, in_hw):
         ones = params["ones"]
@@ -128,7 +128,7 @@ class _Crop(GeometricTransform):
 
     def __init__(self, size):
         super().__init__()
-        self.size = _setup_size(size)
+        self.size = setup_size(size)
 
     def output_size(self, in_hw):
         return self.size
@@ -139,7 +139,7 @@ class CenterCrop(_Crop):
     the image pads with zeros, as torchvision does (``(h - H) // 2`` rows above)."""
 
     def make_params(self, images, key):
-        return {"ones": _ones(key)}
+        return {"ones": batch_ones(key)}
 
     def reads_outside(self, in_hw: HW) -> bool:
         return self.size[0] > in_hw[0] or self.size[1] > in_hw[1]
@@ -223,7 +223,7 @@ class RandomCrop(_Crop):
         PH, PW = H + top + bottom, W + left + right
         h, w = self.size
         u = draw(key, 0, 2)
-        return {"top": _int_between(u[:, 0], 0, PH - h + 1) - top, "left": _int_between(u[:, 1], 0, PW - w + 1) - left}
+        return {"top": int_between(u[:, 0], 0, PH - h + 1) - top, "left": int_between(u[:, 1], 0, PW - w + 1) - left}
 
     def matrix(self, params, in_hw):
         ones = torch.ones_like(params["top"])
@@ -276,9 +276,9 @@ class RandomResizedCrop(GeometricTransform):
                  antialias=True):
         super().__init__()
         self.interpolation = check_interpolation(interpolation, RESIZE_INTERPOLATIONS)
-        self.size = _setup_size(size)
-        self.scale = _check_range(scale, "scale")
-        self.ratio = _check_range(ratio, "ratio")
+        self.size = setup_size(size)
+        self.scale = check_range(scale, "scale")
+        self.ratio = check_range(ratio, "ratio")
         self.antialias = bool(antialias)
 
     def fuses(self, in_hw: HW) -> bool:
@@ -308,7 +308,7 @@ class RandomResizedCrop(GeometricTransform):
         first = valid.to(torch.uint8).argmax(dim=1, keepdim=True)  # first True (0 if none)
         h, w = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
         u = draw(key, 2, 2)
-        top, left = _int_between(u[:, 0], 0, H - h + 1), _int_between(u[:, 1], 0, W - w + 1)
+        top, left = int_between(u[:, 0], 0, H - h + 1), int_between(u[:, 1], 0, W - w + 1)
         fh, fw = self._fallback(H, W)
         ok = valid.any(dim=1)
         return {"top": torch.where(ok, top, float((H - fh) // 2)), "left": torch.where(ok, left, float((W - fw) // 2)),

@@ -27,13 +27,13 @@ from .keys import draw
 from .warp import (
     HW,
     GeometricTransform,
-    _affine,
-    _int_between,
-    _ones,
-    _setup_angle,
+    affine_rows,
+    batch_ones,
     box_matrix,
     check_interpolation,
     check_sequence,
+    int_between,
+    setup_angle,
     warp,
 )
 
@@ -54,7 +54,7 @@ def affine_matrix(angle, tx, ty, scale, shear_x, shear_y, in_hw: HW) -> torch.Te
     d = -torch.sin(rot - sy) * torch.tan(sx) / torch.cos(sy) + torch.cos(rot)
     a, b, c, d = a * scale, b * scale, c * scale, d * scale
     cx, cy = (in_hw[1] - 1) / 2.0, (in_hw[0] - 1) / 2.0
-    return _affine(a, b, cx + tx - a * cx - b * cy, c, d, cy + ty - c * cx - d * cy)
+    return affine_rows(a, b, cx + tx - a * cx - b * cy, c, d, cy + ty - c * cx - d * cy)
 
 
 class RandomAffine(GeometricTransform):
@@ -69,7 +69,7 @@ class RandomAffine(GeometricTransform):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
         self.set_fill(fill, blend=True)
-        self.degrees = _setup_angle(degrees, "degrees")
+        self.degrees = setup_angle(degrees, "degrees")
         if translate is not None:
             check_sequence(translate, "translate")
             if not all(0.0 <= t <= 1.0 for t in translate):
@@ -80,11 +80,11 @@ class RandomAffine(GeometricTransform):
                 raise ValueError("scale values should be positive")
         self.translate = translate
         self.scale = scale
-        self.shear = None if shear is None else _setup_angle(shear, "shear", (2, 4))
+        self.shear = None if shear is None else setup_angle(shear, "shear", (2, 4))
 
     def make_params(self, images, key):
         H, W = int(images.shape[-2]), int(images.shape[-1])
-        zeros = 0 * _ones(key)
+        zeros = 0 * batch_ones(key)
         params = {"angle": draw(key, 0, 1, *self.degrees)[:, 0], "tx": zeros, "ty": zeros, "scale": zeros + 1,
                   "shear_x": zeros, "shear_y": zeros}
         if self.translate is not None:
@@ -113,7 +113,7 @@ class RandomRotation(GeometricTransform):
         super().__init__()
         self.interpolation = check_interpolation(interpolation)
         self.set_fill(fill, blend=True)
-        self.degrees = _setup_angle(degrees, "degrees")
+        self.degrees = setup_angle(degrees, "degrees")
 
     def make_params(self, images, key):
         return {"angle": draw(key, 0, 1, *self.degrees)[:, 0]}
@@ -151,7 +151,7 @@ class _RandomFlip(GeometricTransform):
         f = params["flip"]
         s, t = 1 - 2 * f, f * (in_hw[self._axis] - 1)  # x' = -x + (W - 1) where flipped
         zero, one = torch.zeros_like(f), torch.ones_like(f)
-        return _affine(s, zero, t, zero, one, zero) if self._axis == 1 else _affine(one, zero, zero, zero, s, t)
+        return affine_rows(s, zero, t, zero, one, zero) if self._axis == 1 else affine_rows(one, zero, zero, zero, s, t)
 
 
 def _flip_where(x: torch.Tensor, flip: torch.Tensor, dim: int) -> torch.Tensor:
@@ -212,7 +212,7 @@ class RandomPerspective(GeometricTransform):
         H, W = int(images.shape[-2]), int(images.shape[-1])
         bh, bw = int(self.distortion_scale * (H // 2)) + 1, int(self.distortion_scale * (W // 2)) + 1
         u = draw(key, 1, 8)
-        inward = torch.stack([_int_between(u[:, :4], 0, bw), _int_between(u[:, 4:], 0, bh)], dim=-1)  # (B, 4, 2)
+        inward = torch.stack([int_between(u[:, :4], 0, bw), int_between(u[:, 4:], 0, bh)], dim=-1)  # (B, 4, 2)
         sign = 1 - 2 * self._corners(u)  # inwards: +x on the left corners, -x on the right, same for y
         end = self._start((H, W), inward) + sign * inward
         return {"apply": (draw(key, 0)[:, 0] < self.p).to(torch.float32), "end": end}

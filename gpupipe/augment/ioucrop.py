@@ -35,7 +35,7 @@ import torch
 from . import resample
 from .keys import draw
 from .targets import Targets, move_boxes
-from .warp import HW, RESIZE_INTERPOLATIONS, GeometricTransform, _setup_size, box_matrix, check_interpolation
+from .warp import HW, RESIZE_INTERPOLATIONS, GeometricTransform, box_matrix, check_interpolation, setup_size
 
 __all__ = ["RandomIoUCrop"]
 
@@ -78,7 +78,7 @@ class RandomIoUCrop(GeometricTransform):
         self.min_scale, self.max_scale = float(min_scale), float(max_scale)
         self.min_aspect_ratio, self.max_aspect_ratio = float(min_aspect_ratio), float(max_aspect_ratio)
         self.options, self.trials = options, trials
-        self.size = None if size is None else _setup_size(size)
+        self.size = None if size is None else setup_size(size)
         self.interpolation = check_interpolation(interpolation, RESIZE_INTERPOLATIONS)
         self.antialias = bool(antialias)
 

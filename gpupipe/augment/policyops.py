@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from .geometry import affine_matrix
-from .warp import _affine, warp
+from .warp import affine_rows, warp
 
 __all__ = ["OPS", "OP_IDS", "apply_ops", "op_matrix", "equalize_lut", "Rows"]
 
@@ -139,13 +139,13 @@ def op_matrix(op: torch.Tensor, m: torch.Tensor, hw: tuple[int, int]) -> torch.T
     m = m.to(torch.float64)
     zero, one, t = torch.zeros_like(m), torch.ones_like(m), torch.trunc(m)
     matrices = {
-        "ShearX": _affine(one, -m, -0.5 * m, zero, one, zero),  # x' = x - m (y + 1/2)
-        "ShearY": _affine(one, zero, zero, -m, one, -0.5 * m),  # y' = y - m (x + 1/2)
-        "TranslateX": _affine(one, zero, t, zero, one, zero),
-        "TranslateY": _affine(one, zero, zero, zero, one, t),
+        "ShearX": affine_rows(one, -m, -0.5 * m, zero, one, zero),  # x' = x - m (y + 1/2)
+        "ShearY": affine_rows(one, zero, zero, -m, one, -0.5 * m),  # y' = y - m (x + 1/2)
+        "TranslateX": affine_rows(one, zero, t, zero, one, zero),
+        "TranslateY": affine_rows(one, zero, zero, zero, one, t),
         "Rotate": affine_matrix(-m, zero, zero, one, zero, zero, hw),  # torchvision's rotate passes -angle
     }
-    out = _affine(one, zero, zero, zero, one, zero)
+    out = affine_rows(one, zero, zero, zero, one, zero)
     for name, matrix in matrices.items():
         out = torch.where((op == OP_IDS[name]).reshape(-1, 1, 1), matrix, out)
     return out

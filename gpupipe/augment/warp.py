@@ -31,8 +31,9 @@ from gpupipe.core.targets import Boxes, Targets
 
 from .base import AugKey, Transform
 
-__all__ = ["HW", "GeometricTransform", "warp", "move_boxes", "move_masks", "sampling_grid", "to_integer", "check_sequence", "box_matrix", "check_interpolation",
-           "check_fill", "INTERPOLATIONS", "RESIZE_INTERPOLATIONS"]
+__all__ = ["HW", "GeometricTransform", "warp", "move_boxes", "move_masks", "sampling_grid", "to_integer", "check_sequence",
+           "box_matrix", "check_interpolation", "check_fill", "INTERPOLATIONS", "RESIZE_INTERPOLATIONS", "affine_rows",
+           "int_between", "batch_ones", "real_to_int", "setup_size", "setup_angle", "check_range"]
 
 HW = tuple[int, int]
 INTERPOLATIONS = ("bilinear", "nearest", "bicubic")  # what a warp does
@@ -257,39 +258,40 @@ def box_matrix(top, left, box_h, box_w, out_hw: HW) -> torch.Tensor:
     ``out_hw`` output (crop, then resize); all (B,) float tensors."""
     sy, sx = out_hw[0] / box_h, out_hw[1] / box_w
     zero = torch.zeros_like(sx)
-    return _affine(sx, zero, (0.5 - left) * sx - 0.5, zero, sy, (0.5 - top) * sy - 0.5)
+    return affine_rows(sx, zero, (0.5 - left) * sx - 0.5, zero, sy, (0.5 - top) * sy - 0.5)
 
 
-def _affine(a, b, c, d, e, f) -> torch.Tensor:
+def affine_rows(a, b, c, d, e, f) -> torch.Tensor:
     """(B, 3, 3) [[a, b, c], [d, e, f], [0, 0, 1]] from (B,) tensors."""
     zero, one = torch.zeros_like(a), torch.ones_like(a)
     return torch.stack([a, b, c, d, e, f, zero, zero, one], dim=-1).reshape(-1, 3, 3)
 
 
-def _int_between(u: torch.Tensor, low, high) -> torch.Tensor:
+def int_between(u: torch.Tensor, low, high) -> torch.Tensor:
     """Integers uniform in [low, high) from uniforms ``u`` in [0, 1) (float32 result);
     ``high`` an int or a tensor on ``u``'s device (no host-to-device copy either way)."""
     v = torch.floor(low + u * (high - low))
     return torch.minimum(v, high - 1) if torch.is_tensor(high) else v.clamp(max=high - 1)
 
 
-def _ones(key: AugKey) -> torch.Tensor:
+def batch_ones(key: AugKey) -> torch.Tensor:
+    """(B,) float32 ones on the batch's device: a parameter that is 1 for every sample."""
     return torch.ones(key.sample_ids.shape[0], dtype=torch.float32, device=key.sample_ids.device)
 
 
 # ---------------------------------------------------------------- argument checks
 
-def _int(x: numbers.Real) -> int:
+def real_to_int(x: numbers.Real) -> int:
     """``int(x)`` of a real number (numpy scalars too), through ``float``: the numbers ABCs
     declare no ``__int__`` to a type checker (python/mypy#3186)."""
     return int(float(x))
 
 
-def _setup_size(size, name: str = "size") -> HW:
+def setup_size(size, name: str = "size") -> HW:
     if isinstance(size, str):
         raise TypeError(f"{name} should be an int or a sequence of two ints (got {size!r})")
     if isinstance(size, numbers.Real):
-        size = (_int(size), _int(size))
+        size = (real_to_int(size), real_to_int(size))
     elif isinstance(size, Sequence) and len(size) == 1:
         size = (int(size[0]), int(size[0]))
     elif not isinstance(size, Sequence) or len(size) != 2:
@@ -308,7 +310,7 @@ def check_sequence(x, name: str, req_sizes: Sequence[int] = (2,)) -> None:
         raise ValueError(f"{name} should be a sequence of length {msg}.")
 
 
-def _setup_angle(x, name: str, req_sizes: Sequence[int] = (2,)) -> list[float]:
+def setup_angle(x, name: str, req_sizes: Sequence[int] = (2,)) -> list[float]:
     if isinstance(x, numbers.Real):
         if x < 0:
             raise ValueError(f"If {name} is a single number, it must be positive.")
@@ -317,7 +319,7 @@ def _setup_angle(x, name: str, req_sizes: Sequence[int] = (2,)) -> list[float]:
     return [float(d) for d in x]
 
 
-def _check_range(x, name: str) -> tuple[float, float]:
+def check_range(x, name: str) -> tuple[float, float]:
     if not isinstance(x, Sequence) or len(x) != 2:
         raise TypeError(f"{name} should be a sequence of length 2 (got {x!r})")
     if x[0] > x[1]:
