@@ -14,9 +14,10 @@ import numpy as np
 
 from gpupipe.formats.writer import ShardSink
 
-__all__ = ["colour_shards", "NUM_CLASSES"]
+__all__ = ["colour_shards", "NUM_CLASSES", "COLOURS"]
 
 NUM_CLASSES = 4
+COLOURS = ("red", "green", "blue", "yellow")  # the class of each tint, in label order
 _TINTS = np.array([(200, 40, 40), (40, 180, 60), (50, 70, 210), (210, 200, 60)], dtype=np.float32)
 
 
@@ -33,11 +34,15 @@ def _image(rng: np.random.Generator, label: int, size: int) -> bytes:
     return buf.getvalue()
 
 
-def colour_shards(root: str, n: int, *, size: int = 48, shard_size: int = 64, seed: int = 0) -> str:
-    """Write ``n`` samples (label = i % 4) under ``root`` (any fsspec URL); returns ``root``."""
+def colour_shards(root: str, n: int, *, size: int = 48, shard_size: int = 64, seed: int = 0,
+                  classes: tuple[str, ...] = ()) -> str:
+    """Write ``n`` samples (label = i % 4) under ``root`` (any fsspec URL); returns ``root``.
+    ``classes``: the :data:`COLOURS` in another order, which then numbers the labels (and the
+    index lists it), as a data set made elsewhere would."""
     rng = np.random.default_rng(seed)
-    with ShardSink(root, shard_size=shard_size) as sink:
+    with ShardSink(root, shard_size=shard_size, classes=tuple(classes)) as sink:
         for i in range(n):
-            label = i % NUM_CLASSES
-            sink.write(f"img{seed:02d}-{i:06d}", {"jpg": _image(rng, label, size), "cls": str(label).encode()})
+            tint = i % NUM_CLASSES
+            label = classes.index(COLOURS[tint]) if classes else tint
+            sink.write(f"img{seed:02d}-{i:06d}", {"jpg": _image(rng, tint, size), "cls": str(label).encode()})
     return root

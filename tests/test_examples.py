@@ -17,6 +17,7 @@ EXPECTED = {
     "plain_pytorch_loop.py": "none repeated, none missing",
     "migrate_torchvision.py": "same key, same output: True",
     "train_segmentation.py": "with boxes and masks: val loss",
+    "train_mixed_sources.py": "exactly as weighted",
 }
 
 

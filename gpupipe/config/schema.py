@@ -22,6 +22,7 @@ from typing import Any
 
 from gpupipe.augment.registry import MIXES
 from gpupipe.config.augment import TransformSpec, parse_augment, parse_spec, preset
+from gpupipe.config.sourcelist import SourceEntry, is_source_list, mixed_source, parse_sources
 from gpupipe.config.split import SplitConfig
 from gpupipe.config.values import build, check_keys, coerce, join_path, plain, suggest
 from gpupipe.core.errors import ConfigError
@@ -92,7 +93,9 @@ class AugmentPlace(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SourceConfig:
-    """Where each split's data is: a URL pattern (braces, globs), or a list of them.
+    """Where each split's data is: a URL pattern (braces, globs), or a list of them (one source); or
+    a list of sources, each a mapping with its ``url`` and one of ``weight``, ``repeat`` or ``samples``
+    (:class:`~gpupipe.config.sourcelist.SourceEntry`): a mix, labels matched by class name.
     ``classes``: the dataset's class list, in label order (``None``: the one the splits'
     indexes agree on). ``image_column`` / ``label_column``: the Parquet columns (``None``:
     detected). ``targets``: what a sample brings beside its image for detection or segmentation
@@ -100,10 +103,10 @@ class SourceConfig:
     ``annotations``: the COCO ``instances_*.json`` of an image folder (``None``: found beside
     it); with several splits, a mapping from split to file."""
 
-    train: str | tuple[str, ...] | None = None
-    val: str | tuple[str, ...] | None = None
-    test: str | tuple[str, ...] | None = None
-    predict: str | tuple[str, ...] | None = None
+    train: str | tuple[str, ...] | tuple[SourceEntry, ...] | None = None
+    val: str | tuple[str, ...] | tuple[SourceEntry, ...] | None = None
+    test: str | tuple[str, ...] | tuple[SourceEntry, ...] | None = None
+    predict: str | tuple[str, ...] | tuple[SourceEntry, ...] | None = None
     classes: tuple[str, ...] | None = None
     image_column: str | None = None
     label_column: str | None = None
@@ -166,9 +169,19 @@ class PipelineConfig:
         centre instead of a random crop, use ``eval_batch_size``, and run ``eval_augment``
         (by default the deterministic steps of ``augment``: resize, crop, cast, normalize)."""
         from gpupipe.config.split import SplitConfig
+        from gpupipe.sources.mixed import MixedSource
         from gpupipe.sources.source import Source
 
         urls = getattr(self.source, self.checked_split(name))
+        src = self.source
+        source: Source | MixedSource
+        if is_source_list(urls):
+            source = mixed_source(urls, f"source.{name}", storage_options=src.storage_options, classes=src.classes,
+                                  image_column=src.image_column, label_column=src.label_column, targets=src.targets)
+        else:
+            source = Source(url=urls, storage_options=src.storage_options, classes=src.classes,
+                            image_column=src.image_column, label_column=src.label_column, targets=src.targets,
+                            annotations=self.annotations_of(name))
         train = name == "train"
         decode = replace(self.decode, seed=self.seed)  # one seed: the top-level one
         if not train and decode.resize is ResizeMode.RANDOM_CROP:
@@ -179,10 +192,7 @@ class PipelineConfig:
             augment = self.eval_augment if self.eval_augment is not None else \
                 tuple(s for s in self.augment if s.name in _EVAL_SAFE)
         return SplitConfig(
-            source=Source(url=urls, storage_options=self.source.storage_options, classes=self.source.classes,
-                          image_column=self.source.image_column, label_column=self.source.label_column,
-                          targets=self.source.targets, annotations=self.annotations_of(name)),
-            name=name,
+            source=source, name=name,
             batch_size=self.loader.batch_size if train else (self.loader.eval_batch_size or self.loader.batch_size),
             stream=replace(self.stream, shuffle=self.stream.shuffle and train, drop_last=self.stream.drop_last and train),
             decode=decode, augment=augment, mix=self.mix if train else None, classes=self.source.classes,
@@ -203,7 +213,8 @@ class PipelineConfig:
     def split_urls(self) -> dict[str, str]:
         """Each configured split's URL (the first, for a list), for messages."""
         urls = {s: getattr(self.source, s) for s in SPLITS}
-        return {s: u if isinstance(u, str) else u[0] for s, u in urls.items() if u}
+        first = {s: u if isinstance(u, str) else u[0] for s, u in urls.items() if u}
+        return {s: u if isinstance(u, str) else (u.url if isinstance(u.url, str) else u.url[0]) for s, u in first.items()}
 
     def checked_split(self, split: str) -> str:
         _check_split(split)
@@ -334,8 +345,9 @@ def _source(data: Any) -> SourceConfig:
     if not isinstance(options, Mapping):
         raise ConfigError("source.storage_options: expected a mapping (values are kept secret)")
     rest = {k: v for k, v in data.items() if k != "storage_options"}
-    config = build(SourceConfig, rest, "source")
-    return replace(config, storage_options=Secrets(options))
+    mixes = {k: parse_sources(v, f"source.{k}") for k, v in rest.items() if k in SPLITS and is_source_list(v)}
+    config = build(SourceConfig, {k: v for k, v in rest.items() if k not in mixes}, "source")
+    return replace(config, storage_options=Secrets(options), **mixes)
 
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str) -> Any:

@@ -22,6 +22,7 @@ from gpupipe.config.augment import TransformSpec
 from gpupipe.config.checks import decode_from_augment, warn_repeated_resizes
 from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig
+from gpupipe.sources.mixed import MixedSource
 from gpupipe.sources.source import Source
 from gpupipe.stream.chunks import StreamConfig
 
@@ -38,7 +39,7 @@ class SplitConfig:
     ``stream.on_error`` is ``decode.on_error`` and ``decode.seed`` is ``seed``.
     """
 
-    source: Source
+    source: Source | MixedSource  # a list of sources, mixed: MixedSource
     batch_size: int = 64
     name: str = "train"
     stream: StreamConfig = field(default_factory=StreamConfig)

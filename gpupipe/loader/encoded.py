@@ -17,14 +17,14 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
-from gpupipe.core.errors import ConfigError, GpupipeError, WorkerError
+from gpupipe.core.errors import ConfigError, GpupipeError, PlanError, WorkerError
 from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
 from gpupipe.decode.base import DecodeConfig
@@ -32,9 +32,10 @@ from gpupipe.decode.columns import annotate
 from gpupipe.loader.agree import start_in_agreement
 from gpupipe.loader.epoch import EpochLedger
 from gpupipe.loader.mixing import MixingCheck
-from gpupipe.plan import PlanSpec, Progress, steps_per_rank
+from gpupipe.plan import PlanSpec, Progress, draw_sizes, steps_per_rank
 from gpupipe.plan_units import Unit, rank_units, unit_spans, worker_units
 from gpupipe.sources.classes import agreed_classes
+from gpupipe.sources.mixed import MixedSource, per_source, resolve_mixed
 from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack, pack_table
@@ -63,6 +64,9 @@ class LoaderStats:
     skipped: int = 0
     io_wait_s: float = 0.0  # in workers, waiting for storage
     wait_s: float = 0.0  # in the main process, waiting for a batch from the workers
+    # a mix of sources: samples of each source delivered this epoch, in source order (the ledger's
+    # count, which state_dict() saves); [] for one source
+    per_source: list[int] = field(default_factory=list)
 
 
 class EncodedDataset(IterableDataset):
@@ -196,15 +200,24 @@ class EncodedLoader:
         """The source, the plan and the ledger of this rank (run by :func:`start_in_agreement`)."""
         self.stream: StreamConfig = split.stream
         refuse_commands(expand_pattern(split.source.url))  # every URL of a list, not only the first
-        self.source: ResolvedSource = resolve(split.source, self.stream.fetch, on_error=split.decode.on_error)
+        mixed = split.source if isinstance(split.source, MixedSource) else None
+        self.source: ResolvedSource = resolve_mixed(split.source, self.stream.fetch, on_error=split.decode.on_error) \
+            if isinstance(split.source, MixedSource) else \
+            resolve(split.source, self.stream.fetch, on_error=split.decode.on_error)
         manifest = self.source.manifest
         if split.classes is not None and manifest is not None:  # the index must number classes as declared
             agreed_classes({split.name: manifest.classes}, split.classes, {split.name: _first(split.source.url)})
         counts = manifest.sample_counts() if manifest else (0,) * len(self.source.shard_urls)
-        self.spec = PlanSpec(counts=counts, batch_size=split.batch_size, world_size=self.world.world_size,
-                             seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
-                             chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size),
-                             block=block_for(self.source, self.stream))
+        try:
+            self.spec = PlanSpec(counts=counts, batch_size=split.batch_size, world_size=self.world.world_size,
+                                 seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
+                                 chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size),
+                                 block=block_for(self.source, self.stream),
+                                 draws=mix_draws(self.source, mixed) if mixed is not None else ())
+        except PlanError as exc:
+            if mixed is None:
+                raise
+            raise ConfigError(f"{mixed.setting}: {exc}") from None
         self.num_workers = default_num_workers(self.world) if split.num_workers is None else split.num_workers
         warn_if_more_workers_than_cores(self.num_workers, self.world)
         # prefetch_factor counts items per worker, and with a manifest an item is a unit of work: a
@@ -214,8 +227,8 @@ class EncodedLoader:
         self.prefetch_factor = max(1, self.spec.chunk_batches // self.unit_sizes[1])
         # set by GpuLoader: the decoder's settings, for the workers to probe headers and draw crops for
         self.decode: DecodeConfig | None = None
-        self.ledger = EpochLedger(self.spec)
-        self.stats = LoaderStats()
+        self.ledger = EpochLedger(self.spec, len(self.source.parts))
+        self.stats = LoaderStats(per_source=self.ledger.per_source)  # the ledger's list: current at every batch
         # a shuffled pass's first batches checked for classes mixed far less than a uniform shuffle would
         # (on rank 0: one warning a job, not one a rank)
         self.mixing = MixingCheck(_first(split.source.url), split.batch_size) \
@@ -291,6 +304,9 @@ class EncodedLoader:
                                            f"and {sorted(arrived)[:3]} out of order: a gpupipe bug, please report it")
                     if check is not None:
                         check.finish()
+                    if self.source.parts:
+                        log.info("gpupipe: epoch %d, samples delivered per source: %s", self.epoch, ", ".join(
+                            f"{p.url} {n}" for p, n in zip(self.source.parts, self.ledger.per_source)))
                     return
                 group = item if isinstance(item, list) else [item]
                 key = (group[0].chunk, group[0].batch)
@@ -332,6 +348,9 @@ class EncodedLoader:
         return "had delivered all its units"
 
     def _count(self, batch: EncodedBatch) -> None:
+        if self.source.parts:  # counted when the batch is delivered (the ledger knows when)
+            counts = per_source(self.source.parts, batch.sample_ids.numpy(), batch.valid.numpy())
+            self.ledger.noted(batch.chunk, batch.batch, counts.tolist())
         s = self.stats
         s.batches += 1
         s.samples += len(batch)
@@ -345,6 +364,14 @@ class EncodedLoader:
 
     def load_state_dict(self, state: Mapping) -> None:
         self.ledger.load_state_dict(state)
+
+
+def mix_draws(source: ResolvedSource, mixed: MixedSource) -> tuple[tuple[int, int], ...]:
+    """``PlanSpec.draws`` of a mix: per source, its units and the samples an epoch takes of it
+    (:func:`gpupipe.plan.draw_sizes`, from its size and its weight, repeat or samples)."""
+    sizes = draw_sizes([p.samples for p in source.parts], weight=[d.weight for d in mixed.draws],
+                       repeat=[d.repeat for d in mixed.draws], samples=[d.samples for d in mixed.draws])
+    return tuple((p.units, n) for p, n in zip(source.parts, sizes))
 
 
 def _first(url) -> str:

@@ -33,7 +33,8 @@ The whole story, in one place:
   until the epoch ends, and the state records the earlier parts (``before``).
 
 State format, version 3: ``{"version": 3, "epoch", "complete", "plan": plan_identity(plan),
-"before": [Earlier.to_dict(), ...], "progress": Progress.to_dict()}``. Version 3 ends the epoch
+"before": [Earlier.to_dict(), ...], "progress": Progress.to_dict()}``, and for a mix of sources
+``"per_source"``: the samples of each source delivered in the epoch so far. Version 3 ends the epoch
 of one process without ``drop_last`` with a short batch; versions 2 (that batch padded) and 1
 (no ``before``; padding on the last ranks when ``drop_last`` is off) still load: a pass saved
 inside a last chunk that held their padding goes on with exactly its undelivered samples.
@@ -41,7 +42,7 @@ inside a last chunk that held their padding goes on with exactly its undelivered
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gpupipe.core.errors import PlanError
 from gpupipe.plan import Earlier, PlanSpec, Progress, epoch_steps, plan_identity, resume_plan
@@ -55,7 +56,7 @@ _LOADABLE = (1, 2, 3)  # "before" (issue 25); 1 and 2 still load
 class EpochLedger:
     """Epoch number, delivered position, and the queue of yielded-not-yet-used batches."""
 
-    def __init__(self, spec: PlanSpec) -> None:
+    def __init__(self, spec: PlanSpec, sources: int = 0) -> None:
         self.spec = spec  # the plan of a whole epoch
         self.plan = spec  # the current epoch's: ``spec``, or after a resume under other settings, the rest
         self.epoch = 0
@@ -64,6 +65,10 @@ class EpochLedger:
         self._pending: collections.deque[tuple[int, int]] | None = None
         self._ended = False
         self._resume = False  # a loaded mid-epoch position: the next begin() continues it
+        # a mix of ``sources``: samples of each delivered this epoch (one list, updated in place), and the
+        # counts of batches read but not yet delivered, by (chunk, batch)
+        self.per_source: list[int] = [0] * sources
+        self._noted: dict[tuple[int, int], Sequence[int]] = {}
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` next (a position loaded for this very epoch is kept)."""
@@ -72,6 +77,16 @@ class EpochLedger:
             self.plan = self.spec
             self.progress = Progress.for_rank(self.spec)
             self._resume = False
+            self._count_from()
+
+    def _count_from(self, counts: Sequence[int] = ()) -> None:
+        self.per_source[:] = list(counts) or [0] * len(self.per_source)
+        self._noted.clear()
+
+    def noted(self, chunk: int, batch: int, counts: Sequence[int]) -> None:
+        """Batch ``batch`` of chunk ``chunk`` holds ``counts`` samples of each source of a mix:
+        added to :attr:`per_source` when it is delivered."""
+        self._noted[(chunk, batch)] = counts
 
     @property
     def steps(self) -> int:
@@ -96,7 +111,9 @@ class EpochLedger:
             self.set_epoch(self.epoch + 1)
         elif not self._resume:  # a fresh pass over the whole epoch, under the current settings
             self.plan, self.progress = self.spec, Progress.for_rank(self.spec)
+            self._count_from()
         self._resume = False
+        self._noted.clear()
         if self._pending is not None:
             self._pending.clear()
         self._ended = False
@@ -128,15 +145,21 @@ class EpochLedger:
             self.complete = True
 
     def _deliver(self, chunk: int, batch: int) -> None:
+        counts = self._noted.pop((chunk, batch), ())
+        for i, n in enumerate(counts):
+            self.per_source[i] += int(n)
         if chunk >= 0:  # -1: streamed without a manifest, no position to keep
             self.progress.advance(chunk, batch)
             self.complete = self.complete or self.progress.complete
 
     # -- resume ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"version": STATE_VERSION, "epoch": self.epoch, "complete": self.complete,
-                "plan": plan_identity(self.plan), "before": [part.to_dict() for part in self.plan.before],
-                "progress": self.progress.to_dict()}
+        state = {"version": STATE_VERSION, "epoch": self.epoch, "complete": self.complete,
+                 "plan": plan_identity(self.plan), "before": [part.to_dict() for part in self.plan.before],
+                 "progress": self.progress.to_dict()}
+        if self.per_source:
+            state["per_source"] = list(self.per_source)
+        return state
 
     def load_state_dict(self, state: Mapping) -> None:
         """Continue where ``state`` (rank 0's, on every rank) left off; see the module's docstring."""
@@ -154,5 +177,7 @@ class EpochLedger:
         else:  # at an epoch boundary any plan may follow
             plan, progress = self.spec, Progress.for_rank(self.spec)
         self.epoch, self.plan, self.progress = epoch, plan, progress
+        counts = state.get("per_source", ()) if mid_epoch else ()
+        self._count_from([int(n) for n in counts] if len(counts) == len(self.per_source) else ())
         self.complete = complete or (mid_epoch and progress.complete)  # nothing of it left to deliver
         self._resume = mid_epoch  # the next pass continues it; any later one starts afresh

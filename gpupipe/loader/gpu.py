@@ -141,6 +141,12 @@ class GpuLoader:
         return self.encoded.ledger
 
     @property
+    def per_source(self) -> list[int]:
+        """A mix of sources: the samples of each (in the order given) delivered this epoch — the
+        count ``state_dict()`` saves and a resume continues; ``[]`` for one source."""
+        return self.encoded.stats.per_source
+
+    @property
     def classes(self) -> tuple[str, ...]:
         """The class names of the source's index, label order (``()``: the index lists none)."""
         manifest = self.encoded.source.manifest

@@ -18,7 +18,7 @@ from gpupipe.formats.folder import NameList
 from gpupipe.formats.manifest import Manifest
 from gpupipe.storage.identity import ObjectVersion
 
-__all__ = ["Source", "ResolvedSource", "UnitURLs"]
+__all__ = ["Source", "ResolvedSource", "UnitURLs", "SourcePart"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,20 @@ class UnitURLs(StringTable):
 
 
 @dataclass(frozen=True)
+class SourcePart:
+    """One source of a mix inside the :class:`ResolvedSource` that joins them: its URL (for
+    messages and stats), its units and samples (consecutive in the joined manifest, after those of
+    the sources before it), its own class list, and ``relabel``: its label ``i`` is label
+    ``relabel[i]`` of the joined class list (int64; ``None``: the same numbering)."""
+
+    url: str
+    units: int
+    samples: int
+    classes: tuple[str, ...] = ()
+    relabel: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class ResolvedSource:
     """The URL of each unit (a tar shard, an object, a Parquet row group's file) and the
     manifest describing them in the same order (``None``: tar shards without one);
@@ -94,7 +108,8 @@ class ResolvedSource:
     (``Source.targets``, checked against what the manifest records); ``annotations``: for an
     image folder read with a COCO file, its objects, row ``i`` for object ``i``
     (:class:`~gpupipe.formats.coco.CocoTable`: numpy arrays, which pickle compactly into
-    DataLoader workers)."""
+    DataLoader workers). ``parts``: for several sources mixed into one (:mod:`gpupipe.sources.mixed`),
+    each one's units, samples and relabelling, in unit order (``()``: one source)."""
 
     shard_urls: Sequence[str]
     manifest: Manifest | None
@@ -104,6 +119,7 @@ class ResolvedSource:
     identity: str = field(default="", repr=False, compare=False)
     targets: tuple[str, ...] = ()
     annotations: CocoTable | None = field(default=None, repr=False, compare=False)
+    parts: tuple[SourcePart, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def num_samples(self) -> int | None:

@@ -17,6 +17,9 @@ again, and only if it keeps failing is it bad data. Bad data follows ``on_error`
 and offset; ``"skip"`` replaces each unreadable sample by a placeholder marked
 invalid (so batch shapes and step counts never change), counts it and logs its key.
 
+A mix of sources (``source.parts``) has its labels renumbered into its joined class list here, in
+the worker (:func:`~gpupipe.sources.mixed.relabel`).
+
 When the source's ``targets`` name boxes or masks, every sample must carry them
 (:func:`~gpupipe.stream.targets.read_targets`): a sample without its ``.json`` or
 ``.mask.png``, or whose boxes do not parse, is bad data like a sample without an image.
@@ -39,6 +42,8 @@ from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
 from gpupipe.plan import PlanSpec, Span, permutation, shuffle_buffer
 from gpupipe.plan_units import Unit, unit_spans
+from gpupipe.sources.mixed import relabel
+from gpupipe.sources.resolved import SourcePart
 from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import FetchConfig, Fetcher, ObjectVersion
 from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, SampleTable, image_field, label_of
@@ -271,7 +276,17 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
                                wanted)
                 tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
             table = SampleTable.concat(tables)
-        yield unit, table.take(order)
+        yield unit, _relabeled(table.take(order), source.parts)
+
+
+def _relabeled(table: SampleTable, parts: Sequence[SourcePart]) -> SampleTable:
+    """A mix's labels (and box labels) renumbered from each source's class list into the joined one."""
+    if not parts:
+        return table
+    t = table.targets
+    if t is not None and t.box_labels is not None and t.box_counts is not None:
+        t = replace(t, box_labels=relabel(parts, np.repeat(table.sample_ids, t.box_counts), t.box_labels))
+    return replace(table, labels=relabel(parts, table.sample_ids, table.labels, table.keys), targets=t)
 
 
 def _tar_fetched(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]

@@ -283,9 +283,14 @@ def _target(args: argparse.Namespace) -> tuple[str | Sequence[str] | Source, dic
     from dataclasses import replace
 
     from gpupipe.config.schema import load_config
+    from gpupipe.sources.annotated import first_url
+    from gpupipe.sources.mixed import MixedSource
 
     config = load_config(args.config)
     source = config.split(args.split).source  # with the config's classes and Parquet columns
+    if isinstance(source, MixedSource):
+        raise ConfigError(f"source.{args.split} is a mix of {len(source.parts)} sources; validate each on its own: "
+                          + "; ".join(f"gpupipe validate {first_url(s.url)}" for s in source.parts))
     options = {**source.storage_options, **dict(args.storage_options)}
     max_pixels = args.max_pixels if args.max_pixels is not None else config.decode.max_pixels
     return replace(source, storage_options=options), options, args.decode or config.decode.backend, max_pixels
