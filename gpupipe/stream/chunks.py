@@ -60,8 +60,8 @@ class StreamConfig:
     """How samples are streamed and split. ``shuffle_buffer`` is the shuffle window in
     samples (rounded to whole batches); ``shuffle_block`` the samples of one shard the epoch's
     order keeps together (a window holds blocks of many shards, so that shards written in class
-    order still mix; 0: shards whole; None: 8 for tar shards, 0 for Parquet row groups and image
-    folders, see :func:`gpupipe.loader.encoded.block_for`); ``unit_batches`` the batches of a window a worker
+    order still mix; 0: shards whole; None: 4 for tar shards where short reads are cheap, else 0,
+    see :func:`gpupipe.loader.encoded.block_for`); ``unit_batches`` the batches of a window a worker
     reads at once (its unit of work; None: one batch where short reads are cheap — files on this
     machine, or object storage behind ``fetch.cache_dir`` — else the whole window: see
     :func:`gpupipe.loader.encoded.unit_batches_for`); ``on_error`` is ``raise`` or ``skip``."""
