@@ -64,6 +64,13 @@ class Transform(nn.Module):
         super().__init_subclass__(**kwargs)
         naming_keywords(cls)
 
+    @classmethod
+    def from_config(cls, **args: Any) -> Transform:
+        """The transform from a config's arguments (YAML values: a name where Python has an
+        object): the constructor's, unless a transform says otherwise (``ToDtype`` reads dtype
+        names, the containers build their steps). :func:`config_keys` names what it takes."""
+        return cls(**args)
+
     def make_params(self, images: torch.Tensor, key: AugKey) -> dict[str, torch.Tensor]:
         return {}
 
@@ -209,3 +216,13 @@ def check_targets(targets: Targets, images: torch.Tensor) -> None:
         raise ValueError(f"boxes have counts for {targets.boxes.counts.shape[0]} images, the batch has {B}")
     if targets.masks is not None and tuple(targets.masks.shape) != (B, H, W):
         raise ValueError(f"masks should be (B, H, W) = {(B, H, W)} for these images, got {tuple(targets.masks.shape)}")
+
+
+def config_keys(cls: type) -> set[str]:
+    """The arguments a config may give the transform class ``cls``: those of its own
+    ``from_config`` where it declares them, else its constructor's."""
+    built = getattr(cls, "from_config", None)
+    params = inspect.signature(built).parameters if built is not None else {}
+    if not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        params = inspect.signature(cls).parameters
+    return {p for p in params if p != "self" and params[p].kind is not inspect.Parameter.VAR_KEYWORD}

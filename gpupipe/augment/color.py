@@ -44,7 +44,7 @@ from .keys import draw
 __all__ = [
     "adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue", "rgb_to_grayscale",
     "ToDtype", "ToTensor", "Normalize", "RepeatChannels", "ColorJitter", "RandomGrayscale", "Grayscale",
-    "GaussianBlur", "RandomErasing", "fused_color",
+    "GaussianBlur", "RandomErasing", "fused_color", "DTYPES", "dtype_named",
 ]
 
 
@@ -103,6 +103,24 @@ class ToDtype(PointwiseTransform):
         return ([Affine(1.0 / scale)] if scale != 1.0 else []), out
 
 
+    @classmethod
+    def from_config(cls, dtype: str | torch.dtype = "float32", scale: bool = True) -> ToDtype:  # type: ignore[override]
+        """``dtype`` by name (``float32``, ``bfloat16``, ...; :data:`DTYPES`) or a torch dtype."""
+        return cls(dtype_named(dtype), scale)
+
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8")  # the dtypes a config may name
+
+
+def dtype_named(dtype: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from its name in :data:`DTYPES` (``torch.`` prefix allowed), or itself."""
+    if isinstance(dtype, str):
+        if dtype.removeprefix("torch.") not in DTYPES:
+            raise ValueError(f"dtype: unknown {dtype!r}; choose from {', '.join(DTYPES)}")
+        return getattr(torch, dtype.removeprefix("torch."))
+    return dtype
+
+
 class ToTensor(ToDtype):
     """torchvision's ``ToTensor`` on a batch: uint8 (B, C, H, W) → float32 in [0, 1]
     (``ToDtype(torch.float32, scale=True)``); float input is only cast to float32.
@@ -110,6 +128,14 @@ class ToTensor(ToDtype):
 
     def __init__(self) -> None:
         super().__init__(torch.float32, scale=True)
+
+    @classmethod
+    def from_config(cls, dtype: str | None = None) -> ToTensor:  # type: ignore[override]
+        """No arguments; a ``dtype`` is refused, saying what to use instead."""
+        if dtype is not None:
+            raise ValueError("ToTensor takes no arguments (it gives float32 in [0, 1], as torchvision's); "
+                             "for another dtype use ToDtype")
+        return cls()
 
 
 class Normalize(PointwiseTransform):

@@ -28,6 +28,14 @@ from .compose import Compose
 from .keys import draw
 from .targets import Targets, select_targets
 
+
+def steps_from_config(items) -> list:
+    """A container's steps from a config: each a bare name or a mapping with ``name`` and the
+    transform's arguments, built by the registry (errors name the step)."""
+    from .registry import build_item
+
+    return [build_item(item, f"transforms[{i}]") for i, item in enumerate(items)]
+
 __all__ = ["RandomApply", "RandomChoice", "RandomOrder"]
 
 HW = tuple[int, int]
@@ -94,6 +102,11 @@ class RandomApply(Transform):
     goes through ``transforms`` (a fused :class:`Compose`), else passes unchanged.
     Params: ``apply`` (B,) bool and the pipeline's, prefixed ``"t."``."""
 
+    @classmethod
+    def from_config(cls, transforms=(), **args):
+        """Its ``transforms`` as a config writes them: steps like the top-level ones."""
+        return cls(steps_from_config(transforms), **args)
+
     def __init__(self, transforms, p: float = 0.5) -> None:
         super().__init__()
         self.pipeline = Compose(_transforms(transforms, "RandomApply"))
@@ -136,6 +149,11 @@ class RandomChoice(Transform):
     ``transforms``, transform ``i`` with probability ``p[i] / sum(p)`` (equal without
     ``p``). The alternatives must give one size and dtype. Params: ``choice`` (B,)
     int64 and transform ``i``'s, prefixed ``"{i}."``."""
+
+    @classmethod
+    def from_config(cls, transforms=(), **args):
+        """Its ``transforms`` as a config writes them: steps like the top-level ones."""
+        return cls(steps_from_config(transforms), **args)
 
     def __init__(self, transforms, p: Sequence[float] | None = None) -> None:
         super().__init__()
@@ -212,6 +230,11 @@ class RandomOrder(Transform):
     ``transforms`` in its own uniformly drawn order. Each must keep the size and dtype.
     Params: ``order`` (B, n) int64 (position → transform index) and transform ``i``'s,
     prefixed ``"{i}."`` (drawn once, used at whatever position the order puts it)."""
+
+    @classmethod
+    def from_config(cls, transforms=(), **args):
+        """Its ``transforms`` as a config writes them: steps like the top-level ones."""
+        return cls(steps_from_config(transforms), **args)
 
     def __init__(self, transforms) -> None:
         super().__init__()

@@ -1,9 +1,11 @@
 """The transforms a config may name: a small, lazy, read-only registry.
 
 Values are ``"module:attr"`` strings imported on first use, so reading a config
-imports only the transforms it names. Adding a transform is one entry in ``_REGISTRY``.
-The containers (``RandomApply``, ``RandomChoice``, ``RandomOrder``) take their
-``transforms`` as a list of steps written like the top-level ones.
+imports only the transforms it names. Adding a transform is one entry in ``_REGISTRY``
+(:func:`register_transform` from outside the package); how a config's arguments become the
+transform is the class's own ``from_config`` (``ToDtype`` reads dtype names; the containers
+``RandomApply``, ``RandomChoice``, ``RandomOrder`` build their ``transforms``, steps written like
+the top-level ones).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["TRANSFORMS", "MIXES", "CONTAINERS", "transform_class", "build_transform", "DTYPES"]
+__all__ = ["TRANSFORMS", "MIXES", "transform_class", "build_transform", "register_transform", "build_item"]
 
 _GEOMETRY = "gpupipe.augment.geometry"
 _COLOR = "gpupipe.augment.color"
@@ -36,8 +38,6 @@ _REGISTRY = {
 TRANSFORMS: Mapping[str, str] = types.MappingProxyType(_REGISTRY)
 MIXES: Mapping[str, str] = types.MappingProxyType({"MixUp": "gpupipe.augment.mix:MixUp",
                                                    "CutMix": "gpupipe.augment.mix:CutMix"})
-CONTAINERS = ("RandomApply", "RandomChoice", "RandomOrder")
-DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8")
 
 
 def transform_class(name: str) -> type[nn.Module]:
@@ -50,30 +50,21 @@ def transform_class(name: str) -> type[nn.Module]:
 
 
 def build_transform(name: str, args: Mapping[str, Any]):
-    """``name(**args)`` with config-friendly values: dtype names become torch dtypes, and a
-    container's ``transforms`` (a list of ``{name: ..., args...}`` or bare names) are built."""
-    kwargs = dict(args)
-    if name == "ToDtype" and "dtype" in kwargs:
-        kwargs["dtype"] = _dtype(kwargs["dtype"])
-    if name == "ToTensor" and "dtype" in kwargs:
-        raise ValueError("ToTensor takes no arguments (it gives float32 in [0, 1], as torchvision's); "
-                         "for another dtype use ToDtype")
-    if name in CONTAINERS and "transforms" in kwargs:
-        kwargs["transforms"] = [_build_item(item, f"transforms[{i}]") for i, item in enumerate(kwargs["transforms"])]
-    return transform_class(name)(**kwargs)
+    """The transform registered as ``name`` built from a config's arguments (its class's
+    ``from_config``: dtype names become torch dtypes, a container's steps are built)."""
+    cls = transform_class(name)
+    return getattr(cls, "from_config", cls)(**dict(args))
 
 
-def _dtype(dtype: Any):
-    import torch
-
-    if isinstance(dtype, str):
-        if dtype.removeprefix("torch.") not in DTYPES:
-            raise ValueError(f"dtype: unknown {dtype!r}; choose from {', '.join(DTYPES)}")
-        return getattr(torch, dtype.removeprefix("torch."))
-    return dtype
+def register_transform(name: str, target: str) -> None:
+    """Make ``target`` (``"module:Class"``, imported when a config first names it) the transform
+    a config calls ``name``: a plugin's transform, from its own module."""
+    if ":" not in target:
+        raise ValueError(f"register_transform({name!r}, {target!r}): the target is 'module:Class'")
+    _REGISTRY[name] = target
 
 
-def _build_item(item: Any, where: str):
+def build_item(item: Any, where: str):
     """One step inside a container: a bare name or a mapping with ``name``."""
     if isinstance(item, str):
         item = {"name": item}

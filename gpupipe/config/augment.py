@@ -7,12 +7,12 @@ reaches it.
 """
 from __future__ import annotations
 
-import inspect
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupipe.augment.base import config_keys
 from gpupipe.augment.presets import PRESETS
 from gpupipe.augment.registry import TRANSFORMS, build_transform, transform_class
 from gpupipe.config.values import check_keys, suggest
@@ -80,9 +80,7 @@ def parse_spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -
         raise ConfigError(f"{path}.name: unknown {name!r}{suggest(str(name), registry)} "
                           f"(supported: {', '.join(sorted(registry))})")
     args = {k: v for k, v in item.items() if k != "name"}
-    params = inspect.signature(transform_class(name).__init__).parameters
-    accepted = {p for p in params if p != "self"} | ({"dtype"} if name == "ToTensor" else set())
-    check_keys(args, accepted, path)
+    check_keys(args, config_keys(transform_class(name)), path)
     spec = TransformSpec(name, args)
     try:
         spec.build()

@@ -50,18 +50,15 @@ def check_supported(steps: Iterable[Step], supported: Iterable[str] = SUPPORTED,
 
 
 def gpupipe_pipeline(steps: Iterable[Step]):
-    """The ``gpupipe.transforms.Compose`` for ``steps`` (None when empty)."""
-    import torch
-
+    """The ``gpupipe.transforms.Compose`` for ``steps`` (None when empty), each step built as a
+    config builds it (:func:`~gpupipe.augment.registry.build_transform`)."""
     import gpupipe.transforms as T
+    from gpupipe.augment.registry import build_transform
 
     built = []
     for name, args in steps:
-        kwargs = dict(args)
-        if name == "ToDtype" and isinstance(kwargs.get("dtype"), str):
-            kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-        cls = getattr(T, name, None)
-        if cls is None or name not in T.__all__:
-            raise ConfigError(f"augment: unknown transform {name!r}")
-        built.append(cls(**kwargs) if name != "ToTensor" else T.ToTensor())
+        try:
+            built.append(build_transform(name, args))
+        except ValueError as exc:
+            raise ConfigError(f"augment: {exc}") from None
     return T.Compose(built) if built else None
