@@ -25,6 +25,7 @@ from gpupipe.config.keywords import python_transforms
 from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, eval_transforms, load_config
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
+from gpupipe.loader.metrics import Meter
 from gpupipe.plan import steps_per_rank
 from gpupipe.sources.classes import agreed_classes, describe
 from gpupipe.sources.splits import split_folders
@@ -32,7 +33,7 @@ from gpupipe.sources.splits import split_folders
 if TYPE_CHECKING:
     from gpupipe.loader.gpu import GpuLoader
 
-__all__ = ["GpuDataModule"]
+__all__ = ["GpuDataModule", "DataMetrics"]
 
 log = logging.getLogger(__name__)
 STATE_KEY = "gpupipe_train_loader"
@@ -88,6 +89,10 @@ class GpuDataModule(pl.LightningDataModule):
 
     # -- loaders -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
+        trainer = self._trainer_or_none()
+        if stage == "fit" and self.config.loader.log_metrics and trainer is not None \
+                and not any(isinstance(c, DataMetrics) for c in trainer.callbacks):
+            trainer.callbacks.append(DataMetrics())  # loader.log_metrics: false turns it off
         wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
         for split in wanted.get(stage, SPLITS):
             if split not in self._loaders and getattr(self.config.source, split) is not None:
@@ -230,6 +235,46 @@ class _Unset:
 
     def __call__(self) -> None:
         self.config.checked_split(self.split)  # raises: source.<split> is not set
+
+
+class DataMetrics(pl.Callback):
+    """Logs the training loader's data-path numbers (:mod:`gpupipe.loader.metrics`) under ``data/``
+    to every logger of the trainer, every ``log_every_n_steps`` steps, each the rate since the
+    previous log: ``data/images_per_s``, ``data/wait_ms_per_step``, ``data/wait_share`` (the step's
+    wait for data over the time: is data the bottleneck?), ``data/decode_busy``,
+    ``data/augment_busy``, ``data/bytes_per_s``, ``data/io_wait_share``, ``data/skipped``.
+
+    ``GpuDataModule`` adds one itself (``loader.log_metrics``); give ``loader`` to use it with a
+    ``GpuLoader`` in a DataModule of your own."""
+
+    def __init__(self, loader: GpuLoader | None = None) -> None:
+        self.loader = loader
+        self._meter: Meter | None = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loader = self.loader or _train_loader(trainer)
+        if loader is not None and (self._meter is None or self._meter.loader is not loader):
+            self._meter = Meter(loader)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._meter is None or trainer.global_step % max(1, getattr(trainer, "log_every_n_steps", 50)):
+            return
+        metrics = {f"data/{k}": v for k, v in self._meter.read().items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _train_loader(trainer: pl.Trainer) -> GpuLoader | None:
+    """The GpuLoader the trainer trains from: a GpuDataModule's, or one given as the loader."""
+    dm = getattr(trainer, "datamodule", None)
+    if isinstance(dm, GpuDataModule) and "train" in dm._loaders:
+        return dm._loaders["train"].gpu
+    from gpupipe.loader.gpu import GpuLoader
+
+    loader = getattr(trainer.fit_loop, "_data_source", None)
+    loader = getattr(loader, "instance", None)
+    return loader if isinstance(loader, GpuLoader) else None
 
 
 def _split_of(trainer) -> str | None:

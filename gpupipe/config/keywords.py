@@ -61,7 +61,8 @@ class Keyword:
 # and the ones the keyword form spells its own way (decode.backend → decode=, decode.on_error → on_error=).
 _SECTIONS = (("loader", LoaderConfig), ("decode", DecodeConfig), ("stream", StreamConfig),
              ("stream.fetch", FetchConfig), ("source", SourceConfig))
-_NOT_KEYWORDS = frozenset({"loader.eval_batch_size", "loader.batch_format", "loader.augment_in", "decode.backend",
+_NOT_KEYWORDS = frozenset({"loader.eval_batch_size", "loader.batch_format", "loader.augment_in", "loader.log_metrics",
+                           "decode.backend",
                            "decode.seed", "decode.on_error", "stream.on_error", "stream.fetch", "source.train",
                            "source.val", "source.test", "source.predict"})
 _OWN = (  # the keyword form's own keywords: (name, annotation, default, doc)

@@ -136,6 +136,7 @@ class LoaderConfig:
     device: str | None = None
     batch_format: BatchFormat = BatchFormat.TUPLE
     augment_in: AugmentPlace = AugmentPlace.LOADER
+    log_metrics: bool = True  # GpuDataModule: the data path's numbers in the trainer's loggers, under data/
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "eval_batch_size", "prefetch"):

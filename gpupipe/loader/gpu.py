@@ -27,6 +27,7 @@ from gpupipe.core.machine import default_num_workers, warn_if_more_workers_than_
 from gpupipe.core.types import World
 from gpupipe.decode import BACKENDS, DecodedBatch, Decoder, make_decoder, preload
 from gpupipe.loader.encoded import EncodedLoader
+from gpupipe.loader.metrics import Meter
 from gpupipe.loader.stages import END, Stage, Stages
 from gpupipe.stream.batch import EncodedBatch
 
@@ -105,6 +106,7 @@ class GpuLoader:
         stage = split.augment_stage()
         self.augment = stage.to(self.device) if stage is not None else None
         self.stats = StageStats()
+        self._meter = Meter(self)  # GpuLoader.metrics(): since the previous call
         self.timeline: list[tuple[str, float, float]] | None = None  # a list: (stage, start, end) per batch
         self.overlap = True  # decode and augment in two threads; False: one thread does both (for A/B runs)
         self.augment_threads: int | None = None  # torch threads in the augment stage's thread (None: torch's)
@@ -139,6 +141,13 @@ class GpuLoader:
         """The epoch and resume position (:class:`~gpupipe.loader.epoch.EpochLedger`); Lightning's
         DataModule calls ``ledger.defer()`` and ``ledger.commit()``."""
         return self.encoded.ledger
+
+    def metrics(self) -> dict[str, float]:
+        """The data path's numbers since the previous call (the first: since the loader was
+        made): images/s, the training loop's wait per step and as a share of the time, the decode
+        and augment threads' busy shares, bytes/s from storage, samples skipped so far
+        (:mod:`gpupipe.loader.metrics`). For a plain PyTorch loop, e.g. every 100 steps."""
+        return self._meter.read()
 
     @property
     def per_source(self) -> list[int]:

@@ -1,0 +1,89 @@
+"""The data path's numbers where users already look: rates between two readings of a loader.
+
+"Is data loading my bottleneck?" is answered by how long the training loop waited for its next
+batch, as a share of the time that passed: :func:`rates` turns two :func:`reading` s of a
+:class:`~gpupipe.loader.gpu.GpuLoader` (cumulative counters and a clock) into
+
+* ``images_per_s``: images delivered per second of wall time;
+* ``wait_ms_per_step``: the training loop's wait for a ready batch, per batch (ms);
+* ``wait_share``: that wait over the wall time (0: data never held the step back; near 1: the
+  GPU waited for data all the time);
+* ``decode_busy`` / ``augment_busy``: the decode and augment threads' busy time over the wall time
+  (their shares overlap: the stages run at once);
+* ``bytes_per_s``: encoded bytes from the workers per second (what storage gave);
+* ``io_wait_share``: the workers' wait for storage over the wall time, summed over workers;
+* ``skipped``: samples replaced since the start (cumulative).
+
+:class:`Meter` keeps the previous reading, so ``meter.read()`` is "since the last call": what
+``GpuLoader.metrics()`` returns and the Lightning callback (:mod:`gpupipe.lightning`) logs under
+``data/``. Plain data in, plain floats out: nothing here touches a device.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Reading", "reading", "rates", "Meter"]
+
+
+class _Loader(Protocol):
+    stats: Any
+    encoded: Any
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A loader's cumulative counters at one moment (``t``: ``time.perf_counter()``)."""
+
+    t: float
+    batches: int
+    images: int
+    wait_s: float
+    decode_s: float
+    augment_s: float
+    bytes: int
+    io_wait_s: float
+    skipped: int
+
+
+def reading(loader: _Loader) -> Reading:
+    """The counters of a ``GpuLoader`` now (its stage stats and its workers' stream stats)."""
+    s, e = loader.stats, loader.encoded.stats
+    return Reading(t=time.perf_counter(), batches=s.batches, images=s.images, wait_s=s.handoff_wait_s,
+                   decode_s=s.decode_s, augment_s=s.augment_s, bytes=e.bytes, io_wait_s=e.io_wait_s,
+                   skipped=s.skipped)
+
+
+def rates(before: Reading, after: Reading) -> dict[str, float]:
+    """The numbers of the module docstring between two readings (zeros when no time passed or
+    no batch came: a counter that went back — stats reset — counts from zero)."""
+    dt = after.t - before.t
+
+    def delta(name: str) -> float:
+        a, b = getattr(after, name), getattr(before, name)
+        return a - b if a >= b else a
+
+    batches = delta("batches")
+    per_s = (lambda x: x / dt) if dt > 0 else (lambda x: 0.0)
+    return {"images_per_s": per_s(delta("images")),
+            "wait_ms_per_step": 1000.0 * delta("wait_s") / batches if batches else 0.0,
+            "wait_share": min(1.0, per_s(delta("wait_s"))),
+            "decode_busy": per_s(delta("decode_s")),
+            "augment_busy": per_s(delta("augment_s")),
+            "bytes_per_s": per_s(delta("bytes")),
+            "io_wait_share": per_s(delta("io_wait_s")),
+            "skipped": float(after.skipped)}
+
+
+class Meter:
+    """Rates since the previous :meth:`read` (the first: since the meter was made)."""
+
+    def __init__(self, loader: _Loader):
+        self.loader = loader
+        self.last = reading(loader)
+
+    def read(self) -> dict[str, float]:
+        now = reading(self.loader)
+        out, self.last = rates(self.last, now), now
+        return out

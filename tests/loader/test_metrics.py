@@ -1,0 +1,39 @@
+"""The data path's numbers for a plain PyTorch loop (issue 38): ``loader.metrics()`` gives the rates
+since the previous call; :func:`rates` is plain arithmetic on two readings."""
+from __future__ import annotations
+
+import numpy as np
+
+from gpupipe import GpuLoader
+from gpupipe.formats.writer import ShardSink
+from gpupipe.loader.metrics import Reading, rates
+from gpupipe.tools.synth import synthetic_jpeg
+
+
+def test_rates_between_two_readings():
+    a = Reading(t=10.0, batches=4, images=100, wait_s=0.5, decode_s=1.0, augment_s=0.2, bytes=1000, io_wait_s=0.1,
+                skipped=1)
+    b = Reading(t=12.0, batches=8, images=300, wait_s=1.5, decode_s=2.0, augment_s=1.2, bytes=5000, io_wait_s=0.5,
+                skipped=3)
+    r = rates(a, b)
+    assert r == {"images_per_s": 100.0, "wait_ms_per_step": 250.0, "wait_share": 0.5, "decode_busy": 0.5,
+                 "augment_busy": 0.5, "bytes_per_s": 2000.0, "io_wait_share": 0.2, "skipped": 3.0}
+    reset = Reading(t=13.0, batches=1, images=10, wait_s=0.1, decode_s=0.1, augment_s=0.0, bytes=10, io_wait_s=0.0,
+                    skipped=0)
+    assert rates(b, reset)["images_per_s"] == 10.0  # counters that went back (stats reset) count from zero
+    assert rates(b, b)["images_per_s"] == 0.0 and rates(b, b)["wait_ms_per_step"] == 0.0
+
+
+def test_a_plain_loop_reads_the_metrics_since_the_previous_call(tmp_path):
+    rng = np.random.default_rng(0)
+    with ShardSink(str(tmp_path / "s"), shard_size=16) as sink:
+        for i in range(32):
+            sink.write(f"k{i:03d}", {"jpg": synthetic_jpeg(rng, (20, 20)), "cls": b"0"})
+    loader = GpuLoader(str(tmp_path / "s"), batch_size=8, image_size=(16, 16), decode="pil", device="cpu",
+                       num_workers=0)
+    for _ in loader:
+        pass
+    first = loader.metrics()
+    assert first["images_per_s"] > 0 and first["bytes_per_s"] > 0 and first["decode_busy"] > 0
+    assert 0 <= first["wait_share"] <= 1 and first["wait_ms_per_step"] >= 0
+    assert loader.metrics()["images_per_s"] == 0.0  # nothing delivered since
