@@ -28,6 +28,7 @@ from gpupipe.core.types import World
 from gpupipe.decode import BACKENDS, DecodedBatch, Decoder, make_decoder, preload
 from gpupipe.loader.encoded import EncodedLoader
 from gpupipe.loader.metrics import Meter
+from gpupipe.loader.ranges import nvtx_range, ranged
 from gpupipe.loader.stages import END, Stage, Stages
 from gpupipe.stream.batch import EncodedBatch
 
@@ -208,13 +209,15 @@ class GpuLoader:
         elif augment is not None:  # one thread decodes, then augments (benchmarks/overlap_bench.py)
             stages = [Stage("decode", _then(functools.partial(self._decode, decoder, side),
                                             functools.partial(self._augment, augment, side)), timeline=timeline)]
-        run = Stages(self.encoded.batches, stages, self.split.prefetch)
+        cuda = self.device.type == "cuda"
+        run = Stages(ranged(self.encoded.batches, "gpupipe: wait for encoded batch", cuda), stages, self.split.prefetch)
         stats = self.stats  # this pass's stage times go here, even if ``stats`` is replaced meanwhile
         base = (stats.wait_bytes_s, stats.decode_s, stats.augment_s)
         try:
             while True:
                 t0 = time.perf_counter()
-                item = run.get()
+                with nvtx_range("gpupipe: wait for batch", cuda):
+                    item = run.get()
                 self.stats.handoff_wait_s += time.perf_counter() - t0
                 if item is END:
                     break
@@ -242,7 +245,8 @@ class GpuLoader:
 
     def _decode(self, decoder, side, encoded: EncodedBatch) -> tuple[DecodedBatch, tuple[int, int]]:
         """The decode stage: bytes → uint8 images (and labels, mask) on the device."""
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
+                nvtx_range("gpupipe: decode", side is not None):
             out = decoder.decode(encoded)
             self._to_device(out, side)
         return out, (encoded.chunk, encoded.batch)
@@ -261,7 +265,8 @@ class GpuLoader:
         outputs = decoder.decode_stream(tapped())
         try:
             while True:
-                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
+                        nvtx_range("gpupipe: decode", side is not None):
                     out = next(outputs, None)
                     if out is None:
                         return
@@ -280,7 +285,8 @@ class GpuLoader:
                  item: tuple[DecodedBatch, tuple[int, int]]) -> tuple[DecodedBatch, tuple[int, int]]:
         """The augment stage, on the same side stream (so it runs after its decode on a GPU)."""
         out, place = item
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
+                nvtx_range("gpupipe: augment", side is not None):
             return augment(out), place
 
 
