@@ -14,6 +14,7 @@ loader's decode thread, one batch ahead, on a side CUDA stream) or
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from gpupipe.config.keywords import python_transforms
 from gpupipe.config.schema import SPLITS, AugmentPlace, BatchFormat, PipelineConfig, eval_transforms, load_config
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import World
-from gpupipe.loader.metrics import Meter
+from gpupipe.loader.metrics import Meter, RankRow, Reading, gather_rows, rates, reading, spread
 from gpupipe.plan import steps_per_rank
 from gpupipe.sources.classes import agreed_classes, describe
 from gpupipe.sources.splits import split_folders
@@ -242,7 +243,8 @@ class DataMetrics(pl.Callback):
     to every logger of the trainer, every ``log_every_n_steps`` steps, each the rate since the
     previous log: ``data/images_per_s``, ``data/wait_ms_per_step``, ``data/wait_share`` (the step's
     wait for data over the time: is data the bottleneck?), ``data/decode_busy``,
-    ``data/augment_busy``, ``data/bytes_per_s``, ``data/io_wait_share``, ``data/skipped``.
+    ``data/augment_busy``, ``data/bytes_per_s``, ``data/io_wait_share``, ``data/skipped``; at each
+    epoch's end, on rank 0, the ranks' spread (:meth:`on_train_epoch_end`).
 
     ``GpuDataModule`` adds one itself (``loader.log_metrics``); give ``loader`` to use it with a
     ``GpuLoader`` in a DataModule of your own."""
@@ -250,11 +252,31 @@ class DataMetrics(pl.Callback):
     def __init__(self, loader: GpuLoader | None = None) -> None:
         self.loader = loader
         self._meter: Meter | None = None
+        self._epoch: Reading | None = None  # the loader's counters when this epoch began
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = self.loader or _train_loader(trainer)
         if loader is not None and (self._meter is None or self._meter.loader is not loader):
             self._meter = Meter(loader)
+        self._epoch = reading(loader) if loader is not None else None
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Every rank's wait for data this epoch, in one collective; rank 0 logs the spread
+        (``data/wait_ms_max``, ``data/wait_ms_median``, ``data/slowest_rank``,
+        ``data/images_per_s_min``) and warns when the slowest rank waited more than twice the
+        median, naming it and its host."""
+        if self._meter is None or self._epoch is None:
+            return
+        epoch = rates(self._epoch, reading(self._meter.loader))
+        rows = gather_rows(RankRow(trainer.global_rank, socket.gethostname(), epoch["wait_ms_per_step"],
+                                   epoch["images_per_s"]))
+        if trainer.global_rank != 0:
+            return
+        numbers, warning = spread(rows)
+        if warning is not None:
+            log.warning("gpupipe: epoch %d: %s", trainer.current_epoch, warning)
+        for logger in trainer.loggers:
+            logger.log_metrics({f"data/{k}": v for k, v in numbers.items()}, step=trainer.global_step)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

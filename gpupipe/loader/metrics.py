@@ -16,7 +16,9 @@ batch, as a share of the time that passed: :func:`rates` turns two :func:`readin
 
 :class:`Meter` keeps the previous reading, so ``meter.read()`` is "since the last call": what
 ``GpuLoader.metrics()`` returns and the Lightning callback (:mod:`gpupipe.lightning`) logs under
-``data/``. Plain data in, plain floats out: nothing here touches a device.
+``data/``; at each epoch's end :func:`gather_rows` and :func:`spread` compare the ranks (the
+slowest rank's wait against the median's, named with its host). Plain data in, plain floats out:
+nothing here touches a device.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Reading", "reading", "rates", "Meter"]
+__all__ = ["Reading", "reading", "rates", "Meter", "RankRow", "spread", "gather_rows"]
 
 
 class _Loader(Protocol):
@@ -87,3 +89,46 @@ class Meter:
         now = reading(self.loader)
         out, self.last = rates(self.last, now), now
         return out
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank's data path over an epoch, as every rank sends it to rank 0."""
+
+    rank: int
+    host: str
+    wait_ms_per_step: float
+    images_per_s: float
+
+
+def spread(rows: list[RankRow], *, factor: float = 2.0, floor_ms: float = 1.0) -> tuple[dict[str, float], str | None]:
+    """The ranks' spread (``wait_ms_max``, ``wait_ms_median``, ``slowest_rank``, ``images_per_s_min``)
+    and a warning when the slowest rank waited more than ``factor`` times the median of the others
+    (and more than ``floor_ms`` a step: microseconds apart are noise), naming it and its host; else
+    ``None``. Under DDP every rank waits for the slowest at each step, so one slow node slows them all."""
+    slow = max(rows, key=lambda r: (r.wait_ms_per_step, -r.rank))
+    others = _median([r.wait_ms_per_step for r in rows if r is not slow]) if len(rows) > 1 else 0.0
+    out = {"wait_ms_max": slow.wait_ms_per_step, "wait_ms_median": _median([r.wait_ms_per_step for r in rows]),
+           "slowest_rank": float(slow.rank), "images_per_s_min": min(r.images_per_s for r in rows)}
+    warn = None
+    if len(rows) > 1 and slow.wait_ms_per_step > max(factor * others, floor_ms):
+        warn = (f"rank {slow.rank} on {slow.host} waited {slow.wait_ms_per_step:.1f} ms a step for data, the other "
+                f"ranks {others:.1f} ms (median): every rank waits for it at each step. Look at that machine's "
+                f"storage, cores and load (docs/tuning.md, \"Is data my bottleneck?\")")
+    return out, warn
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def gather_rows(row: RankRow) -> list[RankRow]:
+    """Every rank's row, on every rank (one collective); ``[row]`` without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [row]
+    rows: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, row)
+    return rows

@@ -2,11 +2,19 @@
 since the previous call; :func:`rates` is plain arithmetic on two readings."""
 from __future__ import annotations
 
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
+from gloo_ranks import run_ranks
 
 from gpupipe import GpuLoader
 from gpupipe.formats.writer import ShardSink
-from gpupipe.loader.metrics import Reading, rates
+from gpupipe.loader.metrics import RankRow, Reading, rates, spread
 from gpupipe.tools.synth import synthetic_jpeg
 
 
@@ -37,3 +45,29 @@ def test_a_plain_loop_reads_the_metrics_since_the_previous_call(tmp_path):
     assert first["images_per_s"] > 0 and first["bytes_per_s"] > 0 and first["decode_busy"] > 0
     assert 0 <= first["wait_share"] <= 1 and first["wait_ms_per_step"] >= 0
     assert loader.metrics()["images_per_s"] == 0.0  # nothing delivered since
+
+
+def test_spread_names_the_rank_that_waits_more_than_twice_the_median():
+    rows = [RankRow(0, "a", 2.0, 900.0), RankRow(1, "b", 2.5, 880.0), RankRow(2, "c", 9.0, 400.0),
+            RankRow(3, "d", 2.2, 890.0)]
+    numbers, warning = spread(rows)
+    assert numbers == {"wait_ms_max": 9.0, "wait_ms_median": 2.35, "slowest_rank": 2.0, "images_per_s_min": 400.0}
+    assert warning is not None and warning.startswith("rank 2 on c waited 9.0 ms a step")
+    assert spread([RankRow(0, "a", 2.0, 1.0), RankRow(1, "b", 3.0, 1.0)])[1] is None  # 1.5x: not a straggler
+    assert spread([RankRow(0, "a", 0.01, 1.0), RankRow(1, "b", 0.5, 1.0)])[1] is None  # under a ms: noise
+    assert spread([RankRow(0, "a", 50.0, 1.0)])[1] is None  # one rank: nobody to wait for
+
+
+@pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py
+def test_two_gloo_ranks_name_the_slowed_one(tmp_path):
+    """Two real processes on gloo, rank 1's data path slowed on purpose: the collective at the end
+    of the pass brings both rows to rank 0, which names rank 1 and its host."""
+    rng = np.random.default_rng(1)
+    with ShardSink(str(tmp_path / "s"), shard_size=16) as sink:
+        for i in range(64):
+            sink.write(f"k{i:03d}", {"jpg": synthetic_jpeg(rng, (20, 20)), "cls": b"0"})
+    out = json.loads(run_ranks(Path(__file__).resolve().parents[1] / "straggler_script.py", 2, timeout=120,
+                               env={**os.environ, "SHARDS": str(tmp_path / "s"), "SLOW_RANK": "1",
+                                    "PYTHONPATH": os.pathsep.join(sys.path)}))
+    assert out["numbers"]["slowest_rank"] == 1.0 and out["numbers"]["wait_ms_max"] >= 20
+    assert out["warning"].startswith(f"rank 1 on {socket.gethostname()} waited")
