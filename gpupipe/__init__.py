@@ -18,7 +18,7 @@ _LAZY = {
     "PipelineConfig": "gpupipe.config.schema:PipelineConfig",
     "DecodeConfig": "gpupipe.decode:DecodeConfig",
     "EncodedLoader": "gpupipe.loader.encoded:EncodedLoader",
-    "StreamConfig": "gpupipe.stream.chunks:StreamConfig",
+    "StreamConfig": "gpupipe.stream.settings:StreamConfig",
     "EncodedBatch": "gpupipe.stream.batch:EncodedBatch",
     "FetchConfig": "gpupipe.storage.fetch:FetchConfig",
     "Source": "gpupipe.sources.source:Source",

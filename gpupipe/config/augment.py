@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupipe.augment.base import config_keys
 from gpupipe.augment.presets import PRESETS
 from gpupipe.augment.registry import TRANSFORMS, build_transform, transform_class
 from gpupipe.config.values import check_keys, suggest
@@ -80,6 +79,8 @@ def parse_spec(item: Any, path: str, registry: Mapping[str, str] = TRANSFORMS) -
         raise ConfigError(f"{path}.name: unknown {name!r}{suggest(str(name), registry)} "
                           f"(supported: {', '.join(sorted(registry))})")
     args = {k: v for k, v in item.items() if k != "name"}
+    from gpupipe.augment.base import config_keys  # (torch: not before a config names a transform)
+
     check_keys(args, config_keys(transform_class(name)), path)
     spec = TransformSpec(name, args)
     try:

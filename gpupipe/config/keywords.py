@@ -28,7 +28,7 @@ from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
 from gpupipe.sources.source import Source
 from gpupipe.storage.fetch import FetchConfig
-from gpupipe.stream.chunks import StreamConfig
+from gpupipe.stream.settings import StreamConfig
 
 __all__ = ["Keyword", "KEYWORDS", "IGNORED", "split_from_options", "keyword_form", "keyword_signature",
            "keyword_help", "check_keywords", "python_transforms"]

@@ -26,10 +26,10 @@ from gpupipe.config.sourcelist import SourceEntry, is_source_list, mixed_source,
 from gpupipe.config.split import SplitConfig
 from gpupipe.config.values import build, check_keys, coerce, join_path, plain, suggest
 from gpupipe.core.errors import ConfigError
-from gpupipe.core.targets import target_kinds
+from gpupipe.core.targetkinds import target_kinds
 from gpupipe.decode import DecodeConfig, ResizeMode
 from gpupipe.sources.classes import check_class_names
-from gpupipe.stream.chunks import StreamConfig
+from gpupipe.stream.settings import StreamConfig
 
 __all__ = ["PipelineConfig", "SourceConfig", "LoaderConfig", "TransformSpec", "Secrets", "BatchFormat",
            "AugmentPlace", "SPLITS", "LIGHTNING_SECTIONS", "load_config", "parse_config", "plain", "preset",

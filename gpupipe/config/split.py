@@ -24,7 +24,7 @@ from gpupipe.core.errors import ConfigError
 from gpupipe.decode import DecodeConfig
 from gpupipe.sources.mixed import MixedSource
 from gpupipe.sources.source import Source
-from gpupipe.stream.chunks import StreamConfig
+from gpupipe.stream.settings import StreamConfig
 
 __all__ = ["SplitConfig"]
 

@@ -21,25 +21,33 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gpupipe.core.errors import ConfigError, MissingDependencyError
-from gpupipe.decode.base import (
-    BACKENDS,
-    BackendSpec,
-    DecodeConfig,
-    DecodedBatch,
-    Decoder,
-    DecodeStats,
-    ResizeMode,
-    register_backend,
-)
+from gpupipe.decode.settings import BACKENDS, BackendSpec, DecodeConfig, ResizeMode, register_backend
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpupipe.decode.base import DecodedBatch, Decoder, DecodeStats
 
 __all__ = ["ResizeMode", "DecodeConfig", "DecodedBatch", "DecodeStats", "Decoder", "BACKENDS", "BackendSpec",
            "register_backend", "make_decoder", "available_backends", "preload"]
 
 log = logging.getLogger(__name__)
+_TENSOR_VALUES = ("DecodedBatch", "Decoder", "DecodeStats")  # gpupipe.decode.base's (torch), imported on first use
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TENSOR_VALUES:
+        return getattr(importlib.import_module("gpupipe.decode.base"), name)
+    raise AttributeError(f"module 'gpupipe.decode' has no attribute {name!r}")
+
+
+def _device(device: torch.device | str | None) -> torch.device:
+    import torch
+
+    return torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _importable(module: str) -> bool:
@@ -56,7 +64,7 @@ def available_backends(device: torch.device) -> list[str]:
 
 def make_decoder(config: DecodeConfig, device: torch.device | str | None = None) -> Decoder:
     """A decoder for ``config.backend`` on ``device`` (default: CUDA if present, else CPU)."""
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _device(device)
     name = config.backend
     if name == "auto":
         found = available_backends(dev)
@@ -80,7 +88,7 @@ def preload(config: DecodeConfig, device: torch.device | str | None = None) -> N
     (its module and its library: DALI's Python side is 0.3-0.45 s of CPU), so that a loader made
     now does not pay it inside its first epoch (docs/benchmarks.md, issue 28). Touches no device
     and never raises: a backend that is missing says so in :func:`make_decoder`, as before."""
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _device(device)
     name = config.backend
     if name == "auto":
         name = next(iter(available_backends(dev)), "")

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
-from gpupipe.core.targets import ragged_rows
+from gpupipe.core.targetkinds import ragged_rows
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, encode_boxes
 from gpupipe.formats.folder import NameList, class_numbering, read_only
 

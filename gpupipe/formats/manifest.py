@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ShardFormatError
-from gpupipe.core.targets import TARGET_KINDS
+from gpupipe.core.targetkinds import TARGET_KINDS
 from gpupipe.core.types import TarMember
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD
 from gpupipe.formats.folder import ObjectTable

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from gpupipe.core.errors import ConfigError
-from gpupipe.core.targets import target_kinds
+from gpupipe.core.targetkinds import target_kinds
 from gpupipe.core.types import StringTable
 from gpupipe.formats.coco import CocoTable
 from gpupipe.formats.folder import NameList

@@ -7,7 +7,16 @@
 
 Imports plan_units, plan, sources, formats, storage and core.
 """
-from gpupipe.stream.batch import EncodedBatch, pack
-from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_units, iter_whole_shards
+import importlib
+from typing import Any
 
 __all__ = ["StreamConfig", "SkipLog", "iter_units", "iter_whole_shards", "EncodedBatch", "pack"]
+
+_WHERE = {"StreamConfig": "settings", "SkipLog": "chunks", "iter_units": "chunks", "iter_whole_shards": "chunks",
+          "EncodedBatch": "batch", "pack": "batch"}  # imported on first use: the room's front door costs no torch
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"gpupipe.stream.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'gpupipe.stream' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupipe.core.errors import ShardFormatError
-from gpupipe.core.targets import ragged_rows
+from gpupipe.core.targetkinds import ragged_rows
 from gpupipe.core.types import Sample
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
 

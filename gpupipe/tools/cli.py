@@ -44,7 +44,7 @@ from types import MappingProxyType
 
 from gpupipe.core.errors import GpupipeError
 from gpupipe.formats.imageheader import MAX_PIXELS
-from gpupipe.tools.cliargs import decode_argument, setting_argument, storage_arguments
+from gpupipe.tools.cliargs import decode_argument, setting_argument, storage_arguments  # (light: see cliargs)
 
 __all__ = ["COMMANDS", "main"]
 
@@ -247,7 +247,7 @@ def _synth_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _synth_run(args: argparse.Namespace) -> int:
-    from gpupipe.core.targets import target_kinds
+    from gpupipe.core.targetkinds import target_kinds
     from gpupipe.tools.synth import write_detection_shards
 
     try:
@@ -366,13 +366,19 @@ _COMMANDS.update({
 COMMANDS = MappingProxyType(_COMMANDS)
 
 
-def _parser() -> _Parser:
+def _parser(argv: Sequence[str] | None = None) -> _Parser:
+    """The command line's parser, with the options of the command ``argv`` names (of every
+    command when ``argv`` is None): ``gpupipe --help`` then builds none, and imports neither torch
+    nor the settings' declarations (issue 38: an answer at once, not after 2 s of imports)."""
     parser = _Parser(prog="gpupipe", description="Stream encoded images from any storage to GPU batches.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details (INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    named = None if argv is None else next((a for a in argv if a in _COMMANDS), "")
     for name, (help_text, add_arguments, _) in _COMMANDS.items():
-        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if named is None or name == named:
+            add_arguments(command)
     return parser
 
 
@@ -393,7 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     try:
-        parser = _parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        parser = _parser(argv)
         args, extra = parser.parse_known_args(argv)
         if extra and args.command not in PASS_THROUGH:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

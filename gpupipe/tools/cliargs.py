@@ -2,15 +2,13 @@
 ``--storage-option KEY=VALUE``, and the flags of loader settings (``--batch-size``,
 ``--image-size``, ``--workers``, ``--decode``), whose type, YAML key and declared default come from
 the settings' one declaration (:data:`gpupipe.config.keywords.KEYWORDS`). Commands import them from
-here, never from one another."""
+here, never from one another. The settings' declarations (which import torch) are read only by
+the commands that have such flags, when their parser is built: ``gpupipe --help`` imports neither."""
 from __future__ import annotations
 
 import argparse
 import json
 from typing import Any
-
-from gpupipe.config.keywords import KEYWORDS
-from gpupipe.decode import BACKENDS
 
 __all__ = ["key_value", "device_option", "storage_arguments", "setting_argument", "decode_argument"]
 
@@ -59,6 +57,8 @@ def setting_argument(p: argparse._ActionsContainer, name: str, *flags: str, defa
     """The flag of the loader setting ``name`` (a ``GpuLoader`` keyword, e.g. ``batch_size``): its type
     and YAML key come from the declaration; ``default`` is the command's own (None: the declared one
     applies; ``default_text`` says it in words). ``args.<name>`` holds the value."""
+    from gpupipe.config.keywords import KEYWORDS
+
     keyword = KEYWORDS[name]
     kind = _TYPES[str(keyword.annotation).split("|")[0].strip()]
     shown = default_text or (default if default is not None else keyword.default)
@@ -69,4 +69,6 @@ def setting_argument(p: argparse._ActionsContainer, name: str, *flags: str, defa
 def decode_argument(p: argparse.ArgumentParser, default: str | None = "auto", what: str = "decode backend") -> None:
     """``--decode``: ``auto`` or one of the decode backends (``decode.backend``)."""
     shown = default or "the config's"
+    from gpupipe.decode import BACKENDS
+
     p.add_argument("--decode", default=default, choices=["auto", *BACKENDS], help=f"{what} (decode.backend; default {shown})")

@@ -12,8 +12,8 @@ import torch
 from gpupipe.core.errors import ConfigError
 from gpupipe.core.types import Sample
 from gpupipe.decode import BACKENDS, BackendSpec, DecodeConfig, available_backends, make_decoder, register_backend
-from gpupipe.decode.base import _BACKENDS
 from gpupipe.decode.pil import PilDecoder
+from gpupipe.decode.settings import _BACKENDS
 from gpupipe.stream.batch import pack
 
 
