@@ -63,6 +63,8 @@ class LoaderStats:
     bytes: int = 0
     skipped: int = 0
     io_wait_s: float = 0.0  # in workers, waiting for storage
+    requests: int = 0  # storage requests the workers made
+    cache_hits: int = 0  # blocks the workers' block cache answered (fetch.cache_dir)
     wait_s: float = 0.0  # in the main process, waiting for a batch from the workers
     # a mix of sources: samples of each source delivered this epoch, in source order (the ledger's
     # count, which state_dict() saves); [] for one source
@@ -115,14 +117,16 @@ class EncodedDataset(IterableDataset):
         spec, b = self.spec, self.spec.batch_size
         mine = self.units(world)
         skips = SkipLog()
-        wait0 = 0.0
+        f = fetcher.stats
+        wait0, requests0, hits0 = 0.0, f.requests, f.cache_hits
         for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
                                       on_error=self.stream.on_error, skips=skips):
             for i in range(unit.num_batches):
                 batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
                                    epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i)
-                yield replace(self._finish(batch), skipped=skips.count, io_wait_s=fetcher.stats.wait_s - wait0)
-                skips.count, wait0 = 0, fetcher.stats.wait_s
+                yield replace(self._finish(batch), skipped=skips.count, io_wait_s=f.wait_s - wait0,
+                              requests=f.requests - requests0, cache_hits=f.cache_hits - hits0)
+                skips.count, wait0, requests0, hits0 = 0, f.wait_s, f.requests, f.cache_hits
 
     def _whole_shards(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
@@ -357,6 +361,8 @@ class EncodedLoader:
         s.bytes += batch.nbytes
         s.skipped += batch.skipped
         s.io_wait_s += batch.io_wait_s
+        s.requests += batch.requests
+        s.cache_hits += batch.cache_hits
 
     # -- resume ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -12,6 +12,8 @@ batch, as a share of the time that passed: :func:`rates` turns two :func:`readin
   (their shares overlap: the stages run at once);
 * ``bytes_per_s``: encoded bytes from the workers per second (what storage gave);
 * ``io_wait_share``: the workers' wait for storage over the wall time, summed over workers;
+* ``requests_per_s`` and ``cache_hit_rate``: storage requests per second, and the share of blocks
+  the block cache (``fetch.cache_dir``) answered (0 without a cache);
 * ``skipped``: samples replaced since the start (cumulative).
 
 :class:`Meter` keeps the previous reading, so ``meter.read()`` is "since the last call": what
@@ -47,6 +49,8 @@ class Reading:
     bytes: int
     io_wait_s: float
     skipped: int
+    requests: int = 0
+    cache_hits: int = 0
 
 
 def reading(loader: _Loader) -> Reading:
@@ -54,7 +58,7 @@ def reading(loader: _Loader) -> Reading:
     s, e = loader.stats, loader.encoded.stats
     return Reading(t=time.perf_counter(), batches=s.batches, images=s.images, wait_s=s.handoff_wait_s,
                    decode_s=s.decode_s, augment_s=s.augment_s, bytes=e.bytes, io_wait_s=e.io_wait_s,
-                   skipped=s.skipped)
+                   skipped=s.skipped, requests=e.requests, cache_hits=e.cache_hits)
 
 
 def rates(before: Reading, after: Reading) -> dict[str, float]:
@@ -66,7 +70,7 @@ def rates(before: Reading, after: Reading) -> dict[str, float]:
         a, b = getattr(after, name), getattr(before, name)
         return a - b if a >= b else a
 
-    batches = delta("batches")
+    batches, requests, hits = delta("batches"), delta("requests"), delta("cache_hits")
     per_s = (lambda x: x / dt) if dt > 0 else (lambda x: 0.0)
     return {"images_per_s": per_s(delta("images")),
             "wait_ms_per_step": 1000.0 * delta("wait_s") / batches if batches else 0.0,
@@ -75,6 +79,8 @@ def rates(before: Reading, after: Reading) -> dict[str, float]:
             "augment_busy": per_s(delta("augment_s")),
             "bytes_per_s": per_s(delta("bytes")),
             "io_wait_share": per_s(delta("io_wait_s")),
+            "requests_per_s": per_s(requests),
+            "cache_hit_rate": hits / (hits + requests) if hits + requests else 0.0,
             "skipped": float(after.skipped)}
 
 

@@ -99,6 +99,8 @@ class EncodedBatch:
     batch: int = -1
     skipped: int = 0  # samples replaced by placeholders since the worker's previous batch
     io_wait_s: float = 0.0  # time the worker waited for storage since its previous batch
+    requests: int = 0  # storage requests the worker made since its previous batch
+    cache_hits: int = 0  # blocks the worker's block cache answered since its previous batch
     targets: EncodedTargets | None = None
     sizes: torch.Tensor | None = None  # None: offsets[i+1] - offsets[i] (packed by hand)
     stride: int = 0

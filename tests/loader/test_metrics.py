@@ -20,12 +20,13 @@ from gpupipe.tools.synth import synthetic_jpeg
 
 def test_rates_between_two_readings():
     a = Reading(t=10.0, batches=4, images=100, wait_s=0.5, decode_s=1.0, augment_s=0.2, bytes=1000, io_wait_s=0.1,
-                skipped=1)
+                skipped=1, requests=10, cache_hits=0)
     b = Reading(t=12.0, batches=8, images=300, wait_s=1.5, decode_s=2.0, augment_s=1.2, bytes=5000, io_wait_s=0.5,
-                skipped=3)
+                skipped=3, requests=14, cache_hits=12)
     r = rates(a, b)
     assert r == {"images_per_s": 100.0, "wait_ms_per_step": 250.0, "wait_share": 0.5, "decode_busy": 0.5,
-                 "augment_busy": 0.5, "bytes_per_s": 2000.0, "io_wait_share": 0.2, "skipped": 3.0}
+                 "augment_busy": 0.5, "bytes_per_s": 2000.0, "io_wait_share": 0.2, "requests_per_s": 2.0,
+                 "cache_hit_rate": 0.75, "skipped": 3.0}
     reset = Reading(t=13.0, batches=1, images=10, wait_s=0.1, decode_s=0.1, augment_s=0.0, bytes=10, io_wait_s=0.0,
                     skipped=0)
     assert rates(b, reset)["images_per_s"] == 10.0  # counters that went back (stats reset) count from zero
@@ -71,3 +72,21 @@ def test_two_gloo_ranks_name_the_slowed_one(tmp_path):
                                     "PYTHONPATH": os.pathsep.join(sys.path)}))
     assert out["numbers"]["slowest_rank"] == 1.0 and out["numbers"]["wait_ms_max"] >= 20
     assert out["warning"].startswith(f"rank 1 on {socket.gethostname()} waited")
+
+
+def test_the_workers_storage_requests_and_cache_hits_reach_the_loader(tmp_path):
+    """FetchStats lived in the worker: now every batch carries its requests and cache hits, and the
+    second epoch over a block cache is all hits (``cache_hit_rate`` 1)."""
+    rng = np.random.default_rng(0)
+    with ShardSink(str(tmp_path / "s"), shard_size=16) as sink:
+        for i in range(32):
+            sink.write(f"k{i:03d}", {"jpg": synthetic_jpeg(rng, (20, 20)), "cls": b"0"})
+    loader = GpuLoader(str(tmp_path / "s"), batch_size=8, image_size=(16, 16), decode="pil", device="cpu",
+                       num_workers=1, cache_dir=str(tmp_path / "cache"), block_bytes=1 << 16)
+    for _ in loader:
+        pass
+    first = loader.metrics()
+    assert first["requests_per_s"] > 0 and 0 < first["cache_hit_rate"] < 1  # blocks fetched, then read from the cache
+    for _ in loader:
+        pass
+    assert loader.metrics()["cache_hit_rate"] == 1.0 and loader.encoded.stats.requests == 2
