@@ -72,12 +72,7 @@ def test_resume_mid_epoch_delivers_exactly_the_rest(dataset_url, stop_after, wor
     expected = sorted(epoch_ids(full))
     first = EncodedLoader(dataset_url, batch_size=4, num_workers=2, seed=1, rank=0, world_size=1)
     first.set_epoch(2)
-    seen = []
-    for n, b in enumerate(first):
-        seen += ids_of(b)
-        if n + 1 == stop_after:
-            break
-    state = pickle.loads(pickle.dumps(first.state_dict()))
+    seen, state = read_then_save(first, stop_after)
     resumed = EncodedLoader(dataset_url, batch_size=4, num_workers=workers_after, seed=1, rank=0, world_size=1)
     resumed.load_state_dict(state)
     rest = epoch_ids(resumed)
@@ -314,3 +309,14 @@ def test_padding_repeat_of_a_bad_sample_is_counted_once(tmp_path, bad):
     assert [b.sample_ids.tolist() for b in batches] == [[0, 1, 2, 0]]  # rank 0 holds 0 and 1; 2 and 0 repeated
     assert [b.valid.tolist() for b in batches] == [[False, True, False, False]]  # 0 bad, then padding
     assert loader.stats.skipped == 1
+
+
+def read_then_save(loader, batches: int) -> tuple[list[int], dict]:
+    """The ids of ``loader``'s first ``batches`` batches, and its state then (through pickle, as a
+    checkpoint keeps it)."""
+    seen = []
+    for n, b in enumerate(loader):
+        seen += ids_of(b)
+        if n + 1 == batches:
+            break
+    return seen, pickle.loads(pickle.dumps(loader.state_dict()))

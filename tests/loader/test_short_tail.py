@@ -4,12 +4,12 @@ invalid) stays only where ranks need equal steps."""
 from __future__ import annotations
 
 import importlib.util
-import pickle
 
 import numpy as np
 import pytest
 import torch
 from datagen import ids_of, write_dataset
+from test_loader import read_then_save
 
 import gpupipe.transforms as T
 from gpupipe import GpuLoader
@@ -81,12 +81,7 @@ def test_70_samples_at_batch_32_give_32_32_6_each_once(shards70, workers):
 @pytest.mark.parametrize("stop_after", [1, 2])
 def test_a_mid_epoch_resume_delivers_the_rest_with_the_short_batch_last(shards70, stop_after):
     first = encoded(shards70, num_workers=2, seed=3)
-    seen = []
-    for n, b in enumerate(first):
-        seen += ids_of(b)
-        if n + 1 == stop_after:
-            break
-    state = pickle.loads(pickle.dumps(first.state_dict()))
+    seen, state = read_then_save(first, stop_after)
     resumed = encoded(shards70, num_workers=2, seed=3)
     resumed.load_state_dict(state)
     assert len(resumed) == 3
