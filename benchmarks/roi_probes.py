@@ -196,31 +196,31 @@ def resize(folder: str) -> None:
             print(f"{h}x{w} -> {out[0]}x{out[1]}")
             _rounds(kernels, BATCH)
 
-    sequential = rs.resize_boxes
+    sequential = rs.crop_and_resize
 
     def rows_on_pool(decoder):
-        def resize_boxes(images, start, end, relative, size, **_):
+        def crop_and_resize(images, start, end, relative, size, **_):
             out = torch.empty((len(images), *size, 3), dtype=torch.uint8)
-            def one(i):  # resize_boxes runs torch on one thread in the pool's thread too
+            def one(i):  # crop_and_resize runs torch on one thread in the pool's thread too
                 out[i] = sequential(images[i:i + 1], start[i:i + 1], end[i:i + 1], relative, size)[0]
             list(decoder._pool.map(one, range(len(images))))
             return out
-        return resize_boxes
+        return crop_and_resize
 
     @contextlib.contextmanager
     def way(name, decoder):
         if name == "DALI fn.resize":
             dali.TORCH_RESIZES_ON_CPU = False
         elif name == "torch, 1 thread":
-            dali.resize_boxes = lambda *a, executor=None, parts=1, **k: sequential(*a, **k)
+            dali.crop_and_resize = lambda *a, executor=None, parts=1, **k: sequential(*a, **k)
         elif name == "torch, 2 threads":
-            dali.resize_boxes = lambda *a, executor=None, parts=1, **k: _resize_rows_on(2, *a, **k)
+            dali.crop_and_resize = lambda *a, executor=None, parts=1, **k: _resize_rows_on(2, *a, **k)
         elif name == "torch, rows on the pool":
-            dali.resize_boxes = rows_on_pool(decoder)
+            dali.crop_and_resize = rows_on_pool(decoder)
         try:
             yield
         finally:
-            dali.TORCH_RESIZES_ON_CPU, dali.resize_boxes = True, sequential
+            dali.TORCH_RESIZES_ON_CPU, dali.crop_and_resize = True, sequential
 
     files = sorted(Path(folder).rglob("*.jpg"))[:1024]
     samples = [Sample(key=str(f), fields={"jpg": f.read_bytes()}, sample_id=i, label=0) for i, f in enumerate(files)]
@@ -243,7 +243,7 @@ def resize(folder: str) -> None:
 
 
 def _resize_rows_on(threads: int, images, start, end, relative, size):
-    """gpupipe.decode.resize.resize_boxes' loop on ``threads`` torch threads instead of one."""
+    """gpupipe.decode.resize.crop_and_resize' loop on ``threads`` torch threads instead of one."""
     import torch
     import torch.nn.functional as F
 

@@ -44,7 +44,7 @@ from gpupipe.decode.base import DecodeConfig, DecodedBatch, DecodeStats, ResizeM
 from gpupipe.decode.common import StandIn, crop_first, decode_threads, finish, prepare
 from gpupipe.decode.gate import gpu_region_decode_safe, nvimgcodec_version, route, route_probed
 from gpupipe.decode.pil import decode_many, pool
-from gpupipe.decode.resize import resize_boxes
+from gpupipe.decode.resize import crop_and_resize
 from gpupipe.decode.roi import any_partial, dali_slices
 from gpupipe.decode.targets import start_targets
 
@@ -142,7 +142,7 @@ class DaliDecoder:
     @property
     def _boxes_in_pixels(self) -> bool:
         """Whether torch resizes ``shorter`` boxes on the CPU: then they stay float64 image
-        pixels and the window starts at the image's corner (:func:`gpupipe.decode.resize.resize_boxes`,
+        pixels and the window starts at the image's corner (:func:`gpupipe.decode.resize.crop_and_resize`,
         ``past_box``), so a fractional box loses nothing to float32."""
         return not self._dali_resizes and self.config.resize is ResizeMode.SHORTER
 
@@ -306,7 +306,7 @@ class DaliDecoder:
         if self._dali_resizes or "roi_start" not in placement or size is None:
             return _to_torch(out, self.device, self._refcounted)
         decoded = [np.asarray(out[i]) for i in range(len(out))]  # views of DALI's buffer, read before the next run
-        return resize_boxes(decoded, placement["roi_start"], placement["roi_end"],
+        return crop_and_resize(decoded, placement["roi_start"], placement["roi_end"],
                             relative="win_start" in placement and not self._boxes_in_pixels, size=size,
                             executor=self._pool, parts=decode_threads(self.config), past_box=self._boxes_in_pixels)
 

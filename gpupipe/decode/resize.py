@@ -19,10 +19,10 @@ import torch.nn.functional as F
 
 from gpupipe.core.machine import this_threads_intraop
 
-__all__ = ["resize_boxes"]
+__all__ = ["crop_and_resize"]
 
 
-def resize_boxes(images: Sequence[np.ndarray], start: np.ndarray, end: np.ndarray, relative: bool,
+def crop_and_resize(images: Sequence[np.ndarray], start: np.ndarray, end: np.ndarray, relative: bool,
                  size: tuple[int, int], executor: Executor | None = None, parts: int = 1,
                  past_box: bool = False) -> torch.Tensor:
     """(B, h, w, 3) uint8: row i is the box ``start[i]``..``end[i]`` ((y, x), relative to

@@ -178,20 +178,6 @@ class GpuLoader:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
-    def time_epochs(self, epochs: int) -> float:
-        """Run one warm-up epoch (worker start, decoder build), reset ``stats``, then time
-        ``epochs`` epochs; returns their wall seconds (``stats`` holds their stages)."""
-        for _ in self:
-            pass
-        self.stats = StageStats()
-        if self.timeline is not None:
-            self.timeline.clear()
-        t0 = time.perf_counter()
-        for _ in range(epochs):
-            for _ in self:
-                pass
-        return time.perf_counter() - t0
-
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Generator[DecodedBatch, None, None]:  # close() stops the stage threads
         ledger = self.ledger

@@ -64,7 +64,9 @@ def run_demo(root: str = "demo-data", *, images: int = 2000, size: int = 250, sh
     else:
         loader = _loader(shards, batch_size=batch_size, image_size=image_size, num_workers=num_workers,
                          decode=decode, augment=augment)
-    seconds = loader.time_epochs(epochs - 1)
+    from gpupipe.tools.bench.measure import time_epochs
+
+    seconds = time_epochs(loader, epochs - 1)
     return DemoResult(images=loader.encoded.spec.num_samples, shards=len(loader.encoded.source.shard_urls),
                       batch_size=loader.encoded.spec.batch_size, num_workers=loader.encoded.num_workers,
                       backend=loader.decoder.name, device=str(loader.device), epochs=epochs - 1, seconds=seconds,

@@ -12,7 +12,7 @@ from PIL import Image
 
 from gpupipe.core.types import Sample
 from gpupipe.decode import DecodeConfig, make_decoder
-from gpupipe.decode.resize import resize_boxes
+from gpupipe.decode.resize import crop_and_resize
 from gpupipe.stream.batch import pack
 
 
@@ -35,7 +35,7 @@ def _pillow(image: np.ndarray, box, size) -> np.ndarray:
 def test_each_box_is_pillows_resize_of_the_cropped_box(size):
     images = [_image(60, 80, 1), _image(75, 50, 2), _image(60, 80, 3)]
     boxes = np.array([[0, 0, 60, 80], [10, 5, 61, 44], [7, 13, 19, 77]])  # (top, left, bottom, right)
-    got = resize_boxes(images, boxes[:, :2], boxes[:, 2:], relative=False, size=size)
+    got = crop_and_resize(images, boxes[:, :2], boxes[:, 2:], relative=False, size=size)
     assert got.dtype == torch.uint8 and tuple(got.shape) == (3, *size, 3)
     for i, (image, box) in enumerate(zip(images, boxes)):
         diff = np.abs(got[i].numpy().astype(int) - _pillow(image, box, size))
@@ -47,13 +47,13 @@ def test_relative_boxes_land_on_the_same_pixels_as_absolute_ones():
     boxes = np.array([[2, 2, 66, 64], [0, 31, 41, 90]], np.float64)
     extent = np.array([im.shape[:2] for im in images], np.float64)
     start, end = (boxes[:, :2] / extent).astype(np.float32), (boxes[:, 2:] / extent).astype(np.float32)  # float32 error
-    absolute = resize_boxes(images, boxes[:, :2], boxes[:, 2:], relative=False, size=(20, 20))
-    assert torch.equal(resize_boxes(images, start, end, relative=True, size=(20, 20)), absolute)
+    absolute = crop_and_resize(images, boxes[:, :2], boxes[:, 2:], relative=False, size=(20, 20))
+    assert torch.equal(crop_and_resize(images, start, end, relative=True, size=(20, 20)), absolute)
 
 
 def test_a_box_of_the_output_size_is_copied_and_a_box_past_the_edge_is_clipped():
     image = _image(30, 40, 6)
-    got = resize_boxes([image, image], np.array([[5, 7], [-3, -3]]), np.array([[25, 31], [33, 43]]),
+    got = crop_and_resize([image, image], np.array([[5, 7], [-3, -3]]), np.array([[25, 31], [33, 43]]),
                        relative=False, size=(20, 24))
     assert torch.equal(got[0], torch.from_numpy(image[5:25, 7:31]))
     assert np.abs(got[1].numpy().astype(int) - _pillow(image, (0, 0, 30, 40), (20, 24))).max() <= 1
@@ -99,8 +99,8 @@ def test_runs_on_a_pool_give_the_rows_of_one_thread():
     images = [_image(40 + 3 * i, 50 + 2 * i, i) for i in range(7)]
     start = np.array([[i, 2 * i] for i in range(7)])
     end = np.array([[im.shape[0] - i, im.shape[1] - 1] for i, im in enumerate(images)])
-    want = resize_boxes(images, start, end, relative=False, size=(16, 24))
+    want = crop_and_resize(images, start, end, relative=False, size=(16, 24))
     with ThreadPoolExecutor(3) as pool:
         for parts in (2, 3, 9):
-            got = resize_boxes(images, start, end, relative=False, size=(16, 24), executor=pool, parts=parts)
+            got = crop_and_resize(images, start, end, relative=False, size=(16, 24), executor=pool, parts=parts)
             assert torch.equal(got, want), parts

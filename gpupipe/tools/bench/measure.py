@@ -180,3 +180,23 @@ def children_cpu() -> float:
         fields = stat[stat.rindex(")") + 2:].split()
         total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def time_epochs(loader: Any, epochs: int) -> float:
+    """Run one warm-up epoch of a ``GpuLoader`` (worker start, decoder build), reset its ``stats``
+    (and its ``timeline``, where the bench installed one), then time ``epochs`` epochs: their wall
+    seconds (``loader.stats`` holds their stages). Benchmark instrumentation: here, not in the loader."""
+    import time
+
+    from gpupipe.loader.gpu import StageStats
+
+    for _ in loader:
+        pass
+    loader.stats = StageStats()
+    if loader.timeline is not None:
+        loader.timeline.clear()
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for _ in loader:
+            pass
+    return time.perf_counter() - t0

@@ -23,7 +23,7 @@ def write_trace(timeline: list[tuple[str, float, float]], path: str) -> None:
 
 
 def _time_epochs(loader, epochs: int) -> tuple[float, set[str]]:
-    """``loader.time_epochs(epochs)``, and the keys of the distinct samples its timed epochs replaced
+    """:func:`~gpupipe.tools.bench.measure.time_epochs`, and the keys of the distinct samples its timed epochs replaced
     (``stats.skipped`` counts a bad sample once per epoch that meets it). The keys are read after
     the timed loop: no device sync in it."""
     from gpupipe.loader.gpu import StageStats
