@@ -137,9 +137,9 @@ def _make_data(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, configs: list[str]) -> int:
+    from gpupipe.tools.bench.cases import config_cases, describe_case, source_cases
     from gpupipe.tools.bench.measure import environment, gpu_note
     from gpupipe.tools.bench.runner import RunSpec, run_benchmark, validate
-    from gpupipe.tools.bench.targets import config_targets, describe_target, source_targets
 
     compare = tuple(n.strip() for n in (args.compare or "").split(",") if n.strip())
     spec = RunSpec(loaders=("gpupipe", *[c for c in compare if c != "gpupipe"]),
@@ -148,7 +148,7 @@ def _compare(args: argparse.Namespace, configs: list[str]) -> int:
                    per_sample=args.per_sample)
     if spec.repeat < 1 or (spec.batches is not None and spec.batches < 1):
         raise ConfigError("bench: --repeat and --batches must be >= 1")
-    targets = config_targets(configs, args) if configs else source_targets(args.targets[0], args)
+    targets = config_cases(configs, args) if configs else source_cases(args.targets[0], args)
     validate(targets, spec)
     result = run_benchmark(targets, spec, progress=None if args.json == "-" else _print_row)
     if args.json != "-" and spec.workers == (None,):
@@ -157,7 +157,7 @@ def _compare(args: argparse.Namespace, configs: list[str]) -> int:
     note = gpu_note()
     result["meta"] = {"command": "gpupipe bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None,
                       "environment": environment(), "spec": {**vars(spec), "loaders": list(spec.loaders)},
-                      "targets": [describe_target(t) for t in targets], "notes": [note] if note else []}
+                      "targets": [describe_case(t) for t in targets], "notes": [note] if note else []}
     _write(result, args)
     return 0
 

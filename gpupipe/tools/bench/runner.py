@@ -31,14 +31,14 @@ from gpupipe.core.errors import ConfigError
 from gpupipe.tools.bench.measure import Sampler, children_cpu, cpu_seconds, gpu_note, thread_cpu
 from gpupipe.tools.bench.steps import Step
 
-__all__ = ["LOADERS", "Target", "RunSpec", "run_benchmark", "validate", "check_loaders"]
+__all__ = ["LOADERS", "BenchCase", "RunSpec", "run_benchmark", "validate", "check_loaders"]
 
 log = logging.getLogger(__name__)
 LOADERS = ("gpupipe", "baseline", "webdataset", "dali")
 
 
 @dataclass(frozen=True)
-class Target:
+class BenchCase:
     """One transform set on one dataset. ``make_gpupipe(num_workers, device)`` builds the
     gpupipe loader; the baselines read ``shards`` (local tar paths) or, for an image folder read
     in place (``kind`` ``folder``), its images directly (``items``: the folder's own listing, the
@@ -95,7 +95,7 @@ def _per_core(workers: int | None) -> int:
     return _cores() if workers is None else workers
 
 
-def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_gpupipe(target: BenchCase, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.loader.gpu import StageStats
 
     loader = target.make_gpupipe(workers, spec.device)
@@ -125,7 +125,7 @@ def _open_gpupipe(target: Target, workers: int | None, spec: RunSpec, ctx: dict)
     return _Opened(stream, info, stats, reset)
 
 
-def _open_baseline(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_baseline(target: BenchCase, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.tools.bench.baselines import folder_items, new_counts, shard_items, torch_batches
 
     workers = _per_core(workers)
@@ -144,7 +144,7 @@ def _open_baseline(target: Target, workers: int | None, spec: RunSpec, ctx: dict
                    info, lambda: dict(counts), lambda: counts.update(new_counts()))
 
 
-def _open_webdataset(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_webdataset(target: BenchCase, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     from gpupipe.tools.bench.baselines import new_counts, webdataset_batches
 
     workers = _per_core(workers)
@@ -158,7 +158,7 @@ def _open_webdataset(target: Target, workers: int | None, spec: RunSpec, ctx: di
                    lambda: counts.update(new_counts()))
 
 
-def _open_dali(target: Target, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
+def _open_dali(target: BenchCase, workers: int | None, spec: RunSpec, ctx: dict) -> _Opened:
     import torch
 
     from gpupipe.tools.bench.dali import dali_batches, write_index
@@ -257,7 +257,7 @@ def _record(runs: _Runs, r: dict) -> None:
         runs.stages.append(r["stages"])
 
 
-def _row(target: Target, loader: str, workers: int | None, opened: _Opened, runs: _Runs) -> dict:
+def _row(target: BenchCase, loader: str, workers: int | None, opened: _Opened, runs: _Runs) -> dict:
     med = statistics.median
     ran_with = opened.info.get("num_workers", opened.info.get("num_threads"))
     row: dict[str, Any] = {
@@ -286,7 +286,7 @@ def _stages_per_image(stages: list[dict]) -> dict:
             for k in keys}
 
 
-def _sweep(target: Target, spec: RunSpec, workers: int | None, ctx: dict, batches: int) -> list[dict]:
+def _sweep(target: BenchCase, spec: RunSpec, workers: int | None, ctx: dict, batches: int) -> list[dict]:
     opened = {name: _OPENERS[name](target, workers, spec, ctx) for name in spec.loaders}
     for name, o in opened.items():
         log.info("warm-up: %s, %s, %s worker(s)", target.name, name, "default" if workers is None else workers)
@@ -301,7 +301,7 @@ def _sweep(target: Target, spec: RunSpec, workers: int | None, ctx: dict, batche
     return [_row(target, name, workers, opened[name], runs[name]) for name in spec.loaders]
 
 
-def run_benchmark(targets: list[Target], spec: RunSpec, progress: Callable[[dict], None] | None = None) -> dict:
+def run_benchmark(targets: list[BenchCase], spec: RunSpec, progress: Callable[[dict], None] | None = None) -> dict:
     """Run every target × worker count × loader; returns ``{"meta": ..., "results": [...]}``."""
     from gpupipe.tools.bench.persample import build_per_sample
 
@@ -323,7 +323,7 @@ def run_benchmark(targets: list[Target], spec: RunSpec, progress: Callable[[dict
     return {"meta": {}, "results": rows}
 
 
-def validate(targets: list[Target], spec: RunSpec) -> None:
+def validate(targets: list[BenchCase], spec: RunSpec) -> None:
     """Fail before anything runs: unknown loaders, steps a chosen baseline cannot run."""
     from gpupipe.tools.bench.dali import check_dali
     from gpupipe.tools.bench.steps import check_supported
@@ -337,7 +337,7 @@ def validate(targets: list[Target], spec: RunSpec) -> None:
             check_dali(t.steps)
 
 
-def _check_kind(target: Target, loaders: tuple[str, ...]) -> None:
+def _check_kind(target: BenchCase, loaders: tuple[str, ...]) -> None:
     """Refuse a baseline that cannot read the target's source: webdataset and DALI read tar shards,
     the torch baseline tar shards or an image folder's files (not Parquet)."""
     if target.kind == "tar":

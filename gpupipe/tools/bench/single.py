@@ -44,8 +44,8 @@ def _time_epochs(loader, epochs: int) -> tuple[float, set[str]]:
 
 def run_single(args: argparse.Namespace) -> int:
     from gpupipe.loader.gpu import GpuLoader
+    from gpupipe.tools.bench.cases import set_names
     from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline
-    from gpupipe.tools.bench.targets import set_names
 
     (name,) = set_names(args.augment)[:1] or ("none",)
     image_size = args.image_size or 224

@@ -1,4 +1,4 @@
-"""What to bench: :class:`~gpupipe.tools.bench.runner.Target` objects from configs or a source.
+"""What to bench: :class:`~gpupipe.tools.bench.runner.BenchCase` objects from configs or a source.
 
 From a config (``gpupipe.config.schema.load_config``): its train source, ``decode.image_size``,
 ``augment`` specs, ``loader.batch_size`` and seed; gpupipe's loader is
@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 
 from gpupipe.core.errors import ConfigError
-from gpupipe.tools.bench.runner import Target
+from gpupipe.tools.bench.runner import BenchCase
 from gpupipe.tools.bench.steps import SETS, gpupipe_pipeline, steps_of
 
-__all__ = ["set_names", "source_targets", "config_targets", "describe_target"]
+__all__ = ["set_names", "source_cases", "config_cases", "describe_case"]
 
 
 def set_names(text: str) -> list[str]:
@@ -72,7 +72,7 @@ def _images_dir(local: _Local, given: str | None) -> str | None:
     return str(beside) if beside.is_dir() else None
 
 
-def describe_target(self: Target) -> dict:
+def describe_case(self: BenchCase) -> dict:
     return {"name": self.name, "kind": self.kind, "shards": len(self.shards), "first_shard": self.shards[0],
             "images_dir": self.images_dir, "num_samples": self.num_samples, "image_size": list(self.image_size),
             "batch_size": self.batch_size, "augment": [{"name": n, **a} for n, a in self.steps],
@@ -92,7 +92,7 @@ def _dataset_summary(shard: str) -> dict | None:
                                  "mean_pixels") if k in data}
 
 
-def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
+def source_cases(source: str, args: argparse.Namespace) -> list[BenchCase]:
     from gpupipe.loader.gpu import GpuLoader
 
     local = _local_data(source, args.storage_options and dict(args.storage_options))
@@ -105,13 +105,13 @@ def source_targets(source: str, args: argparse.Namespace) -> list[Target]:
                              num_workers=workers, storage_options=dict(args.storage_options), rank=0, world_size=1,
                              on_error="skip", augment=gpupipe_pipeline(steps), seed=args.seed)
 
-        targets.append(Target(name, local.paths, (size, size), batch, SETS[name], make,
+        targets.append(BenchCase(name, local.paths, (size, size), batch, SETS[name], make,
                               _images_dir(local, args.images_dir), local.num_samples, args.seed, on_error="skip",
                               kind=local.kind, items=local.items))
     return targets
 
 
-def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
+def config_cases(paths: list[str], args: argparse.Namespace) -> list[BenchCase]:
     from gpupipe.config.schema import load_config
 
     targets = []
@@ -134,7 +134,7 @@ def config_targets(paths: list[str], args: argparse.Namespace) -> list[Target]:
             split = split if workers is None else dataclasses.replace(split, num_workers=workers)
             return GpuLoader(split, world=World(), device=device)
 
-        targets.append(Target(Path(path).stem, local.paths, cfg.decode.image_size, cfg.loader.batch_size,
+        targets.append(BenchCase(Path(path).stem, local.paths, cfg.decode.image_size, cfg.loader.batch_size,
                               steps_of(cfg.augment), make, _images_dir(local, args.images_dir), local.num_samples,
                               cfg.seed, on_error=str(getattr(cfg.decode.on_error, "value", cfg.decode.on_error)),
                               kind=local.kind, items=local.items))
