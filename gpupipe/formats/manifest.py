@@ -31,6 +31,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -123,6 +124,7 @@ class Manifest:
     objects: ObjectTable | None = None
     parquet: RowGroupTable | None = None
     targets: tuple[str, ...] | None = None
+    prepared: Mapping[str, Any] | None = field(default=None, compare=False)  # what ingest did (e.g. re-encoding)
 
     def __post_init__(self) -> None:
         if (self.objects is not None) + (self.parquet is not None) + bool(self.shards) > 1:
@@ -181,6 +183,8 @@ class Manifest:
         }
         if self.targets is not None:
             doc["targets"] = list(self.targets)
+        if self.prepared:
+            doc["prepared"] = dict(self.prepared)
         if self.objects is not None:
             doc.update(kind="folder", objects=self.objects.to_dict())
         elif self.parquet is not None:
@@ -221,7 +225,8 @@ class Manifest:
         for s in shards:
             if "/" in s.name and ".." in s.name.split("/") or s.name.startswith("/"):
                 raise ShardFormatError(f"shard name {s.name!r} escapes the manifest's folder", shard=source)
-        return cls(shards=shards, classes=classes, targets=targets)
+        prepared = doc.get("prepared")
+        return cls(shards=shards, classes=classes, targets=targets, prepared=prepared if isinstance(prepared, dict) else None)
 
 
 def _kinds(value, where: str) -> tuple[str, ...]:

@@ -58,9 +58,11 @@ class ShardSink:
                                        crc32=self._writer.crcs, targets=self._held))
         self._buf, self._writer, self._held = None, None, set()
 
-    def close(self) -> Manifest:
+    def close(self, prepared: Mapping[str, Any] | None = None) -> Manifest:
+        """Write the last shard, then ``index.json`` (``prepared``: what the writer's caller did to
+        the samples, recorded there), which makes the dataset visible."""
         self._flush()
-        manifest = Manifest(shards=tuple(self.entries), classes=tuple(self.classes))
+        manifest = Manifest(shards=tuple(self.entries), classes=tuple(self.classes), prepared=prepared)
         self._io.call(f"{self.url}/{MANIFEST_NAME}", "pipe_file", manifest.to_json().encode())
         return manifest
 

@@ -91,6 +91,12 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
                    "written as <key>.json and <key>.mask.png")
     p.add_argument("--annotations", metavar="URL", help="the COCO instances_*.json of an image folder (default: the "
                    "one in it, or <parent>/annotations/instances_<folder>.json)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--max-side", type=int, metavar="N", help="re-encode images whose longer side exceeds N to N "
+                      "(upright, JPEG, boxes and masks scaled); smaller ones are copied unchanged")
+    size.add_argument("--short-side", type=int, metavar="N", help="the same for the shorter side (e.g. 256 for "
+                      "training at 224)")
+    p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default 90)")
     storage_arguments(p)
     storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -107,10 +113,18 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     image_column=args.image_column, label_column=args.label_column, labels=args.labels,
                     classes=args.classes,
                     classes_from=args.classes_from, val_fraction=args.val_fraction, targets=args.targets,
-                    annotations=args.annotations)
+                    annotations=args.annotations, reencode=_reencode(args))
     print(report.summary())
     print("wrote " + ", ".join(report.indexes))
     return 0
+
+
+def _reencode(args: argparse.Namespace):
+    if args.max_side is None and args.short_side is None:
+        return None
+    from gpupipe.tools.reencode import Reencode
+
+    return Reencode(max_side=args.max_side, short_side=args.short_side, quality=args.quality)
 
 
 # ---------------------------------------------------------------- index

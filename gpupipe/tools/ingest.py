@@ -43,6 +43,7 @@ from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
 from gpupipe.sources.source import ResolvedSource, Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, storage_errors
 from gpupipe.stream.batch import image_field
+from gpupipe.tools.reencode import Reencode, reencoded
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
 
@@ -100,7 +101,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
            classes: Sequence[str] | None = None, classes_from: str | None = None,
            val_fraction: float = 0.0, targets: str | Sequence[str] | None = None,
-           annotations: str | None = None) -> IngestReport:
+           annotations: str | None = None, reencode: Reencode | None = None) -> IngestReport:
     """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
 
     ``src``: whatever the loader reads in place -- an image folder (``<class>/<image>``,
@@ -128,6 +129,10 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``val_fraction`` > 0 carves a validation split: ``dst/train/`` and ``dst/val/`` each get
     shards, ``index.json`` and ``classes.txt`` (one class list). Whether an input goes to val
     is :func:`in_val_split` of ``seed`` and its path under ``src``: the same on every run.
+
+    ``reencode`` (:class:`~gpupipe.tools.reencode.Reencode`: ``max_side`` or ``short_side``, and
+    ``quality``) stores larger images smaller, upright and as JPEG, their boxes and masks scaled;
+    images small enough already are copied unchanged; ``index.json`` records it (``prepared``).
     Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments or a
     source that reading in place refuses too.
     """
@@ -171,10 +176,12 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
 
     try:
         with tqdm(total=manifest.num_samples, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
-            _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update)
+            done = _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update,
+                                reencode=reencode)
     finally:
         fetcher.close()
-    manifests = {s: _close(sink, classes) for s, sink in sinks.items()}
+    prepared = {"reencode": reencode.record(*done)} if reencode is not None else None
+    manifests = {s: _close(sink, classes, prepared) for s, sink in sinks.items()}
     return IngestReport(sum(m.num_samples for m in manifests.values()), sum(len(m.shards) for m in manifests.values()),
                         sum(m.total_bytes for m in manifests.values()), tuple(classes), skipped,
                         time.perf_counter() - start, {s: m.num_samples for s, m in manifests.items() if s},
@@ -193,11 +200,11 @@ def in_val_split(key: str, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest, "big") < fraction * 2**64
 
 
-def _close(sink: ShardSink, classes: Sequence[str]) -> Manifest:
+def _close(sink: ShardSink, classes: Sequence[str], prepared: Mapping[str, Any] | None = None) -> Manifest:
     """Write ``classes.txt`` (when there are classes), then the manifest, which ends the dataset."""
     if classes:
         sink.fs.pipe_file(f"{sink.root}/{CLASSES_NAME}", "".join(c + "\n" for c in classes).encode())
-    return sink.close()
+    return sink.close(prepared)
 
 
 def _rng(seed: int):
@@ -338,8 +345,10 @@ def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahea
 
 
 def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], *, max_pixels: int | None,
-                 skipped: list, tick: Callable[[int], Any]) -> None:
-    """Probe each sample's image header and write the good ones; skip (and log) the others."""
+                 skipped: list, tick: Callable[[int], Any], reencode: Reencode | None = None) -> tuple[int, int]:
+    """Probe each sample's image header and write the good ones (re-encoded where ``reencode``
+    says); skip (and log) the others. Returns (images re-encoded, images kept as they were)."""
+    changed = kept = 0
     for item in items:
         tick(1)
         if item.sample is None:
@@ -347,11 +356,14 @@ def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], 
             continue
         fields = dict(item.sample.fields)  # all of them: the image, its label, boxes (.json), mask (.mask.png)
         try:
-            probe(image_field(item.sample), max_pixels=max_pixels)
-        except DecodeError as exc:
+            header = probe(image_field(item.sample), max_pixels=max_pixels)
+            smaller = reencoded(fields, item.sample.key, header, reencode) if reencode is not None else None
+        except (DecodeError, OSError, ValueError, GpupipeError) as exc:  # Pillow's errors, bad boxes
             _skip(skipped, item.where, str(exc))
             continue
-        sink_of(item).write(item.sample.key, fields)
+        changed, kept = changed + (smaller is not None), kept + (smaller is None)
+        sink_of(item).write(item.sample.key, smaller if smaller is not None else fields)
+    return changed, kept
 
 
 def _skip(skipped: list, name: str, reason: str) -> None:
