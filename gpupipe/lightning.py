@@ -289,15 +289,9 @@ class DataMetrics(pl.Callback):
 
 
 def _train_loader(trainer: pl.Trainer) -> GpuLoader | None:
-    """The GpuLoader the trainer trains from: a GpuDataModule's, or one given as the loader."""
+    """A GpuDataModule's training GpuLoader (another loader is given to DataMetrics itself)."""
     dm = getattr(trainer, "datamodule", None)
-    if isinstance(dm, GpuDataModule) and "train" in dm._loaders:
-        return dm._loaders["train"].gpu
-    from gpupipe.loader.gpu import GpuLoader
-
-    loader = getattr(trainer.fit_loop, "_data_source", None)
-    loader = getattr(loader, "instance", None)
-    return loader if isinstance(loader, GpuLoader) else None
+    return dm._loaders["train"].gpu if isinstance(dm, GpuDataModule) and "train" in dm._loaders else None
 
 
 def _split_of(trainer) -> str | None:

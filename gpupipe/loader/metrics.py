@@ -24,6 +24,7 @@ nothing here touches a device.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -113,8 +114,8 @@ def spread(rows: list[RankRow], *, factor: float = 2.0, floor_ms: float = 1.0) -
     (and more than ``floor_ms`` a step: microseconds apart are noise), naming it and its host; else
     ``None``. Under DDP every rank waits for the slowest at each step, so one slow node slows them all."""
     slow = max(rows, key=lambda r: (r.wait_ms_per_step, -r.rank))
-    others = _median([r.wait_ms_per_step for r in rows if r is not slow]) if len(rows) > 1 else 0.0
-    out = {"wait_ms_max": slow.wait_ms_per_step, "wait_ms_median": _median([r.wait_ms_per_step for r in rows]),
+    others = statistics.median(r.wait_ms_per_step for r in rows if r is not slow) if len(rows) > 1 else 0.0
+    out = {"wait_ms_max": slow.wait_ms_per_step, "wait_ms_median": statistics.median(r.wait_ms_per_step for r in rows),
            "slowest_rank": float(slow.rank), "images_per_s_min": min(r.images_per_s for r in rows)}
     warn = None
     if len(rows) > 1 and slow.wait_ms_per_step > max(factor * others, floor_ms):
@@ -122,11 +123,6 @@ def spread(rows: list[RankRow], *, factor: float = 2.0, floor_ms: float = 1.0) -
                 f"ranks {others:.1f} ms (median): every rank waits for it at each step. Look at that machine's "
                 f"storage, cores and load (docs/tuning.md, \"Is data my bottleneck?\")")
     return out, warn
-
-
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
 def gather_rows(row: RankRow) -> list[RankRow]:

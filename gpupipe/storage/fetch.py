@@ -496,12 +496,12 @@ class Fetcher:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
         pool = self._pool
-        counts: dict[int, int] = {}  # range index → its blocks
+        counts: dict[int, int] = {}  # range index → its blocks, noted as they are cut
 
-        def size(item: tuple[int, int, ByteRange, ObjectVersion]) -> int:
-            index, total, block, version = item
-            counts[index] = total
-            return self._held(block, version)
+        def blocks() -> Iterator[tuple[int, int, ByteRange, ObjectVersion]]:
+            for item in self._blocks(ranges):
+                counts[item[0]] = item[1]
+                yield item
 
         def submit(item: tuple[int, int, ByteRange, ObjectVersion]) -> Any:
             _, _, block, version = item
@@ -510,8 +510,9 @@ class Fetcher:
 
         done: dict[int, list[bytes | StorageError]] = {}
         next_out = 0
-        for (index, _, _, _), data in read_ahead(self._blocks(ranges), submit, size, in_flight=4 * cfg.concurrency,
-                                                 readahead_bytes=cfg.readahead_bytes, stats=self.stats):
+        for (index, _, _, _), data in read_ahead(blocks(), submit, lambda item: self._held(item[2], item[3]),
+                                                 in_flight=4 * cfg.concurrency, readahead_bytes=cfg.readahead_bytes,
+                                                 stats=self.stats):
             done.setdefault(index, []).append(data)
             while next_out in counts and len(done.get(next_out, ())) == counts[next_out]:
                 parts = done.pop(next_out)

@@ -15,12 +15,11 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, encode_boxes, parse_boxes
+from gpupipe.formats.headers import upright_hw
 from gpupipe.formats.imageheader import ImageHeader
+from gpupipe.stream.batch import IMAGE_EXTENSIONS
 
 __all__ = ["Reencode", "reencoded"]
-
-_IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
-_SWAPS = (5, 6, 7, 8)  # EXIF orientations that turn the image a quarter: the upright frame is (w, h)
 
 
 @dataclass(frozen=True)
@@ -61,13 +60,13 @@ class Reencode:
 def reencoded(fields: dict[str, bytes], key: str, header: ImageHeader, spec: Reencode) -> dict[str, bytes] | None:
     """The sample's fields with its image stored at ``spec`` (and its boxes and mask scaled), or
     ``None`` when the image is small enough and the sample goes in unchanged."""
-    upright = (header.width, header.height) if header.orientation in _SWAPS else (header.height, header.width)
+    upright = upright_hw(header)
     size = spec.size_for(*upright)
     if size is None:
         return None
     from PIL import Image, ImageOps
 
-    name = next(f for f in fields if f in _IMAGE_FIELDS)
+    name = next(f for f in IMAGE_EXTENSIONS if f in fields)
     with Image.open(io.BytesIO(fields[name])) as im:
         im.draft("RGB", (size[1], size[0]))  # JPEG: decode at a reduced scale where it is still >= the target
         image = ImageOps.exif_transpose(im).convert("RGB")

@@ -182,10 +182,11 @@ def children_cpu() -> float:
     return total
 
 
-def time_epochs(loader: Any, epochs: int) -> float:
+def time_epochs(loader: Any, epochs: int, each: Any = None) -> float:
     """Run one warm-up epoch of a ``GpuLoader`` (worker start, decoder build), reset its ``stats``
-    (and its ``timeline``, where the bench installed one), then time ``epochs`` epochs: their wall
-    seconds (``loader.stats`` holds their stages). Benchmark instrumentation: here, not in the loader."""
+    (and its ``timeline``, where the bench installed one), then time ``epochs`` epochs, calling
+    ``each(batch)`` on every timed batch when given: their wall seconds (``loader.stats`` holds
+    their stages). Benchmark instrumentation: here, not in the loader."""
     import time
 
     from gpupipe.loader.gpu import StageStats
@@ -197,6 +198,7 @@ def time_epochs(loader: Any, epochs: int) -> float:
         loader.timeline.clear()
     t0 = time.perf_counter()
     for _ in range(epochs):
-        for _ in loader:
-            pass
+        for batch in loader:
+            if each is not None:
+                each(batch)
     return time.perf_counter() - t0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 __all__ = ["run_single", "write_trace"]
 
@@ -26,19 +25,10 @@ def _time_epochs(loader, epochs: int) -> tuple[float, set[str]]:
     """:func:`~gpupipe.tools.bench.measure.time_epochs`, and the keys of the distinct samples its timed epochs replaced
     (``stats.skipped`` counts a bad sample once per epoch that meets it). The keys are read after
     the timed loop: no device sync in it."""
-    from gpupipe.loader.gpu import StageStats
+    from gpupipe.tools.bench.measure import time_epochs
 
-    for _ in loader:  # the warm-up epoch (worker start, decoder build)
-        pass
-    loader.stats = StageStats()
-    if loader.timeline is not None:
-        loader.timeline.clear()
-    delivered = []
-    t0 = time.perf_counter()
-    for _ in range(epochs):
-        for batch in loader:
-            delivered.append((batch.keys, batch.valid))
-    seconds = time.perf_counter() - t0
+    delivered: list = []
+    seconds = time_epochs(loader, epochs, lambda batch: delivered.append((batch.keys, batch.valid)))
     return seconds, {k for keys, valid in delivered for k, ok in zip(keys, valid.tolist()) if not ok}
 
 
