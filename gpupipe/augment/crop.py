@@ -102,8 +102,9 @@ class Resize(GeometricTransform):
         return resample.resize(images, self.output_size(in_hw), self.interpolation or "bilinear", self.antialias)
 
     def transform_masks(self, masks, params, in_hw):
-        """torchvision's ``resize_mask``: ``F.interpolate`` nearest (nearest-exact if that is the
-        images' mode), whatever the images' interpolation."""
+        """torchvision's ``resize_mask`` (0.28): ``F.interpolate`` nearest (nearest-exact if that
+        is the images' mode; torchvision 0.27 and older: nearest always), whatever the images'
+        interpolation."""
         return resample.resize(masks[:, None], self.output_size(in_hw), _mask_mode(self.interpolation), False)[:, 0]
 
 

@@ -21,6 +21,8 @@ Tolerances, and why:
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -62,8 +64,7 @@ def _key(device, seed: int = 5) -> AugKey:
 
 def _theirs(fn, targets: list[dict[str, torch.Tensor]], params: dict[str, torch.Tensor], device="cpu"):
     """torchvision's ``fn(tv_tensor, params of that image)`` on each image's boxes and mask, the
-    mask on ``device`` (PyTorch's nearest-exact settles ties, 60 -> 45 px, one way on the CPU and
-    another on CUDA: 10 % of a mask's pixels apart on the H100): (per-image boxes, (B, h, w) masks)."""
+    mask on ``device``: (per-image boxes, (B, h, w) masks)."""
     boxes, masks = [], []
     for i, t in enumerate(targets):
         p = {k: v[i].cpu() for k, v in params.items()}
@@ -130,8 +131,15 @@ OPS = {
 }
 
 
+# torchvision 0.28 resizes a mask nearest-exact where the images are; 0.27 and older always plain
+# nearest (seen on the H100 with 0.26: 10 % of mask pixels apart). gpupipe follows 0.28.
+MASK_MODE_FOLLOWED = "interpolation" in inspect.signature(TF.resize_mask).parameters
+
+
 @pytest.mark.parametrize("op", list(OPS))
 def test_each_op_moves_boxes_and_masks_as_torchvision(device, op):
+    if op == "resize-nearest-exact" and not MASK_MODE_FOLLOWED:
+        pytest.skip("this torchvision resizes masks nearest whatever the mode (0.28 follows it, as gpupipe)")
     make, theirs, tie_share = OPS[op]
     t, raw = make(), _targets()
     images = torch.zeros((B, 3, H, W), dtype=torch.uint8, device=device)
