@@ -22,7 +22,7 @@ from typing import Any
 from gpupipe.config.augment import TransformSpec
 from gpupipe.config.schema import LoaderConfig, SourceConfig, parse_config
 from gpupipe.config.split import SplitConfig
-from gpupipe.config.values import plain, suggest
+from gpupipe.config.values import build, plain, suggest
 from gpupipe.core.errors import ConfigError, UnknownKeywordError
 from gpupipe.core.types import World
 from gpupipe.decode import DecodeConfig
@@ -148,6 +148,14 @@ def split_from_options(source, *, caller: str = "GpuLoader", **options: Any) -> 
             log.info("%s(%s=%r): ignored: %s", caller, name, value, IGNORED[name])
     check_keywords(options, caller)
     decode, stream = options.pop("decode", None), options.pop("stream", None)
+    if isinstance(decode, Mapping):  # decode={"backend": "pil", ...}, as the YAML section
+        decode = build(DecodeConfig, decode, "decode")
+    if isinstance(stream, Mapping):
+        stream = build(StreamConfig, stream, "stream")
+    for name, value, cls in (("decode", decode, DecodeConfig), ("stream", stream, StreamConfig)):
+        if value is not None and not isinstance(value, cls) and not (name == "decode" and isinstance(value, str)):
+            raise ConfigError(f"{caller}({name}=...): expected a {cls.__name__} or a mapping of its keys, "
+                              f"got {type(value).__name__}")
     sections: dict[str, dict[str, Any]] = {
         "decode": {"backend": decode} if isinstance(decode, str) else _non_default(decode),
         "stream": _non_default(stream), "stream.fetch": _non_default(stream.fetch if stream else None),

@@ -40,6 +40,7 @@ from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack, pack_table
 from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_units, iter_whole_shards
+from gpupipe.stream.slots import SlotBoard
 from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, stop_workers
 
 __all__ = ["LoaderStats", "EncodedDataset", "EncodedLoader"]
@@ -83,6 +84,7 @@ class EncodedDataset(IterableDataset):
         # its reorder buffer expects (a pass that ends with units missing raises)
         self.unit_sizes = unit_sizes or unit_sizes_for(source, stream, spec)
         self.decode = decode  # set: each batch goes out padded, its headers probed for this decoder
+        self.slots: SlotBoard | None = None  # set by the loader for a pass with workers: reused shared buffers
 
     def _finish(self, batch: EncodedBatch) -> EncodedBatch:
         """What the decoder would otherwise work out per image in the training process, done here
@@ -119,11 +121,12 @@ class EncodedDataset(IterableDataset):
         skips = SkipLog()
         f = fetcher.stats
         wait0, requests0, hits0 = 0.0, f.requests, f.cache_hits
+        slots = self.slots.taker(world.worker_id) if in_worker and self.slots is not None else None
         for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
                                       on_error=self.stream.on_error, skips=skips):
             for i in range(unit.num_batches):
                 batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
-                                   epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i)
+                                   epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i, slots=slots)
                 yield replace(self._finish(batch), skipped=skips.count, io_wait_s=f.wait_s - wait0,
                               requests=f.requests - requests0, cache_hits=f.cache_hits - hits0)
                 skips.count, wait0, requests0, hits0 = 0, f.wait_s, f.requests, f.cache_hits
@@ -283,7 +286,11 @@ class EncodedLoader:
         if self.source.manifest is not None:
             workers = min(workers, max(1, len(units)))
         whole = workers > 0 and self.source.manifest is not None  # whole units, put in the plan's order
-        dataset: IterableDataset = _WholeUnits(self._dataset()) if whole else self._dataset()
+        worker_side = self._dataset()
+        # a worker may have out: the items torch prefetches, the one it builds, those the consumer holds
+        board = SlotBoard(workers, (self.prefetch_factor + 2) * max(self.unit_sizes) + 2) if workers > 0 else None
+        worker_side.slots = board
+        dataset: IterableDataset = _WholeUnits(worker_side) if whole else worker_side
         loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
                             prefetch_factor=self.prefetch_factor if workers > 0 else None, persistent_workers=False)
         expected = collections.deque(u.key for u in units)
@@ -313,6 +320,10 @@ class EncodedLoader:
                             f"{p.url} {n}" for p, n in zip(self.source.parts, self.ledger.per_source)))
                     return
                 group = item if isinstance(item, list) else [item]
+                if board is not None:
+                    board.release()  # the batches the consumer has let go since: their slots to reuse
+                    for batch in group:
+                        board.hold(batch.data, batch.slot)
                 key = (group[0].chunk, group[0].batch)
                 received[key] = received.get(key, 0) + len(group)
                 if whole:

@@ -43,6 +43,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 from gpupipe.core.errors import ConfigError, MissingDependencyError, StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.storage.buffers import BufferPool, read_into
@@ -532,17 +534,18 @@ class Fetcher:
         except Exception as exc:  # as a thread's future would hold it
             return _Done(None, exc)
 
-    def _read_short(self, url: str, start: int, stop: int) -> bytearray:
+    def _read_short(self, url: str, start: int, stop: int) -> np.ndarray:
         """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
-        (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened)."""
+        (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened),
+        into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes)."""
         fd = self._files.pop(url, None)
         if fd is None:
             fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
             while len(self._files) >= _FILES_OPEN:
                 os.close(self._files.popitem(last=False)[1])
         self._files[url] = fd
-        out = bytearray(stop - start)
-        got = os.preadv(fd, [out], start)
+        out = np.empty(stop - start, dtype=np.uint8)
+        got = os.preadv(fd, [out.data], start)
         self.count_read(got)
         if got != stop - start:
             raise _ShortRead(f"got {got} of {stop - start} bytes for range [{start}, {stop})")

@@ -20,6 +20,7 @@ from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample
 from gpupipe.formats.headers import ProbedHeaders
 from gpupipe.storage.buffers import BufferPool
+from gpupipe.stream.slots import SlotTaker, shared_bytes
 from gpupipe.stream.targets import SampleTargets, TargetColumns, read_targets
 
 __all__ = ["EncodedBatch", "EncodedTargets", "SampleTable", "TargetColumns", "pack", "pack_table", "padded_stride", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
@@ -104,6 +105,7 @@ class EncodedBatch:
     targets: EncodedTargets | None = None
     sizes: torch.Tensor | None = None  # None: offsets[i+1] - offsets[i] (packed by hand)
     stride: int = 0
+    slot: int = -1  # the worker's reused shared buffer it is in (gpupipe.stream.slots); -1: its own
     probed: ProbedHeaders | None = None
     crops: tuple[tuple, np.ndarray] | None = None
 
@@ -254,7 +256,7 @@ def padded_stride(sizes: np.ndarray, pad: float) -> int:
 
 
 def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: int = -1,
-               shared: bool = False, pad: float = 0.0) -> EncodedBatch:
+               shared: bool = False, pad: float = 0.0, slots: SlotTaker | None = None) -> EncodedBatch:
     """The table's images (and masks), copied once each into one buffer, as an :class:`EncodedBatch`.
 
     Shape: B samples → data uint8, offsets (B+1,) and sizes (B,) int64; with targets,
@@ -264,7 +266,8 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
     most ``pad`` times the bytes of images one after another: a decoder is then fed the batch as
     one (B, stride) array with the sizes beside it (~1.5 us a sample in DALI's feed, against
     ~5.6 for a list of B arrays; shared/FEED.md). The bytes past an image are left as they are.
-    ``shared=True`` (in DataLoader workers) builds the tensors in shared memory.
+    ``shared=True`` (in DataLoader workers) builds the tensors in shared memory: in one of the
+    worker's reused ``slots`` where given and one is free (:mod:`gpupipe.stream.slots`).
     """
     n = len(table)
     t = None if table.targets is None else table.targets.only(table.valid)
@@ -281,8 +284,11 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
     # file descriptor), ~0.3-1 ms a storage, several microseconds a sample for three of them.
     at_bytes = 8 * rows * (n + 1)
     at_valid = at_bytes + total
-    if shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
-        whole = _shared_bytes(at_valid + n)
+    slot = -1
+    if shared and slots is not None:  # a shared buffer the training process has let go, or a new one
+        whole, slot = slots.take(at_valid + n)
+    elif shared:  # allocate in shared memory and fill it: no second copy on the way to the main process
+        whole = shared_bytes(at_valid + n)
     else:  # in this process: a buffer no earlier batch still holds, without fresh page faults
         whole = torch.from_numpy(_batch_buffer(at_valid + n))
     meta = whole[:at_bytes].view(torch.int64).view(rows, n + 1)
@@ -302,7 +308,7 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
     return EncodedBatch(
         data=data, offsets=meta[0], labels=meta[1, :n], sample_ids=meta[2, :n], valid=valid,
         keys=tuple(table.keys), epoch=epoch, chunk=chunk, batch=batch, targets=targets, sizes=meta[3, :n],
-        stride=stride,
+        stride=stride, slot=slot,
     )
 
 
@@ -357,15 +363,3 @@ def _batch_buffer(n: int) -> np.ndarray:
         return np.empty(n, dtype=np.uint8)
     return BufferPool.shared(1 << (n - 1).bit_length(), _POOL_KEEP).take(n)
 
-
-def _shared_bytes(n: int) -> torch.Tensor:
-    """``n`` uint8 in a new shared-memory storage. ``share_memory_()`` on a fresh tensor first
-    allocates private memory and then copies it into the shared segment: ~30 us of CPU per
-    23 KB sample against ~4 us for a storage made shared (docs/benchmarks.md, "Host path
-    (issue 28)"). ``UntypedStorage._new_shared`` is how torch's own multiprocessing makes one;
-    on a torch without it, the copy it is."""
-    try:
-        storage = torch.UntypedStorage._new_shared(n)
-    except (AttributeError, TypeError, RuntimeError):
-        return torch.empty(n, dtype=torch.uint8).share_memory_()
-    return torch.empty(0, dtype=torch.uint8).set_(storage)

@@ -111,6 +111,19 @@ def test_a_keyword_and_a_stage_object_that_disagree_raise_naming_both(shards):
     assert (loader.split.decode.hw_decoder_load, loader.split.decode.image_size) == (0.25, (8, 8))
 
 
+def test_a_section_given_as_a_mapping_is_read_as_its_yaml_section(shards):
+    """``stream={"shuffle_block": 0}`` as users write it from a YAML habit: the section's keys,
+    checked as in a config file; anything else names what was expected."""
+    loader = EncodedLoader(shards, batch_size=4, stream={"shuffle_block": 0, "fetch": {"concurrency": 3}},
+                           decode={"backend": "pil", "image_size": [8, 8]})
+    assert (loader.split.stream.shuffle_block, loader.split.stream.fetch.concurrency) == (0, 3)
+    assert (loader.split.decode.backend, loader.split.decode.image_size) == ("pil", (8, 8))
+    with pytest.raises(ConfigError, match=r"stream.shuffle_blok: unknown key; did you mean 'shuffle_block'"):
+        EncodedLoader(shards, batch_size=4, stream={"shuffle_blok": 0})
+    with pytest.raises(ConfigError, match=r"stream=...\): expected a StreamConfig or a mapping of its keys, got int"):
+        EncodedLoader(shards, batch_size=4, stream=4)
+
+
 def test_source_keywords_fill_a_source_object_and_refuse_a_second_value(shards):
     loader = EncodedLoader(Source(shards), batch_size=4, classes=["a", "b"])
     assert isinstance(loader.split.source, Source) and loader.split.source.classes == ("a", "b")

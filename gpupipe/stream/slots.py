@@ -1,0 +1,112 @@
+"""Shared-memory batch buffers that a worker reuses once the training process has let go.
+
+A batch crosses from a DataLoader worker to the training process in one shared-memory storage.
+A fresh one costs its pages: the kernel zeroes and maps each on first touch, ~16 ms of a
+worker's CPU per 25 MB batch (256 ImageNet-sized JPEGs) on a 2-core VM, against ~1.4 ms to copy
+the same bytes into a buffer used before (docs/benchmarks.md, "Reused shared batches") — the
+largest cost per byte of the host path. So each worker keeps a few storages (slots) and writes
+the next batch into one the training process no longer holds.
+
+Who holds what is one flag per (worker, slot) in shared memory, made before the workers fork
+(:class:`SlotBoard`): the worker sets it when it sends a batch in that slot; the training process
+clears it once nothing there references the batch's storage any more — torch's own count of the
+storage's references (every tensor, view, numpy array or DLPack capsule made from the batch
+holds one), read each time a batch arrives (:meth:`SlotBoard.release`). A batch still referenced
+anywhere is never written over; when no slot is free the worker makes a fresh storage, as
+before. The board lives for one pass, as its workers do.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SlotBoard", "SlotTaker", "shared_bytes", "MAX_SLOTS"]
+
+MAX_SLOTS = 32  # per worker: past this many batches out at once, a worker makes fresh storages
+_GROW = 1.25  # a new slot holds this much more than the batch that made it: the next may be larger
+
+
+def shared_bytes(n: int) -> torch.Tensor:
+    """``n`` uint8 in a new shared-memory storage. ``share_memory_()`` on a fresh tensor first
+    allocates private memory and then copies it into the shared segment: ~30 us of CPU per
+    23 KB sample against ~4 us for a storage made shared (docs/benchmarks.md, "Host path
+    (issue 28)"). ``UntypedStorage._new_shared`` is how torch's own multiprocessing makes one;
+    on a torch without it, the copy it is."""
+    try:
+        storage = torch.UntypedStorage._new_shared(n)
+    except (AttributeError, TypeError, RuntimeError):
+        return torch.empty(n, dtype=torch.uint8).share_memory_()
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _references(storage: torch.UntypedStorage) -> int:
+    """How many references torch counts on ``storage``'s memory (this Python object's included)."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+def _free_references() -> int:
+    """What :func:`_references` reads for a storage referenced by its Python object alone,
+    measured the way :meth:`SlotBoard.release` asks (the count is torch's, not Python's)."""
+    storage = torch.empty(8, dtype=torch.uint8).untyped_storage()
+    return _references(storage)
+
+
+_FREE = _free_references() if hasattr(torch._C, "_storage_Use_Count") else -1  # -1: never released
+
+
+class SlotBoard:
+    """The flags of ``workers`` × ``slots`` reusable batch buffers, in shared memory; made in
+    the training process before the workers fork. A flag is 1 while the training process may
+    hold the batch sent in that slot."""
+
+    def __init__(self, workers: int, slots: int):
+        self.slots = slots = max(1, min(slots, MAX_SLOTS))
+        self.flags = torch.zeros(max(1, workers) * slots, dtype=torch.int8).share_memory_()
+        self._held: list[tuple[torch.UntypedStorage, int]] = []  # training process: batches out, by slot
+
+    def taker(self, worker_id: int) -> SlotTaker:
+        """The worker side, for worker ``worker_id``."""
+        return SlotTaker(self, worker_id)
+
+    # -- the training process ------------------------------------------------------------
+    def hold(self, data: torch.Tensor, slot: int) -> None:
+        """A batch arrived in ``slot`` (-1: a storage of its own); ``data`` is any of its tensors."""
+        if slot >= 0:
+            self._held.append((data.untyped_storage(), slot))
+
+    def release(self) -> int:
+        """Clear the flag of each held batch nothing references any more; the number cleared."""
+        kept, freed = [], 0
+        for storage, slot in self._held:
+            if _references(storage) == _FREE:
+                self.flags[slot] = 0
+                freed += 1
+            else:
+                kept.append((storage, slot))
+        self._held = kept
+        return freed
+
+
+class SlotTaker:
+    """One worker's slots: :meth:`take` gives the buffer for its next batch."""
+
+    def __init__(self, board: SlotBoard, worker_id: int):
+        self.flags = board.flags[worker_id * board.slots:(worker_id + 1) * board.slots]
+        self.first = worker_id * board.slots
+        self.storages: list[torch.UntypedStorage | None] = [None] * board.slots
+        self.fresh = 0  # storages made (a slot's first use or growth, or none free)
+
+    def take(self, n: int) -> tuple[torch.Tensor, int]:
+        """``n`` uint8 of shared memory and the slot they are in (-1: none free, a new storage
+        of its own). The slot is marked held: write the batch, then send it."""
+        free = (self.flags == 0).nonzero().flatten().tolist()
+        if not free:
+            self.fresh += 1
+            return shared_bytes(n), -1
+        i = free[0]
+        storage = self.storages[i]
+        if storage is None or storage.nbytes() < n:
+            self.fresh += 1
+            storage = shared_bytes(int(n * _GROW)).untyped_storage()
+            self.storages[i] = storage
+        self.flags[i] = 1
+        return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (n,), (1,)), self.first + i

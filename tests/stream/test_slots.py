@@ -1,0 +1,57 @@
+"""Reused shared batch buffers (gpupipe.stream.slots): a worker writes a batch into a slot only
+once the training process holds nothing of the batch that was there — kept batches stay intact —
+and, batches let go, the slots are reused instead of fresh shared memory each batch."""
+from __future__ import annotations
+
+import pytest
+from datagen import payload, write_dataset
+
+from gpupipe.loader.encoded import EncodedLoader
+from gpupipe.stream.slots import MAX_SLOTS, SlotBoard
+
+
+def test_a_slot_is_taken_again_only_after_every_view_of_its_batch_is_gone():
+    board = SlotBoard(workers=2, slots=2)
+    taker = board.taker(1)
+    a, slot_a = taker.take(100)
+    assert slot_a == 2 and board.flags.tolist() == [0, 0, 1, 0]
+    view = a[10:20].numpy()  # what a consumer keeps: a numpy view of a view
+    board.hold(a, slot_a)
+    del a
+    assert board.release() == 0 and board.flags[2] == 1  # the view holds the storage
+    b, slot_b = taker.take(80)
+    assert slot_b == 3
+    board.hold(b, slot_b)
+    c, slot_c = taker.take(50)
+    assert slot_c == -1 and taker.fresh == 3  # no slot free: a storage of its own, never a held one
+    del view, b
+    assert board.release() == 2 and board.flags.tolist() == [0, 0, 0, 0]
+    d, slot_d = taker.take(90)
+    assert slot_d == 2 and taker.fresh == 3  # the first slot again, its storage kept (100 * 1.25 bytes)
+    e, _ = taker.take(400)
+    assert taker.fresh == 4 and e.numel() == 400  # too small a slot grows with a new storage
+
+
+def _check(batch) -> None:
+    ids = batch.sample_ids.tolist()
+    for i, sid in enumerate(ids):
+        assert bytes(batch.image(i)) == payload(sid), (batch.slot, i, sid)
+
+
+@pytest.mark.timeout(120)
+def test_batches_kept_by_the_consumer_stay_intact_and_let_go_their_slots_are_reused(tmp_path):
+    url = str(tmp_path / "shards")
+    write_dataset(url, [100] * 8)
+    loader = EncodedLoader(url, batch_size=4, num_workers=2, seed=2, rank=0, world_size=1)
+    kept = list(loader)  # a whole pass held: no slot can be freed, every batch must stay as it came
+    for batch in kept:
+        _check(batch)
+    assert len({b.slot for b in kept if b.slot >= 0}) == len([b for b in kept if b.slot >= 0])
+    slots = 2 * min(MAX_SLOTS, (loader.prefetch_factor + 2) * max(loader.unit_sizes) + 2)
+    assert sum(b.slot < 0 for b in kept) >= len(kept) - slots  # the rest in storages of their own
+    del kept
+    in_slots = 0
+    for batch in loader:  # let go as they come: the slots are reused, the bytes still right
+        _check(batch)
+        in_slots += batch.slot >= 0
+    assert in_slots == len(loader) > slots  # more batches in slots than slots: each was reused
