@@ -64,7 +64,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -96,7 +96,7 @@ __all__ = [
     "resume_plan",
 ]
 
-_TAG_SHARDS, _TAG_WINDOW, _TAG_BLOCKS, _TAG_DRAW = 1, 2, 3, 4
+_TAG_SHARDS, _TAG_WINDOW, _TAG_BLOCKS, _TAG_DRAW, _TAG_BATCHES = 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,18 @@ class PlanSpec:
     before: tuple[Earlier, ...] = ()
     block: int = 0  # samples per contiguous run of a shard in the sequence; 0: shards whole
     draws: tuple[tuple[int, int], ...] = ()  # per source: (units, samples an epoch); (): one source, each sample once
+    per_source: bool = False  # with draws: every batch of one source (each draw whole batches)
 
     def __post_init__(self) -> None:
+        if self.per_source:
+            if not self.draws or any(n % self.batch_size for _, n in self.draws):
+                raise PlanError(f"per-source batches need sources drawn in whole batches of {self.batch_size}, "
+                                f"got draws {self.draws}")
+            if not self.drop_last and self.world_size > 1:
+                raise PlanError("per-source batches on several ranks need drop_last (padding would mix sources)")
+            if self.before:
+                raise PlanError("per-source batches resume only under the settings they were saved with "
+                                "(world size, batch size, shuffle window, drop_last)")
         if self.draws and (sum(u for u, _ in self.draws) != len(self.counts)
                            or any(u < 0 or n < 0 for u, n in self.draws)):
             raise PlanError(f"draws {self.draws} do not cover the {len(self.counts)} units (units >= 0, samples >= 0)")
@@ -350,6 +360,8 @@ def _draw(counts: np.ndarray, block: int, samples: int, epoch: int, key: tuple[i
 def _epoch_blocks(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The epoch's blocks before their order: (shard, first sample, samples), int64 — every unit's
     (:func:`blocks`), or with ``draws`` every source's draw (:func:`_draw`)."""
+    if spec.per_source:
+        return _source_batches(spec, epoch)
     if not spec.draws:
         return blocks(spec.counts, spec.block)
     counts = np.asarray(spec.counts, dtype=np.int64)
@@ -360,8 +372,47 @@ def _epoch_blocks(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, n
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
 
 
+def _source_batches(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``per_source``: the epoch's blocks already in sequence order. Each source's draw in a
+    seeded order of its blocks, cut into batches (a block across a batch edge is cut in two);
+    the batches of all sources in one seeded order — so the epoch is a sequence of one-source
+    batches, a source's share of them its draw's."""
+    counts = np.asarray(spec.counts, dtype=np.int64)
+    b = spec.batch_size
+    pieces, batch_source = [], []
+    for s, ((units, n), a) in enumerate(zip(spec.draws, spec._draw_starts)):
+        unit, first, count = _draw(counts[a:a + units], spec.block, n, epoch, (spec.seed, _TAG_DRAW, s), spec.shuffle)
+        if spec.shuffle:
+            order = permutation(len(unit), (spec.seed, epoch, _TAG_BLOCKS, s))
+            unit, first, count = unit[order], first[order], count[order]
+        ends = np.cumsum(count)
+        cuts = np.union1d(np.concatenate([[0], ends]), np.arange(0, n + 1, b))  # block ends and batch edges
+        k = np.searchsorted(ends, cuts[:-1], side="right")  # the block each piece lies in
+        piece_first = first[k] + cuts[:-1] - (ends[k] - count[k])
+        pieces.append((unit[k] + a, piece_first, np.diff(cuts), cuts[:-1] // b))
+        batch_source += [s] * (n // b)
+    shard, first, count, batch = (np.concatenate([p[i] for p in pieces]) for i in range(4))
+    offsets = np.cumsum([0] + [n // b for _, n in spec.draws])[:-1]
+    batch = batch + np.repeat(offsets, [len(p[0]) for p in pieces])  # batch index over all sources
+    order_of = permutation(len(batch_source), (spec.seed, epoch, _TAG_BATCHES)) if spec.shuffle \
+        else np.arange(len(batch_source))
+    rank = np.empty(len(order_of), dtype=np.int64)
+    rank[order_of] = np.arange(len(order_of))  # the place of each batch in the epoch
+    seq = np.lexsort((np.arange(len(batch)), rank[batch]))  # by batch place, pieces in order inside
+    return shard[seq], first[seq], count[seq]
+
+
+def batch_sources(spec: PlanSpec, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """``per_source``: the source of each of ``positions`` (of the epoch's sequence)."""
+    shard, _, _, ends = _layout(spec, epoch)
+    starts = np.asarray(spec._draw_starts, dtype=np.int64)
+    return np.searchsorted(starts, shard[np.searchsorted(ends, positions, side="right")], side="right") - 1
+
+
 def block_order(spec: PlanSpec, epoch: int, num_blocks: int) -> np.ndarray:
     """Indices of the epoch's blocks (:func:`blocks`) in this epoch's order."""
+    if spec.per_source:
+        return np.arange(num_blocks)  # _source_batches laid them out
     if spec.block == 0 and not spec.draws:
         return shard_order(spec, epoch)
     return permutation(num_blocks, (spec.seed, epoch, _TAG_BLOCKS)) if spec.shuffle else np.arange(num_blocks)
@@ -415,6 +466,18 @@ def spread(runs: np.ndarray, key: Sequence[int]) -> np.ndarray:
     rank = np.empty(n, dtype=np.int64)
     rank[grouped] = np.arange(n) - np.repeat(firsts, np.diff(np.append(firsts, n)))
     return np.lexsort((raw[n:], rank))
+
+
+def _by_source(sources: np.ndarray, key: Sequence[int], runs: np.ndarray | None) -> np.ndarray:
+    """``per_source``: a window's delivery order that fills each source's batches (its positions:
+    whole batches) with that source's samples only, spread over them as :func:`_window` spreads
+    a whole window (``runs``: the block of each position; ``None``, a keyed permutation)."""
+    order = np.empty(len(sources), dtype=np.int64)
+    for s in np.unique(sources).tolist():
+        pos = np.flatnonzero(sources == s)
+        mine = (*key, s)
+        order[pos] = pos[permutation(len(pos), mine) if runs is None else spread(runs[pos], mine)]
+    return order
 
 
 def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: int,
@@ -581,7 +644,11 @@ def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
         _check_epoch(spec, epoch)
         p = np.arange(chunk.start, chunk.start + size, dtype=np.int64) % spec.length
         runs = np.searchsorted(_layout(spec, epoch)[3], _sequence(spec)[p] if spec.before else p, side="right")
-    order = _window(size, spec.seed, epoch, chunk.start, len(spec.before), spec.shuffle, runs)
+    if spec.per_source and spec.shuffle and spec.length:
+        p = np.arange(chunk.start, chunk.start + size, dtype=np.int64) % spec.length
+        order = _by_source(batch_sources(spec, epoch, p), (spec.seed, epoch, _TAG_WINDOW, chunk.start), runs)
+    else:
+        order = _window(size, spec.seed, epoch, chunk.start, len(spec.before), spec.shuffle, runs)
     order.flags.writeable = False
     _ORDERS[:] = [((spec, epoch, chunk.start, size), order)] + _ORDERS[:3]
     return order
@@ -658,7 +725,7 @@ class Progress:
 
 # -- resume --------------------------------------------------------------------------------------
 
-_DATA_KEYS = ("num_samples", "num_shards", "seed", "shuffle", "counts_crc32", "draws")
+_DATA_KEYS = ("num_samples", "num_shards", "seed", "shuffle", "counts_crc32", "draws", "per_source")
 _CUT_KEYS = ("batch_size", "world_size", "drop_last", "chunk_batches")
 
 
@@ -672,7 +739,7 @@ def check_resumable(saved: Mapping, spec: PlanSpec, *, mid_epoch: bool) -> None:
     current = {k: v for k, v in plan_identity(spec).items() if k in _DATA_KEYS}
     if "counts_crc32" not in saved:  # a state saved before the unit sizes were recorded
         del current["counts_crc32"]
-    before: dict[str, list] = {"draws": []}  # what a state saved before a key was recorded means by its absence
+    before: dict[str, Any] = {"draws": [], "per_source": False}  # what a state saved before a key was recorded means
     diffs = [f"{k}: saved {saved.get(k, before.get(k))!r}, now {v!r}" for k, v in current.items()
              if saved.get(k, before.get(k)) != v]
     if diffs:
@@ -690,7 +757,7 @@ def plan_identity(spec: PlanSpec) -> dict:
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
             "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32,
-            "block": spec.block, "draws": [list(d) for d in spec.draws]}
+            "block": spec.block, "draws": [list(d) for d in spec.draws], "per_source": spec.per_source}
 
 
 def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, before: Sequence[Earlier] = (),

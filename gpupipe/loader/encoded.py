@@ -215,12 +215,14 @@ class EncodedLoader:
         if split.classes is not None and manifest is not None:  # the index must number classes as declared
             agreed_classes({split.name: manifest.classes}, split.classes, {split.name: _first(split.source.url)})
         counts = manifest.sample_counts() if manifest else (0,) * len(self.source.shard_urls)
+        whole = self._per_source(mixed, split.batch_size)
         try:
             self.spec = PlanSpec(counts=counts, batch_size=split.batch_size, world_size=self.world.world_size,
                                  seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
                                  chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size),
                                  block=block_for(self.source, self.stream, int(sum(counts))),
-                                 draws=mix_draws(self.source, mixed) if mixed is not None else ())
+                                 draws=mix_draws(self.source, mixed, whole) if mixed is not None else (),
+                                 per_source=self.stream.batching == "per_source")
         except PlanError as exc:
             if mixed is None:
                 raise
@@ -239,7 +241,7 @@ class EncodedLoader:
         # a shuffled pass's first batches checked for classes mixed far less than a uniform shuffle would
         # (on rank 0: one warning a job, not one a rank)
         self.mixing = MixingCheck(_first(split.source.url), split.batch_size) \
-            if self.stream.shuffle and self.world.rank == 0 else None
+            if self.stream.shuffle and self.world.rank == 0 and not self.spec.per_source else None  # one source a batch: meant
         _warn_short_reads(self.source, self.stream, self.spec)
         if manifest is not None and steps_per_rank(self.spec) == 0 and self.spec.num_samples > 0:
             raise ConfigError(
@@ -375,6 +377,16 @@ class EncodedLoader:
         s.requests += batch.requests
         s.cache_hits += batch.cache_hits
 
+    def _per_source(self, mixed: MixedSource | None, batch_size: int) -> int:
+        """The multiple each source's epoch count is rounded down to: a batch for
+        ``stream.batching: per_source`` (which needs a mix), else 1."""
+        if self.stream.batching != "per_source":
+            return 1
+        if mixed is None:
+            raise ConfigError("stream.batching: per_source needs several sources (source.train a list of "
+                              "{url, weight | repeat | samples})")
+        return batch_size
+
     # -- resume ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return self.ledger.state_dict()
@@ -383,12 +395,17 @@ class EncodedLoader:
         self.ledger.load_state_dict(state)
 
 
-def mix_draws(source: ResolvedSource, mixed: MixedSource) -> tuple[tuple[int, int], ...]:
+def mix_draws(source: ResolvedSource, mixed: MixedSource, whole: int = 1) -> tuple[tuple[int, int], ...]:
     """``PlanSpec.draws`` of a mix: per source, its units and the samples an epoch takes of it
-    (:func:`gpupipe.plan.draw_sizes`, from its size and its weight, repeat or samples)."""
+    (:func:`gpupipe.plan.draw_sizes`, from its size and its weight, repeat or samples), rounded
+    down to a multiple of ``whole`` (per-source batches: whole batches of each source)."""
     sizes = draw_sizes([p.samples for p in source.parts], weight=[d.weight for d in mixed.draws],
                        repeat=[d.repeat for d in mixed.draws], samples=[d.samples for d in mixed.draws])
-    return tuple((p.units, n) for p, n in zip(source.parts, sizes))
+    for p, n in zip(source.parts, sizes):
+        if 0 < n < whole:
+            raise ConfigError(f"stream.batching: per_source: {p.url} gives {n} samples an epoch, fewer than one "
+                              f"batch of {whole}; raise its weight, repeat or samples, or lower the batch size")
+    return tuple((p.units, n // whole * whole) for p, n in zip(source.parts, sizes))
 
 
 def _first(url) -> str:

@@ -10,6 +10,8 @@ from gpupipe.storage.fetch import FetchConfig
 
 __all__ = ["StreamConfig"]
 
+BATCHING = ("mixed", "per_source")  # stream.batching: how a mix of sources fills a batch
+
 
 @dataclass(frozen=True)
 class StreamConfig:
@@ -20,13 +22,17 @@ class StreamConfig:
     see :func:`gpupipe.loader.encoded.block_for`); ``unit_batches`` the batches of a window a worker
     reads at once (its unit of work; None: one batch where short reads are cheap — files on this
     machine, or object storage behind ``fetch.cache_dir`` — else the whole window: see
-    :func:`gpupipe.loader.encoded.unit_batches_for`); ``on_error`` is ``raise`` or ``skip``."""
+    :func:`gpupipe.loader.encoded.unit_batches_for`); ``on_error`` is ``raise`` or ``skip``;
+    ``batching``, with several sources (``source.train`` a list): ``mixed`` batches draw from every
+    source at random, ``per_source`` batches each hold one source's samples, a source's share of
+    the batches its share of the epoch (each source's epoch count rounded down to whole batches)."""
 
     shuffle: bool = True
     shuffle_buffer: int = 1024
     shuffle_block: int | None = None
     unit_batches: int | None = None
     drop_last: bool = True
+    batching: str = "mixed"
     on_error: ErrorPolicy = ErrorPolicy.RAISE
     fetch: FetchConfig = field(default_factory=FetchConfig)
 
@@ -39,5 +45,7 @@ class StreamConfig:
             raise ConfigError(f"stream.shuffle_buffer: must be >= 0, got {self.shuffle_buffer}")
         if self.shuffle_block is not None and self.shuffle_block < 0:
             raise ConfigError(f"stream.shuffle_block: must be >= 0 (0: shards whole), got {self.shuffle_block}")
+        if self.batching not in BATCHING:
+            raise ConfigError(f"stream.batching: {self.batching!r} is not one of {', '.join(map(repr, BATCHING))}")
         if self.unit_batches is not None and self.unit_batches < 1:
             raise ConfigError(f"stream.unit_batches: must be >= 1, got {self.unit_batches}")

@@ -31,6 +31,7 @@ NON_DEFAULT = {
     "image_size": (8, 12), "resize": "random_resized_crop", "scale": (0.5, 1.0), "ratio": (0.5, 2.0),
     "max_pixels": 1 << 20, "num_threads": 2, "hw_decoder_load": 0.5, "fancy_upsampling": False,
     "shuffle": False, "shuffle_buffer": 8, "shuffle_block": 2, "unit_batches": 2, "drop_last": False,
+    "batching": "per_source",
     "concurrency": 3, "object_concurrency": 5, "readahead_bytes": 1 << 20, "block_bytes": 1 << 19, "retries": 2,
     "backoff_s": 0.01, "backoff_max_s": 0.5, "request_timeout_s": 7.0, "cache_dir": None, "cache_bytes": 1 << 24,
     "refetch": 1, "classes": ("a", "b"), "image_column": None, "label_column": None, "targets": ("boxes",),
@@ -90,7 +91,8 @@ def test_an_unknown_keyword_is_named_with_a_did_you_mean_for_the_class_called(sh
 
 
 def test_every_keyword_given_is_the_value_used(shards):
-    given = {k: v for k, v in NON_DEFAULT.items() if k not in ("device",)}
+    # batching: per_source needs a mix of sources (tests/loader/test_mixed_sources.py gives it so)
+    given = {k: v for k, v in NON_DEFAULT.items() if k not in ("device", "batching")}
     loader = GpuLoader(shards, device="cpu", **given)
     split = loader.split
     where = {"loader": split, "decode": split.decode, "stream": split.stream, "stream.fetch": split.stream.fetch,

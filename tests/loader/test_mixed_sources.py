@@ -205,3 +205,36 @@ def test_a_source_without_class_names_among_named_ones_is_refused(two, tmp_path:
 def test_weights_that_sum_to_zero_are_a_config_error(two):
     with pytest.raises(ConfigError, match="source.train: .*weights of the sources sum to 0"):
         EncodedLoader([{"url": two[0], "weight": 0}, {"url": two[1], "weight": 0}], batch_size=4, num_workers=0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_per_source_batching_gives_each_batch_one_source_drawn_by_weight(two, workers, tmp_path: Path):
+    a, b = two
+    loader = EncodedLoader([{"url": a, "weight": 3}, {"url": b, "weight": 1}], batch_size=10, num_workers=workers,
+                           seed=3, batching="per_source")
+    assert loader.spec.draws == ((6, 70), (4, 20))  # 75 and 25 rounded down to whole batches
+    for epoch in range(2):
+        batches = list(loader)
+        sources = [{k[0] for k in batch.keys} for batch in batches]
+        assert all(len(s) == 1 for s in sources), (epoch, sources)
+        assert collections.Counter(s.pop() for s in sources) == {"a": 7, "b": 2}
+        assert loader.stats.per_source == [70, 20]
+    same = EncodedLoader([{"url": a, "weight": 3}, {"url": b, "weight": 1}], batch_size=10, num_workers=0, seed=3,
+                         batching="per_source")
+    same.set_epoch(1)
+    assert [batch.keys for batch in same] == [batch.keys for batch in batches]  # the worker count changes nothing
+    config = tmp_path / "c.yaml"
+    config.write_text(f"source:\n  train:\n    - {{url: {a}, weight: 3}}\n    - {{url: {b}}}\n"
+                      "stream: {batching: per_source}\nloader: {batch_size: 10}\n")
+    from_yaml = EncodedLoader(load_config(config).split("train"))
+    assert from_yaml.spec.per_source and from_yaml.spec.draws == ((6, 60), (4, 40))
+
+
+def test_per_source_batching_refuses_one_source_a_source_below_a_batch_and_a_typo(two):
+    a, b = two
+    with pytest.raises(ConfigError, match="per_source needs several sources"):
+        EncodedLoader(a, batch_size=10, batching="per_source")
+    with pytest.raises(ConfigError, match=r"gives 7 samples an epoch, fewer than one batch of 10"):
+        EncodedLoader([{"url": a}, {"url": b, "samples": 7}], batch_size=10, batching="per_source")
+    with pytest.raises(ConfigError, match="stream.batching: 'per-source' is not one of 'mixed', 'per_source'"):
+        EncodedLoader([{"url": a}, {"url": b}], batch_size=10, batching="per-source")

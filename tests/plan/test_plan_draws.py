@@ -114,3 +114,69 @@ def test_draws_must_cover_the_units():
         PlanSpec(counts=(1, 2, 3), batch_size=1, draws=((2, 3),))
     with pytest.raises(PlanError, match="no samples"):
         PlanSpec(counts=(0, 2), batch_size=1, draws=((1, 3), (1, 2)))
+
+
+@st.composite
+def per_source_mixes(draw):
+    """Mixes whose batches each hold one source: every draw whole batches, drop_last (or one rank)."""
+    sources = draw(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=4).filter(lambda c: sum(c) > 0),
+                            min_size=2, max_size=3))
+    batch = draw(st.integers(1, 6))
+    counts = tuple(c for src in sources for c in src)
+    draws = tuple((len(src), batch * draw(st.integers(0, 3 * sum(src) // batch + 1))) for src in sources)
+    world = draw(st.integers(1, 3))
+    return PlanSpec(counts=counts, batch_size=batch, world_size=world, seed=draw(st.integers(0, 2**32)),
+                    shuffle=draw(st.booleans()), drop_last=world > 1 or draw(st.booleans()),
+                    chunk_batches=draw(st.integers(1, 4)), block=draw(st.one_of(st.just(0), st.integers(1, 6))),
+                    draws=draws, per_source=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=per_source_mixes(), epoch=st.integers(0, 4))
+def test_per_source_batches_hold_one_source_each_and_give_every_draw_exactly(spec, epoch):
+    source = _source_of(spec)
+    whole = Counter()
+    for r in range(spec.world_size):
+        items = delivered(spec, epoch, r)
+        for i in range(0, len(items), spec.batch_size):
+            ids = [sid for sid, _ in items[i:i + spec.batch_size]]
+            assert len({int(source[sid]) for sid in ids}) == 1, (r, i, ids)  # one source a batch
+        whole += Counter(sid for sid, v in items if v)
+    steps = steps_per_rank(spec)
+    dropped = spec.num_samples - spec.world_size * steps * spec.batch_size  # the tail no step of every rank takes
+    assert sum(whole.values()) == spec.num_samples - dropped
+    if dropped == 0:
+        for s, (_, n) in enumerate(spec.draws):
+            assert sum(c for sid, c in whole.items() if source[sid] == s) == n  # the draw, exactly
+
+
+def test_per_source_batches_mix_each_source_inside_a_window_and_refuse_what_would_mix_sources():
+    spec = PlanSpec(counts=(400, 400, 100, 100), batch_size=16, seed=1, chunk_batches=8, block=4,
+                    draws=((2, 512), (2, 128)), per_source=True)
+    items = delivered(spec, 0, 0)
+    source = _source_of(spec)
+    batches = [[sid for sid, _ in items[i:i + 16]] for i in range(0, len(items), 16)]
+    kinds = [int(source[b[0]]) for b in batches]
+    assert Counter(kinds) == {0: 32, 1: 8}  # a source's share of the batches is its share of the epoch
+    assert kinds != sorted(kinds) and kinds != sorted(kinds, reverse=True)  # the sources' batches interleave
+    places = [len({sid // 4 for sid in b}) for b, k in zip(batches, kinds) if k == 0]
+    assert np.mean(places) > 12  # a window's samples of a source spread over its batches: not 4 blocks of 4 each
+    with pytest.raises(PlanError, match="whole batches"):
+        dataclasses.replace(spec, draws=((2, 500), (2, 128)))
+    with pytest.raises(PlanError, match="drop_last"):
+        dataclasses.replace(spec, world_size=2, drop_last=False)
+    with pytest.raises(PlanError, match="whole batches"):
+        PlanSpec(counts=(4,), batch_size=2, per_source=True)
+    assert plan_identity(spec)["per_source"] is True
+
+
+def test_per_source_resumes_exactly_under_its_cut_and_refuses_another():
+    spec = PlanSpec(counts=(40, 30, 20), batch_size=5, world_size=2, seed=4, chunk_batches=2, block=3,
+                    draws=((2, 60), (1, 20)), per_source=True)
+    progress = Progress.for_rank(spec)
+    part = Counter(i for i, v in take(spec, 1, progress, 3) if v)
+    plan, rest_progress = resume_plan(spec, 1, plan_identity(spec), progress.to_dict())
+    rest = Counter(i for r in range(plan.world_size) for i, v in delivered(plan, 1, r, 1, rest_progress) if v)
+    assert part + rest == _epoch(spec, 1)
+    with pytest.raises(PlanError, match="per-source batches resume only under the settings"):
+        resume_plan(dataclasses.replace(spec, world_size=1), 1, plan_identity(spec), progress.to_dict())
