@@ -42,13 +42,13 @@ def make_data(root: str, images: int, size: int, writer: str) -> str:
     write_leaves_folder(folder, [(size, size)] * images, seed=0, quality=90, workers=os.cpu_count() or 1,
                         progress=False)
     if writer == "ingest":
-        from gpupipe.tools.ingest import ingest
+        from gpupipe.prepare.ingest import ingest
 
         ingest(folder, shards, shard_size=1000, seed=0, progress=False)
         return shards
     import webdataset as wds
 
-    from gpupipe.tools.indexer import index
+    from gpupipe.prepare.indexer import index
 
     files = sorted(glob.glob(os.path.join(folder, "*", "*.jpg")))
     classes = sorted({os.path.basename(os.path.dirname(f)) for f in files})

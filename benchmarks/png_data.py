@@ -19,7 +19,7 @@ sys.path[:0] = [str(ROOT)]
 def main() -> None:
     from PIL import Image
 
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
 
     src, dst = Path(sys.argv[1]), Path(sys.argv[2])
     total = count = 0

@@ -55,7 +55,7 @@ def _dataset(bucket) -> tuple[str, dict[str, bytes]]:
     when a read is to see the shard replaced."""
     from datagen import write_dataset
 
-    from gpupipe.tools.indexer import index
+    from gpupipe.prepare.indexer import index
 
     opts = bucket.storage_options
     write_dataset(bucket.url("ds"), COUNTS, storage_options=opts, manifest=False)

@@ -39,7 +39,7 @@ def make(root: str, samples: int, classes: int, shards: int, size: int, pool: in
     """Class-ordered shards written by webdataset's TarWriter, indexed by gpupipe."""
     import webdataset as wds
 
-    from gpupipe.tools.indexer import index
+    from gpupipe.prepare.indexer import index
     from gpupipe.tools.synth import dead_leaves_jpeg
 
     folder = os.path.join(root, "shards")

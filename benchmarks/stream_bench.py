@@ -126,7 +126,7 @@ def in_place_sources(args) -> dict:
     from fault_proxy import FaultProxy
     from s3util import create_bucket
 
-    from gpupipe.tools.indexer import index_in_place
+    from gpupipe.prepare.indexer import index_in_place
     from gpupipe.tools.synth import synthetic_jpeg
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

@@ -3,7 +3,7 @@
 What it shows: one pipeline config (here a mapping; a YAML file works the same) gives the
 DataModule its train and val loaders — decode to 32x32 (DALI on a GPU, DALI CPU or Pillow
 without), the docs' simple augmentation set, batches of 32 — and ``trainer.fit`` trains
-``gpupipe.tools.models.ImageClassifier`` on them. The shards are tiny tinted JPEGs whose class is
+``gpupipe.lightning.models.ImageClassifier`` on them. The shards are tiny tinted JPEGs whose class is
 their colour (``examples/_shards.py``), so the validation loss visibly falls.
 
 Run::
@@ -34,7 +34,7 @@ def train(config, *, epochs: int, root: str, fast: bool) -> tuple[float, float]:
     import lightning.pytorch as pl
 
     from gpupipe.lightning import GpuDataModule
-    from gpupipe.tools.models import ImageClassifier
+    from gpupipe.lightning.models import ImageClassifier
 
     pl.seed_everything(0, verbose=False)
     dm = GpuDataModule(config)

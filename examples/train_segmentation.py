@@ -4,7 +4,7 @@ What it shows: generated detection data (``gpupipe synth --targets boxes,masks``
 rectangles, a ``.json`` of boxes and a ``.mask.png`` label map per image), read with
 ``source.targets: boxes+masks`` (configs/segmentation.yaml): the decode's random crop, the flip and
 the rotation move each image's boxes and mask with it, and ``gpupipe fit`` trains
-``gpupipe.tools.models.MaskSegmenter`` (per-pixel cross-entropy) on the masks. The example also
+``gpupipe.lightning.models.MaskSegmenter`` (per-pixel cross-entropy) on the masks. The example also
 reads one batch in Python and checks what a detection model would receive.
 
 Run::

@@ -24,8 +24,8 @@ _LAZY = {
     "Source": "gpupipe.sources.source:Source",
     "World": "gpupipe.core.types:World",
     "Manifest": "gpupipe.formats.manifest:Manifest",
-    "ingest": "gpupipe.tools.ingest:ingest",
-    "index": "gpupipe.tools.indexer:index",
+    "ingest": "gpupipe.prepare.ingest:ingest",
+    "index": "gpupipe.prepare.indexer:index",
 }
 
 _SUBMODULES = ("transforms",)  # ``gpupipe.transforms.Compose`` after a plain ``import gpupipe``, as in torchvision

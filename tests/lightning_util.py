@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from gpupipe.formats.writer import ShardSink
-from gpupipe.tools.models import ImageClassifier
+from gpupipe.lightning.models import ImageClassifier
 from gpupipe.tools.synth import synthetic_jpeg
 
 

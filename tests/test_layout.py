@@ -56,8 +56,8 @@ def test_nothing_imports_the_cli_entry_module():
 
 def test_every_public_name_resolves():
     """``from gpupipe import *`` works: each name of ``gpupipe.__all__`` (a lazy table) imports.
-    ``gpupipe.index`` pointed at ``gpupipe.tools.ingest:index`` after the function moved to
-    ``gpupipe.tools.indexer``, so the star import raised AttributeError."""
+    ``gpupipe.index`` pointed at ``gpupipe.prepare.ingest:index`` after the function moved to
+    ``gpupipe.prepare.indexer``, so the star import raised AttributeError."""
     import gpupipe
 
     missing = []
@@ -81,10 +81,11 @@ LAYERS = (
     ("plan", "sources"),                # the pure planner; a URL resolved into units + manifest
     ("plan_units",),                    # the planner's units of work: a few batches of a chunk (pure)
     ("stream", "decode", "augment"),    # worker-side samples and batches; decoding; GPU augmentation
+    ("prepare",),                       # data at rest made: ingest, index, re-encoding (library API)
     ("transforms",),                    # torchvision's names over augment
     ("config",),                        # YAML, typed per-stage settings, presets, the keyword form
     ("loader",),                        # GpuLoader, EncodedLoader, stages, the epoch ledger
-    ("lightning",),                     # the DataModule
+    ("lightning",),                     # the DataModule, and a small model to try a pipeline with
     ("tools",),                         # the CLI and what only it uses
 )
 LAYER = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}

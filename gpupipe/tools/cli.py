@@ -104,7 +104,7 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ingest_run(args: argparse.Namespace) -> int:
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
 
     report = ingest(args.src, args.dst, shard_size=args.shard_size, workers=args.workers, seed=args.seed,
                     shuffle=not args.no_shuffle, max_pixels=args.max_pixels, progress=not args.quiet,
@@ -122,7 +122,7 @@ def _ingest_run(args: argparse.Namespace) -> int:
 def _reencode(args: argparse.Namespace):
     if args.max_side is None and args.short_side is None:
         return None
-    from gpupipe.tools.reencode import Reencode
+    from gpupipe.prepare.reencode import Reencode
 
     return Reencode(max_side=args.max_side, short_side=args.short_side, quality=args.quality)
 
@@ -142,7 +142,7 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _index_run(args: argparse.Namespace) -> int:
-    from gpupipe.tools.indexer import index, index_in_place
+    from gpupipe.prepare.indexer import index, index_in_place
 
     options = dict(args.storage_options)
     manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,

@@ -35,7 +35,7 @@ class DemoResult:
 def prepare(root: str, *, images: int, size: int, shard_size: int, seed: int = 0) -> str:
     """Sample images and their shards under ``root`` (kept between runs): ``shards/`` for
     training and ``val-shards/`` (a tenth as many) for validation. Returns the training shards."""
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
     from gpupipe.tools.synth import write_image_folder
 
     splits = (("images", "shards", images, seed), ("val-images", "val-shards", max(1, images // 10), seed + 1))

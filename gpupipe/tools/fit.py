@@ -2,9 +2,9 @@
 
 FILE is either a pipeline config (``source:``, ``decode:``, ``augment:`` ... at the top;
 it becomes LightningCLI's ``--data``) or a LightningCLI file with ``data:``, ``model:``
-and ``trainer:`` sections. The model is :class:`~gpupipe.tools.models.ImageClassifier` with
-``model.arch`` from :data:`~gpupipe.tools.models.ARCHITECTURES`, or, for data with masks
-(``source.targets: masks``), :class:`~gpupipe.tools.models.MaskSegmenter`; a ``class_path`` anywhere in
+and ``trainer:`` sections. The model is :class:`~gpupipe.lightning.models.ImageClassifier` with
+``model.arch`` from :data:`~gpupipe.lightning.models.ARCHITECTURES`, or, for data with masks
+(``source.targets: masks``), :class:`~gpupipe.lightning.models.MaskSegmenter`; a ``class_path`` anywhere in
 the file or the overrides must name a Lightning callback or logger, or a gpupipe class —
 a config file never imports arbitrary code.
 """
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning.pytorch.cli import LightningCLI
 
     from gpupipe.lightning import GpuDataModule
-    from gpupipe.tools.models import ImageClassifier, MaskSegmenter
+    from gpupipe.lightning.models import ImageClassifier, MaskSegmenter
 
     targets = pipeline.source.targets
     if targets and "masks" not in targets:
@@ -105,4 +105,4 @@ def _check_class(path: str, value: str) -> None:
         if not name.startswith(ALLOWED_CLASS_PREFIXES):
             raise ConfigError(f"{path}: class path {name!r} is not allowed (a config never imports arbitrary code); "
                               f"allowed: {', '.join(p + '*' for p in ALLOWED_CLASS_PREFIXES)}, "
-                              f"and model.arch from gpupipe.tools.models.ARCHITECTURES")
+                              f"and model.arch from gpupipe.lightning.models.ARCHITECTURES")

@@ -22,8 +22,8 @@ from s3util import storage_options_via
 from gpupipe.core.errors import ShardFormatError, StorageError
 from gpupipe.formats.manifest import Manifest
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.prepare.indexer import index
 from gpupipe.storage.fetch import FetchConfig
-from gpupipe.tools.indexer import index
 
 COUNTS = [40, 0, 33, 57, 12]
 N = sum(COUNTS)

@@ -22,8 +22,8 @@ from fault_proxy import RETRYABLE
 from s3util import storage_options_via
 
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.prepare.indexer import index
 from gpupipe.storage.fetch import FetchConfig
-from gpupipe.tools.indexer import index
 
 COUNTS = [30, 0, 20, 25, 15]
 N = sum(COUNTS)

@@ -29,10 +29,10 @@ from gpupipe import GpuLoader
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.writer import ShardSink
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.prepare.indexer import index
+from gpupipe.prepare.ingest import ingest
 from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import FetchConfig
-from gpupipe.tools.indexer import index
-from gpupipe.tools.ingest import ingest
 from gpupipe.tools.sourceinfo import inspect
 from gpupipe.tools.synth import synthetic_jpeg
 

@@ -10,9 +10,9 @@ import pytest
 from gpupipe.config.schema import load_config
 from gpupipe.core.errors import ConfigError
 from gpupipe.loader.gpu import GpuLoader
+from gpupipe.prepare.ingest import ingest
 from gpupipe.sources.classes import agreed_classes, class_list
 from gpupipe.tools.cli import main
-from gpupipe.tools.ingest import ingest
 
 PIL = pytest.importorskip("PIL.Image")
 COLOUR = {"ant": (250, 0, 0), "cat": (0, 250, 0), "dog": (0, 0, 250)}  # a class is known by its pixels

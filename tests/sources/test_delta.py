@@ -17,8 +17,8 @@ from gpupipe.core.errors import ConfigError, MissingDependencyError
 from gpupipe.formats import delta
 from gpupipe.formats.manifest import MANIFEST_NAME
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.prepare.indexer import index_in_place
 from gpupipe.sources.source import Source, resolve
-from gpupipe.tools.indexer import index_in_place
 
 pytest.importorskip("pyarrow")
 deltalake = pytest.importorskip("deltalake")

@@ -17,8 +17,8 @@ from inplace_data import image_ids, label_of, write_class_folder, write_flat_fol
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError
 from gpupipe.formats.manifest import Manifest
 from gpupipe.loader.encoded import EncodedDataset, EncodedLoader, StreamConfig
+from gpupipe.prepare.indexer import index_in_place
 from gpupipe.sources.source import Source, resolve
-from gpupipe.tools.indexer import index_in_place
 
 pyarrow = pytest.importorskip("pyarrow")
 
@@ -97,7 +97,7 @@ def test_the_folder_above_datasets_is_refused_not_read_as_classes(tmp_path):
                                           r"shards, val-images, val-shards\) would be the classes; give one "
                                           r"dataset's folder, e\.g\. .*data/images/"):
         loader(str(tmp_path / "data"))
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
 
     with pytest.raises(ConfigError, match="holds dataset folders"):  # ingest reads an image folder the same way
         ingest(str(tmp_path / "data"), str(tmp_path / "out"), shard_size=4, progress=False)

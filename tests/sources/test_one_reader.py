@@ -24,8 +24,8 @@ import pytest
 
 from gpupipe.core.errors import ConfigError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.loader.encoded import EncodedLoader
+from gpupipe.prepare.ingest import ingest
 from gpupipe.sources.source import Source, resolve
-from gpupipe.tools.ingest import ingest
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

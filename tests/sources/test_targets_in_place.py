@@ -17,10 +17,10 @@ from gpupipe.formats.annotations import parse_boxes
 from gpupipe.formats.manifest import Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.plan import Span
+from gpupipe.prepare.ingest import ingest
 from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher
 from gpupipe.stream.readers import object_spans, rowgroup_spans
-from gpupipe.tools.ingest import ingest
 
 PIL = pytest.importorskip("PIL.Image")
 pa = pytest.importorskip("pyarrow")
@@ -145,7 +145,7 @@ def test_the_resolved_source_pickles_compactly_for_workers(tmp_path):
 
 
 def test_an_index_json_does_not_stop_the_coco_file_being_read(tmp_path, caplog):
-    from gpupipe.tools.indexer import index_in_place as index
+    from gpupipe.prepare.indexer import index_in_place as index
 
     doc = write_coco(str(tmp_path / "imgs"))
     index(str(tmp_path / "imgs"), progress=False)
@@ -290,7 +290,7 @@ def test_parquet_target_chunks_are_fetched_by_range_with_the_image_chunk(tmp_pat
 
 
 def test_parquet_index_written_without_targets_still_reads_them(tmp_path, caplog):
-    from gpupipe.tools.indexer import index_in_place as index
+    from gpupipe.prepare.indexer import index_in_place as index
 
     want = write_parquet_targets(str(tmp_path / "pq"))
     index(str(tmp_path / "pq"), progress=False)

@@ -25,10 +25,10 @@ from s3util import storage_options_via
 
 from gpupipe.core.types import ByteRange
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.prepare.indexer import index, index_in_place
 from gpupipe.storage.cache import BlockCache
 from gpupipe.storage.fetch import FetchConfig, Fetcher, ObjectVersion
 from gpupipe.storage.identity import identity_of
-from gpupipe.tools.indexer import index, index_in_place
 
 COUNTS = [37, 23, 41, 19]
 N = sum(COUNTS)

@@ -10,7 +10,7 @@ import pytest
 from gloo_ranks import run_ranks
 from inplace_data import write_class_folder, write_parquet
 
-from gpupipe.tools.indexer import index_in_place
+from gpupipe.prepare.indexer import index_in_place
 
 pytestmark = pytest.mark.usefixtures("one_job_at_a_time")  # conftest.py: every test here runs a job of ranks
 

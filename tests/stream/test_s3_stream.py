@@ -148,7 +148,7 @@ def _in_place(kind, bucket):
 def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind):
     from inplace_data import image_ids
 
-    from gpupipe.tools.indexer import index_in_place
+    from gpupipe.prepare.indexer import index_in_place
 
     url, n = _in_place(kind, s3_bucket)
     proxy = s3_proxy()
@@ -169,7 +169,7 @@ def test_in_place_sources_on_s3_without_and_with_index(s3_bucket, s3_proxy, kind
 def test_in_place_sources_survive_five_percent_faults(s3_bucket, s3_proxy, kind):
     from inplace_data import image_ids
 
-    from gpupipe.tools.indexer import index_in_place
+    from gpupipe.prepare.indexer import index_in_place
 
     url, n = _in_place(kind, s3_bucket)
     index_in_place(url, storage_options=s3_bucket.storage_options, checksums=True, progress=False)

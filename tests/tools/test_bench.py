@@ -176,7 +176,7 @@ def test_make_data_command(tmp_path: Path, capsys):
 @pytest.fixture(scope="module")
 def truncated_data(tmp_path_factory) -> tuple[Path, Path]:
     """12 JPEGs in images/ (one cut in half: 'image file is truncated') ingested to shards/."""
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
     from gpupipe.tools.synth import write_image_folder
 
     root = tmp_path_factory.mktemp("truncated")

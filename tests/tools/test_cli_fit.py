@@ -102,7 +102,7 @@ def test_fit_with_a_bad_config_is_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def six_classes(tmp_path_factory):
     """12 images in 6 class folders, ingested: the index lists 6 classes; a train-only config."""
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
     from gpupipe.tools.synth import write_image_folder
 
     root = tmp_path_factory.mktemp("six")
@@ -121,7 +121,7 @@ FIT_BRIEFLY = ["--trainer.max_epochs", "1", "--trainer.accelerator", "cpu", "--t
 def test_fit_takes_the_class_count_from_the_index_and_needs_no_val(six_classes, tmp_path):
     import torch
 
-    from gpupipe.tools.models import ImageClassifier
+    from gpupipe.lightning.models import ImageClassifier
 
     run = gpupipe("fit", "--config", str(six_classes), *FIT_BRIEFLY, "--trainer.default_root_dir", str(tmp_path),
                   cwd=tmp_path)
@@ -147,7 +147,7 @@ def test_fit_refuses_a_head_that_disagrees_with_the_data(six_classes, tmp_path):
 def test_labels_outside_the_head_are_named_when_the_data_has_no_class_list():
     import torch
 
-    from gpupipe.tools.models import ImageClassifier
+    from gpupipe.lightning.models import ImageClassifier
 
     model = ImageClassifier(num_classes=3)
     images = torch.zeros(2, 3, 16, 16)

@@ -15,8 +15,8 @@ from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.plan import shuffle_buffer
-from gpupipe.tools.indexer import index
-from gpupipe.tools.ingest import _ordered_map, ingest
+from gpupipe.prepare.indexer import index
+from gpupipe.prepare.ingest import _ordered_map, ingest
 from gpupipe.tools.sourceinfo import inspect
 
 PIL = pytest.importorskip("PIL.Image")
@@ -99,7 +99,7 @@ def check_image_folder_result(report, dst: str, good: dict[bytes, str], bad: set
 
 def test_ingest_image_folder_local(tmp_path, caplog):
     good, bad = make_image_folder(str(tmp_path / "src"))
-    with caplog.at_level(logging.WARNING, logger="gpupipe.tools.ingest"):
+    with caplog.at_level(logging.WARNING, logger="gpupipe.prepare.ingest"):
         report = ingest(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=5, progress=False)
     check_image_folder_result(report, str(tmp_path / "out"), good, bad)
     assert report.num_shards == 4  # 18 samples, 5 per shard
@@ -157,8 +157,8 @@ def split_images(dst) -> dict[str, set[bytes]]:
 
 
 def test_val_fraction_carves_a_deterministic_split(tmp_path, capsys):
+    from gpupipe.prepare.ingest import in_val_split
     from gpupipe.tools.cli import main
-    from gpupipe.tools.ingest import in_val_split
 
     good, _ = make_image_folder(str(tmp_path / "src"))
     report = ingest(str(tmp_path / "src"), str(tmp_path / "a"), val_fraction=0.2, seed=5, shard_size=4, progress=False)
@@ -373,7 +373,7 @@ def test_ingest_to_and_from_s3(tmp_path, s3_bucket):
 def test_index_reads_shards_in_blocks(tmp_path, monkeypatch):
     """Many small blocks (not whole shards), crossing member and shard boundaries, give the
     same manifest as ingest wrote."""
-    import gpupipe.tools.indexer as indexer_module
+    import gpupipe.prepare.indexer as indexer_module
     from gpupipe.storage.fetch import FetchConfig
 
     make_image_folder(str(tmp_path / "src"))

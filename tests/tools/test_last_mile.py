@@ -16,9 +16,9 @@ from PIL import Image
 from gpupipe import GpuLoader
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageNotFoundError
 from gpupipe.loader.encoded import EncodedLoader
+from gpupipe.prepare.ingest import ingest
 from gpupipe.sources.classes import agreed_classes
 from gpupipe.tools.cli import main
-from gpupipe.tools.ingest import ingest
 from gpupipe.tools.preview import layout
 from gpupipe.tools.synth import synthetic_jpeg
 from gpupipe.tools.validate import validate

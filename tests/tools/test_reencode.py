@@ -12,9 +12,9 @@ from PIL import Image
 from gpupipe.core.errors import ConfigError
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.prepare.ingest import ingest
+from gpupipe.prepare.reencode import Reencode
 from gpupipe.tools.cli import main
-from gpupipe.tools.ingest import ingest
-from gpupipe.tools.reencode import Reencode
 
 
 def _jpeg(hw: tuple[int, int], orientation: int = 1, seed: int = 0) -> bytes:
@@ -56,7 +56,7 @@ def test_larger_images_are_stored_upright_at_the_short_side_and_small_ones_uncha
 def test_boxes_and_masks_are_scaled_with_the_image(tmp_path):
     from gpupipe.formats.annotations import encode_boxes, parse_boxes
     from gpupipe.formats.imageheader import probe
-    from gpupipe.tools.reencode import reencoded
+    from gpupipe.prepare.reencode import reencoded
 
     mask = np.zeros((200, 400), dtype=np.uint8)
     mask[50:150, 100:300] = 3

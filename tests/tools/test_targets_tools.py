@@ -16,10 +16,10 @@ from gpupipe.core.types import Sample
 from gpupipe.formats.annotations import parse_boxes
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, held_kinds
 from gpupipe.formats.tar import group_by_key, iter_members
+from gpupipe.prepare import ingest as ingest_module
+from gpupipe.prepare.indexer import index
 from gpupipe.sources.source import Source, resolve
-from gpupipe.tools import ingest as ingest_module
 from gpupipe.tools.cli import main
-from gpupipe.tools.indexer import index
 from gpupipe.tools.synth import detection_sample
 
 

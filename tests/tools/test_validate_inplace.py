@@ -12,8 +12,8 @@ from decode_corpus import cases
 from lightning_util import real_jpeg
 from test_cli_validate_preview import damaged  # 5: a JPEG whose Huffman table is bogus (a real decode fails)
 
+from gpupipe.prepare.indexer import index_in_place
 from gpupipe.tools.cli import main
-from gpupipe.tools.indexer import index_in_place
 from gpupipe.tools.validate import validate
 
 FOLDER_BAD = {"c1/corrupt": "decode failed", "c1/page": "not an image", "c1/half": "truncated"}  # by sample key

@@ -72,7 +72,7 @@ def make_dataset(preset: str, images: int, root: str, *, seed: int = 0, workers:
                  progress: bool = True) -> dict:
     """Write ``root/images`` and ``root/shards`` (skipped when ``root/shards/index.json``
     exists); returns a summary (also written to ``root/dataset.json``)."""
-    from gpupipe.tools.ingest import ingest
+    from gpupipe.prepare.ingest import ingest
     from gpupipe.tools.synth import write_leaves_folder
 
     if preset not in PRESETS:

@@ -14,7 +14,7 @@ no class, an unreadable file), is skipped, logged and listed in the :class:`Inge
 shuffle only within a window, so the order at rest matters) and the same inputs and seed
 give byte-identical shards.
 
-:func:`gpupipe.tools.indexer.index` writes the manifest for shards made elsewhere (e.g. by
+:func:`gpupipe.prepare.indexer.index` writes the manifest for shards made elsewhere (e.g. by
 ``webdataset``) and :func:`gpupipe.tools.sourceinfo.inspect` summarises a dataset. Nothing here prints.
 """
 from __future__ import annotations
@@ -39,11 +39,11 @@ from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.rowgroups import Pieces, RowGroupTable, read_footer, row_group_samples
 from gpupipe.formats.writer import ShardSink
 from gpupipe.plan import shuffle_buffer
+from gpupipe.prepare.reencode import Reencode, reencoded
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
 from gpupipe.sources.source import ResolvedSource, Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, storage_errors
 from gpupipe.stream.batch import image_field
-from gpupipe.tools.reencode import Reencode, reencoded
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
 
@@ -130,7 +130,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     shards, ``index.json`` and ``classes.txt`` (one class list). Whether an input goes to val
     is :func:`in_val_split` of ``seed`` and its path under ``src``: the same on every run.
 
-    ``reencode`` (:class:`~gpupipe.tools.reencode.Reencode`: ``max_side`` or ``short_side``, and
+    ``reencode`` (:class:`~gpupipe.prepare.reencode.Reencode`: ``max_side`` or ``short_side``, and
     ``quality``) stores larger images smaller, upright and as JPEG, their boxes and masks scaled;
     images small enough already are copied unchanged; ``index.json`` records it (``prepared``).
     Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments or a
