@@ -16,7 +16,7 @@ Two layouts, told apart by where the images sit under the root:
   warning).
 
 Images at both levels are refused. An image is a file whose extension (any case) is one of
-:data:`IMAGE_EXTENSIONS`, not hidden (no path component starting with ``.``) and at most
+:func:`~gpupipe.formats.imageheader.image_extensions`, not hidden (no path component starting with ``.``) and at most
 ``MAX_MEMBER_BYTES``; every other file is left out and reported, with the reason
 (``index.json``, ``classes.txt`` and the labels file excepted). Files are taken in sorted
 order. A sample's key is the image's path under the root without its extension
@@ -47,16 +47,15 @@ from numpy.typing import ArrayLike
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.core.types import Sample, StringTable
-from gpupipe.formats.imageheader import field_name
+from gpupipe.formats.imageheader import field_name, image_extensions
 from gpupipe.formats.tar import MAX_MEMBER_BYTES, safe_key, sample_fields
 
-__all__ = ["IMAGE_EXTENSIONS", "LABEL_FILES", "SPLIT_FOLDERS", "NameList", "ObjectTable", "FolderListing", "extension",
+__all__ = ["LABEL_FILES", "SPLIT_FOLDERS", "NameList", "ObjectTable", "FolderListing", "extension",
            "classify_listing", "parse_label_file", "class_numbering", "label_problem", "folder_table", "object_key",
            "object_keys", "object_sample"]
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif"})
 LABEL_FILES = ("labels.csv", "labels.json")
 # folder names of a dataset's splits under its root, in the order the splits are named in messages
 SPLIT_FOLDERS = ("train", "val", "valid", "validation", "test")
@@ -196,7 +195,8 @@ def classify_listing(root: str, listing: Mapping[str, Mapping[str, Any]]) -> Fol
     rel = {p: p[len(root):].lstrip("/") for p in files}
     if any("/" not in r and r.endswith(".tar") for r in rel.values()):
         return FolderListing("tar", root, files)
-    images = any(extension(r) in IMAGE_EXTENSIONS for r in rel.values())
+    readable = image_extensions(readable=True)
+    images = any(extension(r) in readable for r in rel.values())
     if not images and any(r.endswith(".parquet") and not _hidden(r) for r in rel.values()):
         return FolderListing("parquet", root, files)
     return FolderListing("folder" if images else "empty", root, files)
@@ -343,7 +343,8 @@ def folder_table(listing: FolderListing, mapping: Mapping[str, int | str] | None
     -1 (no class per image, no labels file read) and ``instances_*.json`` files are expected."""
     root = listing.root
     rel = {p: p[len(root):].lstrip("/") for p in listing.files}
-    images = [r for r in rel.values() if extension(r) in IMAGE_EXTENSIONS and not _dotted(r)]
+    readable = image_extensions(readable=True)
+    images = [r for r in rel.values() if extension(r) in readable and not _dotted(r)]
     top, deep = sorted(r for r in images if "/" not in r), sorted(r for r in images if "/" in r)
     if top and deep:
         raise ConfigError(f"source: {root} has images at the top level ({', '.join(top[:2])}, ...) and in sub-folders "
@@ -397,8 +398,8 @@ def _reject(rel: str, size: int, *, flat: bool) -> str:
         return _OUTSIDE
     if _dotted(rel):
         return "hidden file or folder"
-    if extension(rel) not in IMAGE_EXTENSIONS:
-        return f"not an image file name (extension not one of {sorted(IMAGE_EXTENSIONS)})"
+    if extension(rel) not in image_extensions(readable=True):
+        return f"not an image file name (extension not one of {sorted(image_extensions(readable=True))})"
     if size > MAX_MEMBER_BYTES:
         return f"file of {size} bytes is larger than the {MAX_MEMBER_BYTES}-byte member limit"
     return ""
@@ -416,7 +417,7 @@ def _refuse_a_parent_of_datasets(root: str, listing: Iterable[str]) -> None:
             index.add(top)
         elif rest.endswith(".tar") and "/" not in rest:
             tars.add(top)
-        elif rest and extension(rest) in IMAGE_EXTENSIONS:
+        elif rest and extension(rest) in image_extensions(readable=True):
             images.add(top)
     datasets = sorted(index | (tars - images))
     if datasets:

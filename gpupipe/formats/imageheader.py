@@ -17,18 +17,27 @@ never to a native decoder (:mod:`gpupipe.formats.jpeg`, :mod:`gpupipe.decode.gat
 for what a complete file ends with (a JPEG EOI, a PNG IEND chunk, the GIF trailer, all the
 BMP pixel rows, the whole WebP RIFF), so a file cut short in transfer or storage is refused
 before a decoder turns it into a half-grey image.
+
+Which formats there are is one registry (:class:`ImageFormat`, :func:`register_image_format`):
+the built-in ones are registered below; a plugin registers its own (its magic bytes, the
+extensions its files and sample fields carry, its header parser) and every reader, the gate and
+the decoders' header checks take it from there — image folders list its files, tar samples find
+it as their image member. A registered parser is held to :func:`probe`'s contract: return an
+:class:`ImageHeader` or raise (any exception becomes a ``DecodeError`` naming the image).
 """
 from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpupipe.core.errors import DecodeError
 from gpupipe.formats import jpeg, png
 from gpupipe.formats.exif import exif_orientation
 
-__all__ = ["ImageHeader", "probe", "check_complete", "sniff", "field_name", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS"]
+__all__ = ["ImageHeader", "probe", "check_complete", "sniff", "field_name", "MAX_SIDE", "MAX_TRAILER", "MAX_PIXELS",
+           "ImageFormat", "register_image_format", "image_formats", "image_extensions"]
 
 MAX_SIDE = 1 << 20  # a side longer than this is a corrupt header, not an image
 MAX_PIXELS = 178_956_970  # the default max_pixels: Pillow's decompression-bomb limit
@@ -111,7 +120,8 @@ def check_complete(data: bytes | memoryview, header: ImageHeader, *, name: str =
     * WebP: the RIFF size fits the data (the same check :func:`probe` makes).
     """
     try:
-        _COMPLETE.get(header.format, _no_check)(_as_bytes_view(data), header)
+        fmt = _FORMATS.get(header.format)
+        (_no_check if fmt is None else fmt.complete)(_as_bytes_view(data), header)
     except DecodeError as e:
         raise DecodeError(f"{name}: {e}" if name else str(e)) from None
     except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
@@ -168,8 +178,6 @@ def _no_check(view: memoryview, header: ImageHeader) -> None:
     """Formats without a cheap completeness check."""
 
 
-_COMPLETE = {"jpeg": _jpeg_complete, "png": _png_complete, "gif": _gif_complete,
-             "bmp": _bmp_complete, "webp": _webp_complete}
 
 
 def _as_bytes_view(data: object) -> memoryview:
@@ -183,39 +191,31 @@ def _as_bytes_view(data: object) -> memoryview:
 
 def sniff(data: bytes | memoryview) -> str | None:
     """The format that the first bytes of ``data`` declare -- ``jpeg``, ``png``, ``gif``,
-    ``bmp`` or ``webp`` -- or ``None``; nothing more is checked (that is :func:`probe`)."""
-    head = bytes(data[:12])
-    if head.startswith(b"\xff\xd8"):
-        return "jpeg"
-    if head.startswith(_PNG_SIGNATURE):
-        return "png"
-    if head.startswith((b"GIF87a", b"GIF89a")):
-        return "gif"
-    if head.startswith(b"BM"):
-        return "bmp"
-    if head.startswith(b"RIFF") and b"WEBP".startswith(head[8:12]):
-        return "webp"
+    ``bmp``, ``webp`` or a registered one's name -- or ``None``; nothing more is checked
+    (that is :func:`probe`)."""
+    head = bytes(data[:_HEAD])
+    for fmt in _FORMATS.values():
+        if fmt.magic(head):
+            return fmt.name
     return None
-
-
-_FIELD_OF_FORMAT = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "webp": "webp"}
 
 
 def field_name(data: bytes | memoryview, default: str) -> str:
     """The sample field an image goes under: its format by its bytes (``jpg``, ``png``, ``gif``,
-    ``bmp``, ``webp``), else ``default`` (a file's extension): decoders look at the bytes, and
-    a PNG saved as ``.jpg`` is stored as what it is."""
-    return _FIELD_OF_FORMAT.get(sniff(data) or "", default)
+    ``bmp``, ``webp``, a registered format's first extension), else ``default`` (a file's
+    extension): decoders look at the bytes, and a PNG saved as ``.jpg`` is stored as what it is."""
+    fmt = _FORMATS.get(sniff(data) or "")
+    return fmt.extensions[0] if fmt is not None and fmt.parse is not None else default
 
 
 def _parse(view: memoryview) -> ImageHeader:
     """Dispatch on the magic bytes."""
     if not len(view):
         raise DecodeError("empty data (0 bytes)")
-    parser = {"jpeg": _jpeg, "png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp}.get(sniff(view) or "")
-    if parser is None:
+    fmt = _FORMATS.get(sniff(view) or "")
+    if fmt is None or fmt.parse is None:
         raise DecodeError(_not_an_image(bytes(view[:64])))
-    return parser(view)
+    return fmt.parse(view)
 
 
 def _not_an_image(head: bytes) -> str:
@@ -372,3 +372,62 @@ def _webp_orientation(view: memoryview) -> int:
             return exif_orientation(view[pos + 8:pos + 8 + size])
         pos += 8 + size + (size & 1)
     return 1
+
+
+# -- the registry ----------------------------------------------------------------------------
+
+_HEAD = 16  # bytes a format's magic test sees
+
+
+@dataclass(frozen=True)
+class ImageFormat:
+    """One image format: its ``name`` (``ImageHeader.format``), the ``extensions`` its files and
+    sample fields carry (the first is the field it is stored under), ``magic`` (whether the first
+    16 bytes declare it), its header parser (``None``: known, but no decoder takes it — probe
+    then says to convert it) and its completeness check (:func:`check_complete`)."""
+
+    name: str
+    extensions: tuple[str, ...]
+    magic: Callable[[bytes], bool]
+    parse: Callable[[memoryview], ImageHeader] | None
+    complete: Callable[[memoryview, ImageHeader], None] = _no_check
+
+
+_FORMATS: dict[str, ImageFormat] = {}
+_EXTENSIONS: list[tuple[str, ...]] = [(), ()]  # every format's extensions; those with a parser
+
+
+def register_image_format(fmt: ImageFormat) -> None:
+    """Make ``fmt`` an image format everywhere (a name already taken is replaced). Register before
+    the loader starts its workers (at import of the plugin's module): they are forks of it."""
+    if not fmt.extensions or any(not e or "." in e or e != e.lower() for e in fmt.extensions):
+        raise ValueError(f"image format {fmt.name!r}: extensions must be lower-case names without dots, "
+                         f"got {fmt.extensions!r}")
+    _FORMATS[fmt.name] = fmt
+    _EXTENSIONS[0] = tuple(e for f in _FORMATS.values() for e in f.extensions)
+    _EXTENSIONS[1] = tuple(e for f in _FORMATS.values() if f.parse is not None for e in f.extensions)
+
+
+def image_formats() -> tuple[ImageFormat, ...]:
+    """The registered formats, in the order they are tried (built-in first)."""
+    return tuple(_FORMATS.values())
+
+
+def image_extensions(*, readable: bool = False) -> tuple[str, ...]:
+    """Every registered format's extensions in order of preference (a sample's image member is the
+    first of them it has); ``readable``: only those of formats with a parser (an image folder lists
+    these files; a ``.tif`` among tar members is still the image, refused by name)."""
+    return _EXTENSIONS[1] if readable else _EXTENSIONS[0]
+
+
+for _fmt in (
+    ImageFormat("jpeg", ("jpg", "jpeg"), lambda h: h.startswith(b"\xff\xd8"), _jpeg, _jpeg_complete),
+    ImageFormat("png", ("png",), lambda h: h.startswith(_PNG_SIGNATURE), _png, _png_complete),
+    ImageFormat("webp", ("webp",), lambda h: h.startswith(b"RIFF") and b"WEBP".startswith(h[8:12]), _webp,
+                _webp_complete),
+    ImageFormat("bmp", ("bmp",), lambda h: h.startswith(b"BM"), _bmp, _bmp_complete),
+    ImageFormat("gif", ("gif",), lambda h: h.startswith((b"GIF87a", b"GIF89a")), _gif, _gif_complete),
+    ImageFormat("ppm", ("ppm",), lambda h: False, None),  # named as images, refused with the reason
+    ImageFormat("tiff", ("tif", "tiff"), lambda h: False, None),
+):
+    register_image_format(_fmt)

@@ -16,8 +16,7 @@ import numpy as np
 from gpupipe.core.errors import ConfigError
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, encode_boxes, parse_boxes
 from gpupipe.formats.headers import upright_hw
-from gpupipe.formats.imageheader import ImageHeader
-from gpupipe.stream.batch import IMAGE_EXTENSIONS
+from gpupipe.formats.imageheader import ImageHeader, image_extensions
 
 __all__ = ["Reencode", "reencoded"]
 
@@ -66,7 +65,7 @@ def reencoded(fields: dict[str, bytes], key: str, header: ImageHeader, spec: Ree
         return None
     from PIL import Image, ImageOps
 
-    name = next(f for f in IMAGE_EXTENSIONS if f in fields)
+    name = next(f for f in image_extensions() if f in fields)
     with Image.open(io.BytesIO(fields[name])) as im:
         im.draft("RGB", (size[1], size[0]))  # JPEG: decode at a reduced scale where it is still >= the target
         image = ImageOps.exif_transpose(im).convert("RGB")

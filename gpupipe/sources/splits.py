@@ -12,7 +12,8 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from gpupipe.formats.folder import IMAGE_EXTENSIONS, SPLIT_FOLDERS, extension
+from gpupipe.formats.folder import SPLIT_FOLDERS, extension
+from gpupipe.formats.imageheader import image_extensions
 from gpupipe.formats.manifest import MANIFEST_NAME
 from gpupipe.storage.fetch import open_filesystem
 
@@ -42,7 +43,7 @@ def split_folders(url: Any, storage_options: Mapping[str, Any] | None = None) ->
         name = posixpath.basename(str(entry["name"]).rstrip("/"))
         if entry.get("type") == "directory":
             folders.add(name)
-        elif name == MANIFEST_NAME or extension(name) in (*IMAGE_EXTENSIONS, "tar", "parquet"):
+        elif name == MANIFEST_NAME or extension(name) in (*image_extensions(readable=True), "tar", "parquet"):
             data = True
     if data or "train" not in folders:
         return {}

@@ -19,13 +19,13 @@ import torch
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample
 from gpupipe.formats.headers import ProbedHeaders
+from gpupipe.formats.imageheader import image_extensions
 from gpupipe.storage.buffers import BufferPool
 from gpupipe.stream.slots import SlotTaker, shared_bytes
 from gpupipe.stream.targets import SampleTargets, TargetColumns, read_targets
 
-__all__ = ["EncodedBatch", "EncodedTargets", "SampleTable", "TargetColumns", "pack", "pack_table", "padded_stride", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "image_field", "label_of"]
+__all__ = ["EncodedBatch", "EncodedTargets", "SampleTable", "TargetColumns", "pack", "pack_table", "padded_stride", "LABEL_EXTENSIONS", "image_field", "label_of"]
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ppm", "tif", "tiff")
 LABEL_EXTENSIONS = ("cls", "label", "class", "cls2")
 
 
@@ -144,7 +144,7 @@ class EncodedBatch:
 
 def image_field(sample: Sample) -> bytes:
     """The encoded image of a sample; an empty ``bytes`` when it has none."""
-    for ext in IMAGE_EXTENSIONS:
+    for ext in image_extensions():
         if ext in sample.fields:
             return sample.fields[ext]
     return b""

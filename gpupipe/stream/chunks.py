@@ -38,6 +38,7 @@ import numpy as np
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
+from gpupipe.formats.imageheader import image_extensions
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
 from gpupipe.plan import PlanSpec, Span, permutation, shuffle_buffer
@@ -46,7 +47,7 @@ from gpupipe.sources.mixed import relabel
 from gpupipe.sources.resolved import SourcePart
 from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import Fetcher, ObjectVersion
-from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, SampleTable, image_field, label_of
+from gpupipe.stream.batch import LABEL_EXTENSIONS, SampleTable, image_field, label_of
 from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
 from gpupipe.stream.settings import StreamConfig
 from gpupipe.stream.targets import SampleTargets, TargetColumns, member_fields, read_targets
@@ -79,7 +80,7 @@ def _checked(s: Sample, shard: str, sample_id: int) -> Sample:
     """The sample with its shard, id and parsed label; ShardFormatError if it has no
     image or a label that is not an integer."""
     if not image_field(s):
-        empty = [ext for ext in IMAGE_EXTENSIONS if ext in s.fields]
+        empty = [ext for ext in image_extensions() if ext in s.fields]
         what = f"image member .{empty[0]} is empty" if empty else f"has no image member (has {sorted(s.fields)})"
         raise ShardFormatError(f"sample {s.key!r}: {what}", shard=shard, offset=s.offset)
     return Sample(key=s.key, fields=s.fields, shard=shard, offset=s.offset, sample_id=sample_id, label=label_of(s))
@@ -331,7 +332,7 @@ def _scanned(blocks: list, offsets: np.ndarray, crcs: np.ndarray | None, wanted:
     targets, well formed; else ``None``, and the span is read by the streaming reader, which
     finds, re-reads and reports what is wrong.
     The blocks are not joined: each image (and mask) is copied once, into its batch."""
-    got = scan_span(blocks, offsets - offsets[0], image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS,
+    got = scan_span(blocks, offsets - offsets[0], image_exts=image_extensions(), label_exts=LABEL_EXTENSIONS,
                     member_exts=member_fields(wanted.kinds))
     if got is None or (crcs is not None and not np.array_equal(got.crcs, crcs)):
         return None

@@ -20,12 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupipe.core.errors import ShardFormatError
+from gpupipe.formats.imageheader import image_extensions
 from gpupipe.formats.manifest import index_shard
 from gpupipe.formats.tar import BLOCK, TarShardWriter, group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import scan_span
-from gpupipe.stream.batch import IMAGE_EXTENSIONS, LABEL_EXTENSIONS, image_field, label_of
+from gpupipe.stream.batch import LABEL_EXTENSIONS, image_field, label_of
 
-_EXTS = dict(image_exts=IMAGE_EXTENSIONS, label_exts=LABEL_EXTENSIONS)
+_EXTS = dict(image_exts=image_extensions(), label_exts=LABEL_EXTENSIONS)
 _MEMBERS = ("json", "mask.png")  # located on request (a sample's boxes and mask)
 
 
