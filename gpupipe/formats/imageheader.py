@@ -121,7 +121,8 @@ def check_complete(data: bytes | memoryview, header: ImageHeader, *, name: str =
     """
     try:
         fmt = _FORMATS.get(header.format)
-        (_no_check if fmt is None else fmt.complete)(_as_bytes_view(data), header)
+        if fmt is not None:
+            _held(fmt, fmt.complete, _as_bytes_view(data), header)
     except DecodeError as e:
         raise DecodeError(f"{name}: {e}" if name else str(e)) from None
     except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
@@ -215,7 +216,20 @@ def _parse(view: memoryview) -> ImageHeader:
     fmt = _FORMATS.get(sniff(view) or "")
     if fmt is None or fmt.parse is None:
         raise DecodeError(_not_an_image(bytes(view[:64])))
-    return fmt.parse(view)
+    return _held(fmt, fmt.parse, view)
+
+
+def _held(fmt: ImageFormat, step: Callable, *args):
+    """A registered format's parser or check, held to the contract: whatever a plugin's raises is a
+    ``DecodeError`` naming its format (the built-in ones are held by :func:`probe` itself)."""
+    if fmt.name in _BUILT_IN:
+        return step(*args)
+    try:
+        return step(*args)
+    except DecodeError:
+        raise
+    except Exception as e:  # noqa: BLE001 — a plugin's parser on untrusted bytes
+        raise DecodeError(f"{fmt.name}: malformed ({type(e).__name__}: {e})") from None
 
 
 def _not_an_image(head: bytes) -> str:
@@ -420,6 +434,7 @@ def image_extensions(*, readable: bool = False) -> tuple[str, ...]:
     return _EXTENSIONS[1] if readable else _EXTENSIONS[0]
 
 
+_BUILT_IN = frozenset({"jpeg", "png", "webp", "bmp", "gif", "ppm", "tiff"})
 for _fmt in (
     ImageFormat("jpeg", ("jpg", "jpeg"), lambda h: h.startswith(b"\xff\xd8"), _jpeg, _jpeg_complete),
     ImageFormat("png", ("png",), lambda h: h.startswith(_PNG_SIGNATURE), _png, _png_complete),

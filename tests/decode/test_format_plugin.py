@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gpupipe
 from gpupipe import GpuLoader
@@ -20,7 +22,7 @@ from gpupipe.decode.base import DecodedBatch, DecodeStats
 from gpupipe.decode.common import StandIn, account, assemble, prepare
 from gpupipe.decode.settings import _BACKENDS, BackendSpec, register_backend
 from gpupipe.formats import imageheader
-from gpupipe.formats.imageheader import ImageFormat, ImageHeader, register_image_format
+from gpupipe.formats.imageheader import ImageFormat, ImageHeader, check_complete, probe, register_image_format
 
 MAGIC = b"\x93NUMPY"
 
@@ -148,3 +150,20 @@ def _npy(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, a)
     return buf.getvalue()
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_plugin_parser_on_mutated_bytes_only_ever_refuses_with_a_decode_error(data):
+    """The plugin's own parser raises what numpy raises (ValueError, SyntaxError, EOFError, ...) on
+    damaged headers; the registry turns each into a DecodeError naming the format, as the gate
+    needs (a worker must count or raise it, never die of it)."""
+    raw = bytearray(_npy(_array(data.draw(st.integers(0, 11)))))
+    for _ in range(data.draw(st.integers(1, 6))):
+        at = data.draw(st.integers(0, min(len(raw), 140) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    raw = raw[:data.draw(st.integers(1, len(raw)))]
+    try:
+        check_complete(bytes(raw), probe(bytes(raw)))
+    except DecodeError as e:
+        assert str(e)
