@@ -15,6 +15,7 @@ import collections
 import importlib
 import itertools
 import logging
+import pickle
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,8 @@ from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack, pack_table
 from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_units, iter_whole_shards
-from gpupipe.stream.slots import SlotBoard
+from gpupipe.stream.slots import SlotBoard, SlotTaker
+from gpupipe.stream.ticket import PassTicket
 from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, stop_workers
 
 __all__ = ["LoaderStats", "EncodedDataset", "EncodedLoader"]
@@ -72,6 +74,17 @@ class LoaderStats:
     per_source: list[int] = field(default_factory=list)
 
 
+@dataclass
+class _Workers:
+    """Stream workers kept between passes: what they were forked with (``key``), their DataLoader,
+    the flags of their reused batch buffers and where each pass's settings are published."""
+
+    key: tuple
+    loader: DataLoader
+    board: SlotBoard
+    ticket: PassTicket
+
+
 class EncodedDataset(IterableDataset):
     """The worker side. Everything on it is plain data (a test pickles it)."""
 
@@ -84,7 +97,9 @@ class EncodedDataset(IterableDataset):
         # its reorder buffer expects (a pass that ends with units missing raises)
         self.unit_sizes = unit_sizes or unit_sizes_for(source, stream, spec)
         self.decode = decode  # set: each batch goes out padded, its headers probed for this decoder
-        self.slots: SlotBoard | None = None  # set by the loader for a pass with workers: reused shared buffers
+        self.slots: SlotBoard | None = None  # set by the loader for workers: reused shared buffers
+        self.ticket: PassTicket | None = None  # set by the loader for persistent workers: each pass's settings
+        self._taker: SlotTaker | None = None  # this worker's slots (kept across passes)
 
     def _finish(self, batch: EncodedBatch) -> EncodedBatch:
         """What the decoder would otherwise work out per image in the training process, done here
@@ -95,7 +110,21 @@ class EncodedDataset(IterableDataset):
     def _pad(self) -> float:
         return PAD_RATIO if self.decode is not None else 0.0
 
+    def begin_pass(self) -> None:
+        """Take this pass's epoch, plan and progress from the ticket, when the workers outlive
+        passes (:mod:`gpupipe.stream.ticket`); else they came with the fork."""
+        if self.ticket is not None and torch.utils.data.get_worker_info() is not None:
+            self.epoch, self.progress, self.spec, pass_id = self.ticket.read()
+            if self.slots is not None:
+                self._taker = self._taker or self.slots.taker(self.world.for_current_worker().worker_id)
+                self._taker.pass_id = pass_id
+
     def __iter__(self) -> Iterator[EncodedBatch]:
+        self.begin_pass()
+        return self.batches()
+
+    def batches(self) -> Iterator[EncodedBatch]:
+        """The batches of this worker's units of the pass (:meth:`begin_pass` first)."""
         world = self.world.for_current_worker()
         in_worker = torch.utils.data.get_worker_info() is not None
         if in_worker:
@@ -121,7 +150,9 @@ class EncodedDataset(IterableDataset):
         skips = SkipLog()
         f = fetcher.stats
         wait0, requests0, hits0 = 0.0, f.requests, f.cache_hits
-        slots = self.slots.taker(world.worker_id) if in_worker and self.slots is not None else None
+        if in_worker and self.slots is not None and self._taker is None:
+            self._taker = self.slots.taker(world.worker_id)
+        slots = self._taker if in_worker else None
         for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
                                       on_error=self.stream.on_error, skips=skips):
             for i in range(unit.num_batches):
@@ -164,7 +195,10 @@ class _WholeUnits(IterableDataset):
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[list[EncodedBatch]]:
-        batches = iter(self.dataset)
+        self.dataset.begin_pass()
+        return self._groups(self.dataset.batches())
+
+    def _groups(self, batches: Iterator[EncodedBatch]) -> Iterator[list[EncodedBatch]]:
         for unit in self.dataset.units(self.dataset.world.for_current_worker()):
             group = list(itertools.islice(batches, unit.num_batches))
             if group:
@@ -237,6 +271,7 @@ class EncodedLoader:
         # set by GpuLoader: the decoder's settings, for the workers to probe headers and draw crops for
         self.decode: DecodeConfig | None = None
         self.ledger = EpochLedger(self.spec, len(self.source.parts))
+        self._workers: _Workers | None = None  # stream workers kept between passes (batches())
         self.stats = LoaderStats(per_source=self.ledger.per_source)  # the ledger's list: current at every batch
         # a shuffled pass's first batches checked for classes mixed far less than a uniform shuffle would
         # (on rank 0: one warning a job, not one a rank)
@@ -288,18 +323,27 @@ class EncodedLoader:
         if self.source.manifest is not None:
             workers = min(workers, max(1, len(units)))
         whole = workers > 0 and self.source.manifest is not None  # whole units, put in the plan's order
-        worker_side = self._dataset()
-        # a worker may have out: the items torch prefetches, the one it builds, those the consumer holds
-        board = SlotBoard(workers, (self.prefetch_factor + 2) * max(self.unit_sizes) + 2) if workers > 0 else None
-        worker_side.slots = board
-        dataset: IterableDataset = _WholeUnits(worker_side) if whole else worker_side
-        loader = DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=self.pin_memory,
-                            prefetch_factor=self.prefetch_factor if workers > 0 else None, persistent_workers=False)
+        if workers == 0:
+            loader = DataLoader(self._dataset(), batch_size=None, num_workers=0, pin_memory=self.pin_memory)
+            board = None
+        else:
+            loader, board = self._persistent(workers, whole)
         expected = collections.deque(u.key for u in units)
         check = self.mixing.start() if self.mixing is not None else None  # None: nothing to check
         arrived: dict[tuple[int, int], list[EncodedBatch]] = {}  # units that came before their turn
         received: dict[tuple[int, int], int] = {}  # batches received per unit (chunk, first batch), this pass
-        it = start_workers(loader)
+        try:
+            it = start_workers(loader)
+        except Exception as exc:  # noqa: BLE001 — torch's error for a worker that died between passes
+            if workers == 0:
+                raise
+            log.warning("gpupipe: a stream worker kept from the last pass is gone (%s); starting new ones", exc)
+            self.close()
+            loader, board = self._persistent(workers, whole)
+            it = start_workers(loader)
+        if board is not None and self._workers is not None:
+            board.reclaim(self._workers.ticket.pass_id)  # what a pass broken off left flagged, torch has dropped
+        failed = True
         try:
             while True:
                 t0 = time.perf_counter()
@@ -320,6 +364,7 @@ class EncodedLoader:
                     if self.source.parts:
                         log.info("gpupipe: epoch %d, samples delivered per source: %s", self.epoch, ", ".join(
                             f"{p.url} {n}" for p, n in zip(self.source.parts, self.ledger.per_source)))
+                    failed = False
                     return
                 group = item if isinstance(item, list) else [item]
                 if board is not None:
@@ -338,8 +383,50 @@ class EncodedLoader:
                     if check is not None and not check.add(batch.labels, batch.valid, batch.targets is not None):
                         check = None  # checked (or nothing to check) for this pass
                     yield batch
+        except GeneratorExit:  # the consumer broke off: the workers stay for the next pass (torch drains them)
+            failed = False
+            raise
         finally:
-            stop_workers(it)
+            if workers == 0:
+                stop_workers(it)
+            elif failed:
+                self.close()
+
+    def _persistent(self, workers: int, whole: bool) -> tuple[DataLoader, SlotBoard]:
+        """The DataLoader of workers that outlive passes (made again when what they were forked
+        with changed), with this pass's epoch, plan and progress published for them."""
+        key = (workers, whole, id(self.source), self.stream, self.world, self.decode, self.unit_sizes,
+               self.prefetch_factor, self.pin_memory)
+        ticket = (self.epoch, self.ledger.progress.to_dict(), self.ledger.plan)
+        held = self._workers
+        if held is None or held.key != key or not held.ticket.write((*ticket, held.ticket.pass_id + 1)):
+            self.close()
+            side = self._dataset()
+            # a worker may have out: the items torch prefetches, the one it builds, those the consumer holds
+            side.slots = SlotBoard(workers, (self.prefetch_factor + 2) * max(self.unit_sizes) + 2)
+            size = len(pickle.dumps((*ticket, 1), protocol=pickle.HIGHEST_PROTOCOL))
+            side.ticket = PassTicket(max(1 << 20, 2 * size))
+            side.ticket.write((*ticket, 1))
+            loader = DataLoader(_WholeUnits(side) if whole else side, batch_size=None, num_workers=workers,
+                                pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                                persistent_workers=True)
+            held = self._workers = _Workers(key, loader, side.slots, side.ticket)
+        held.board.release()  # batches let go since the last pass: their slots free before the workers start
+        return held.loader, held.board
+
+    def __getstate__(self) -> dict:
+        """Everything but the stream workers, which live in this process (a copy starts its own)."""
+        state = self.__dict__.copy()
+        state["_workers"] = None
+        return state
+
+    def close(self) -> None:
+        """Stop the stream workers kept between passes (they also stop with the loader, or at exit)."""
+        held, self._workers = self._workers, None
+        if held is not None:
+            iterator = getattr(held.loader, "_iterator", None)
+            if iterator is not None:
+                stop_workers(iterator)
 
     def _worker_died(self, it, units: list[Unit], received: dict[tuple[int, int], int],
                      exc: BaseException) -> WorkerError:

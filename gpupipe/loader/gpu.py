@@ -128,6 +128,10 @@ class GpuLoader:
     def __len__(self) -> int:
         return len(self.encoded)
 
+    def close(self) -> None:
+        """Stop the stream workers, which otherwise stay between passes (and stop with the loader)."""
+        self.encoded.close()
+
     def set_epoch(self, epoch: int) -> None:
         self.encoded.set_epoch(epoch)
 

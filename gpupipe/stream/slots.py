@@ -8,12 +8,14 @@ largest cost per byte of the host path. So each worker keeps a few storages (slo
 the next batch into one the training process no longer holds.
 
 Who holds what is one flag per (worker, slot) in shared memory, made before the workers fork
-(:class:`SlotBoard`): the worker sets it when it sends a batch in that slot; the training process
-clears it once nothing there references the batch's storage any more — torch's own count of the
+(:class:`SlotBoard`): the worker sets it (to the number of the pass) when it sends a batch in that
+slot; the training process clears it once nothing there references the batch's storage any more — torch's own count of the
 storage's references (every tensor, view, numpy array or DLPack capsule made from the batch
 holds one), read each time a batch arrives (:meth:`SlotBoard.release`). A batch still referenced
 anywhere is never written over; when no slot is free the worker makes a fresh storage, as
-before. The board lives for one pass, as its workers do.
+before. The board lives as long as its workers: across passes, a pass broken off leaves batches
+torch drops unseen; their slots, flagged by an earlier pass and not held, are taken back when the
+next pass starts (:meth:`SlotBoard.reclaim`).
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ class SlotBoard:
 
     def __init__(self, workers: int, slots: int):
         self.slots = slots = max(1, min(slots, MAX_SLOTS))
-        self.flags = torch.zeros(max(1, workers) * slots, dtype=torch.int8).share_memory_()
+        self.flags = torch.zeros(max(1, workers) * slots, dtype=torch.int32).share_memory_()
         self._held: list[tuple[torch.UntypedStorage, int]] = []  # training process: batches out, by slot
 
     def taker(self, worker_id: int) -> SlotTaker:
@@ -72,6 +74,16 @@ class SlotBoard:
         """A batch arrived in ``slot`` (-1: a storage of its own); ``data`` is any of its tensors."""
         if slot >= 0:
             self._held.append((data.untyped_storage(), slot))
+
+    def reclaim(self, pass_id: int) -> int:
+        """At the start of pass ``pass_id``, after torch has dropped what the last pass left in
+        flight: free the slots an earlier pass flagged whose batches never arrived here."""
+        held = {slot for _, slot in self._held}
+        stale = [i for i in torch.nonzero((self.flags > 0) & (self.flags < pass_id)).flatten().tolist()
+                 if i not in held]
+        if stale:
+            self.flags[stale] = 0
+        return len(stale)
 
     def release(self) -> int:
         """Clear the flag of each held batch nothing references any more; the number cleared."""
@@ -94,6 +106,7 @@ class SlotTaker:
         self.first = worker_id * board.slots
         self.storages: list[torch.UntypedStorage | None] = [None] * board.slots
         self.fresh = 0  # storages made (a slot's first use or growth, or none free)
+        self.pass_id = 1  # what a slot taken now is flagged with (the pass under way)
 
     def take(self, n: int) -> tuple[torch.Tensor, int]:
         """``n`` uint8 of shared memory and the slot they are in (-1: none free, a new storage
@@ -108,5 +121,5 @@ class SlotTaker:
             self.fresh += 1
             storage = shared_bytes(int(n * _GROW)).untyped_storage()
             self.storages[i] = storage
-        self.flags[i] = 1
+        self.flags[i] = self.pass_id
         return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (n,), (1,)), self.first + i

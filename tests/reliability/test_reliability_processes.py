@@ -6,6 +6,7 @@ checks the pure planner for world sizes 1-8; these add the real processes.)
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -64,7 +65,9 @@ def test_killed_worker_is_named_with_its_shards_and_nothing_is_left(tmp_path):
     assert not children() - before  # no orphan, no zombie
 
 
-def test_breaking_early_stops_the_workers_at_once(tmp_path):
+def test_breaking_early_keeps_the_workers_for_the_next_pass_and_close_or_the_loader_going_stops_them(tmp_path):
+    """Stream workers outlive a pass (gpupipe.stream.ticket): a pass broken off leaves them idle for
+    the next one; ``close()`` stops them at once, and so does dropping the loader."""
     url = str(tmp_path / "ds")
     write_dataset(url, [300, 300])
     loader = EncodedLoader(url, batch_size=4, num_workers=2, rank=0, world_size=1,
@@ -72,9 +75,22 @@ def test_breaking_early_stops_the_workers_at_once(tmp_path):
     before = children()
     batches = loader.batches()
     next(batches)
-    assert len(children() - before) == 2
+    workers = children() - before
+    assert len(workers) == 2
     batches.close()
+    assert children() - before == workers
+    next(loader.batches())
+    assert children() - before == workers  # the same two, not forked again
+    loader.close()
     assert not children() - before
+    next(loader.batches())
+    assert len(children() - before) == 2
+    del loader, batches
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while children() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not children() - before  # no orphan, no zombie
 
 
 _RANK_SCRIPT = """
