@@ -28,6 +28,7 @@ from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.core.types import ErrorPolicy, StringTable
 from gpupipe.formats.folder import NameList, ObjectTable
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
+from gpupipe.formats.rowgroups import RowGroupTable
 from gpupipe.sources.annotated import first_url
 from gpupipe.sources.resolved import ResolvedSource, Source, SourcePart
 from gpupipe.sources.source import resolve
@@ -114,10 +115,16 @@ def resolve_mixed(mixed: MixedSource, fetch: FetchConfig | None = None, *,
         raise ConfigError(f"{mixed.setting}: the sources of a mix are of one kind for now; these are "
                           + ", ".join(f"{k} {n}" for k, n in zip(kinds, named))
                           + ". Make them one kind (`gpupipe ingest` writes any of them as tar shards)")
-    if kinds[0] == "parquet" or (kinds[0] == "folder" and mixed.targets):
-        what = "Parquet files" if kinds[0] == "parquet" else "image folders with targets"
-        raise ConfigError(f"{mixed.setting}: a mix of {what} is not supported yet ({', '.join(named)}); "
-                          "`gpupipe ingest` writes them as tar shards, which mix")
+    if kinds[0] == "folder" and mixed.targets:
+        raise ConfigError(f"{mixed.setting}: a mix of image folders with targets is not supported yet "
+                          f"({', '.join(named)}); `gpupipe ingest` writes them as tar shards, which mix")
+    if kinds[0] == "parquet":
+        columns = [r.manifest.parquet.columns for r in resolved if r.manifest and r.manifest.parquet]
+        if any(c != columns[0] for c in columns):
+            raise ConfigError(f"{mixed.setting}: the Parquet sources of a mix read other columns ("
+                              + "; ".join(f"{n}: {c}" for n, c in zip(named, columns))
+                              + "); give them the same source.image_column and source.label_column, or "
+                              "`gpupipe ingest` each to tar shards")
     own = [r.manifest.classes if r.manifest is not None else () for r in resolved]
     classes, tables = joined_classes(own, mixed.classes, named)
     parts = tuple(SourcePart(u, r.manifest.num_units, r.manifest.num_samples, tuple(c), t)
@@ -172,6 +179,9 @@ def _joined_manifest(resolved: Sequence[ResolvedSource], classes: tuple[str, ...
     held = [m.targets for m in manifests]
     targets = None if any(t is None for t in held) else \
         tuple(k for k in (held[0] or ()) if all(k in (t or ()) for t in held))
+    if manifests[0].parquet is not None:
+        return Manifest(shards=(), classes=classes, parquet=_joined_row_groups(
+            [m.parquet for m in manifests if m.parquet is not None]), targets=targets)
     if manifests[0].objects is None:  # tar shards
         return Manifest(shards=tuple(s for m in manifests for s in m.shards), classes=classes, targets=targets)
     tables = [m.objects for m in manifests if m.objects is not None]
@@ -183,6 +193,20 @@ def _joined_manifest(resolved: Sequence[ResolvedSource], classes: tuple[str, ...
         None if any(c is None for c in crcs) else np.concatenate([c for c in crcs if c is not None]),
         np.concatenate([t.with_extension + s for t, s in zip(tables, starts)]))
     return Manifest(shards=(), classes=classes, objects=objects, targets=targets)
+
+
+def _joined_row_groups(tables: Sequence[RowGroupTable]) -> RowGroupTable:
+    """The row groups of several Parquet sources (read with the same columns) as one table: their
+    files one after another, each row group pointing at its file in the joined list."""
+    firsts = np.cumsum([0] + [len(t.files) for t in tables])[:-1]
+    crcs = [t.crc32 for t in tables]
+    return RowGroupTable(
+        tables[0].columns, NameList(n for t in tables for n in t.files),
+        np.concatenate([t.file_sizes for t in tables]), np.concatenate([t.footer_sizes for t in tables]),
+        b"".join(t.footer_blob for t in tables), np.concatenate([t.file + f for t, f in zip(tables, firsts)]),
+        np.concatenate([t.index for t in tables]), np.concatenate([t.first_row for t in tables]),
+        np.concatenate([t.rows for t in tables]), np.concatenate([t.ranges for t in tables]),
+        None if any(c is None for c in crcs) else np.concatenate([c for c in crcs if c is not None]))
 
 
 def part_of(parts: Sequence[SourcePart], sample_ids: np.ndarray) -> np.ndarray:

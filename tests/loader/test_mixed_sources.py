@@ -238,3 +238,23 @@ def test_per_source_batching_refuses_one_source_a_source_below_a_batch_and_a_typ
         EncodedLoader([{"url": a}, {"url": b, "samples": 7}], batch_size=10, batching="per_source")
     with pytest.raises(ConfigError, match="stream.batching: 'per-source' is not one of 'mixed', 'per_source'"):
         EncodedLoader([{"url": a}, {"url": b}], batch_size=10, batching="per-source")
+
+
+def test_parquet_sources_mix_by_weight_with_their_labels(tmp_path: Path):
+    from inplace_data import image_ids, write_parquet
+
+    pytest.importorskip("pyarrow")
+    write_parquet(str(tmp_path / "p"), [20, 15])
+    write_parquet(str(tmp_path / "q"), [12], row_group_rows=5)
+    loader = EncodedLoader([{"url": str(tmp_path / "p"), "weight": 1}, {"url": str(tmp_path / "q"), "weight": 1}],
+                           batch_size=6, num_workers=0, seed=2)
+    want = draw_sizes([35, 12], weight=[1, 1])
+    assert loader.spec.draws == ((len(loader.spec.counts) - 3, want[0]), (3, want[1]))  # q: 3 row groups
+    for _epoch in range(2):
+        batches = list(loader)
+        ids = [i for b in batches for i in image_ids(b)]  # each image's bytes against its label
+        assert len(ids) == sum(want) - sum(want) % 6 and loader.stats.per_source == list(
+            np.bincount([int(s >= 35) for b in batches for s in b.sample_ids.tolist()], minlength=2))
+    write_parquet(str(tmp_path / "hf"), [10], layout="hf")  # image as a {bytes, path} struct
+    with pytest.raises(ConfigError, match=r"read other columns .*hf"):
+        EncodedLoader([{"url": str(tmp_path / "p")}, {"url": str(tmp_path / "hf")}], batch_size=6)
