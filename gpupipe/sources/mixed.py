@@ -127,6 +127,11 @@ def resolve_mixed(mixed: MixedSource, fetch: FetchConfig | None = None, *,
                               "`gpupipe ingest` each to tar shards")
     own = [r.manifest.classes if r.manifest is not None else () for r in resolved]
     classes, tables = joined_classes(own, mixed.classes, named)
+    renumbered = [n for n, t in zip(named, tables) if t is not None]
+    if "masks" in mixed.targets and renumbered:  # a mask's pixels are class numbers of its source's own list
+        raise ConfigError(f"{renumbered[0]}: its classes are numbered otherwise than the mix's ({', '.join(classes)}), "
+                          "and its masks hold its own numbers, which are not renumbered; give every source the same "
+                          "class list in the same order (source.classes), or mix them without masks")
     parts = tuple(SourcePart(u, r.manifest.num_units, r.manifest.num_samples, tuple(c), t)
                   for u, r, c, t in zip(urls, resolved, own, tables) if r.manifest is not None)
     return ResolvedSource(_joined_urls(resolved), _joined_manifest(resolved, classes), mixed.storage_options,

@@ -258,3 +258,16 @@ def test_parquet_sources_mix_by_weight_with_their_labels(tmp_path: Path):
     write_parquet(str(tmp_path / "hf"), [10], layout="hf")  # image as a {bytes, path} struct
     with pytest.raises(ConfigError, match=r"read other columns .*hf"):
         EncodedLoader([{"url": str(tmp_path / "p")}, {"url": str(tmp_path / "hf")}], batch_size=6)
+
+
+def test_masks_mix_only_when_every_source_numbers_its_classes_as_the_mix(tmp_path: Path):
+    """A mask's pixels are class numbers of its own source's list: renumbering box labels but not
+    masks would give batches whose masks name the wrong classes. Refused, naming the source."""
+    write_detection(str(tmp_path / "m1"), 12, seed=1, kinds=("boxes", "masks"))
+    write_detection(str(tmp_path / "m2"), 8, seed=2, kinds=("boxes", "masks"))
+    same = EncodedLoader([{"url": str(tmp_path / "m1")}, {"url": str(tmp_path / "m2")}], batch_size=4,
+                         num_workers=0, targets="boxes+masks")
+    assert sum(len(b) for b in same) == 20
+    with pytest.raises(ConfigError, match=r"m1.*masks hold its own numbers"):
+        EncodedLoader([{"url": str(tmp_path / "m1")}, {"url": str(tmp_path / "m2")}], batch_size=4,
+                      targets="boxes+masks", classes=["class_2", "class_1", "class_0"])
