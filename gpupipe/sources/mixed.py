@@ -26,6 +26,7 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.core.types import ErrorPolicy, StringTable
+from gpupipe.formats.coco import CocoTable
 from gpupipe.formats.folder import NameList, ObjectTable
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.rowgroups import RowGroupTable
@@ -115,9 +116,6 @@ def resolve_mixed(mixed: MixedSource, fetch: FetchConfig | None = None, *,
         raise ConfigError(f"{mixed.setting}: the sources of a mix are of one kind for now; these are "
                           + ", ".join(f"{k} {n}" for k, n in zip(kinds, named))
                           + ". Make them one kind (`gpupipe ingest` writes any of them as tar shards)")
-    if kinds[0] == "folder" and mixed.targets:
-        raise ConfigError(f"{mixed.setting}: a mix of image folders with targets is not supported yet "
-                          f"({', '.join(named)}); `gpupipe ingest` writes them as tar shards, which mix")
     if kinds[0] == "parquet":
         columns = [r.manifest.parquet.columns for r in resolved if r.manifest and r.manifest.parquet]
         if any(c != columns[0] for c in columns):
@@ -134,10 +132,12 @@ def resolve_mixed(mixed: MixedSource, fetch: FetchConfig | None = None, *,
                           "class list in the same order (source.classes), or mix them without masks")
     parts = tuple(SourcePart(u, r.manifest.num_units, r.manifest.num_samples, tuple(c), t)
                   for u, r, c, t in zip(urls, resolved, own, tables) if r.manifest is not None)
+    coco = [r.annotations for r in resolved if r.annotations is not None]
     return ResolvedSource(_joined_urls(resolved), _joined_manifest(resolved, classes), mixed.storage_options,
                           skipped=tuple(x for r in resolved for x in r.skipped),
                           identity=digest_of((u, r.identity) for u, r in zip(urls, resolved)),
-                          targets=mixed.targets, parts=parts)
+                          targets=mixed.targets, parts=parts,
+                          annotations=_joined_coco(coco, classes) if len(coco) == len(resolved) else None)
 
 
 def joined_classes(lists: Sequence[Sequence[str]], declared: Sequence[str] | None, named: Sequence[str]
@@ -212,6 +212,25 @@ def _joined_row_groups(tables: Sequence[RowGroupTable]) -> RowGroupTable:
         np.concatenate([t.index for t in tables]), np.concatenate([t.first_row for t in tables]),
         np.concatenate([t.rows for t in tables]), np.concatenate([t.ranges for t in tables]),
         None if any(c is None for c in crcs) else np.concatenate([c for c in crcs if c is not None]))
+
+
+def _chained(offsets: Sequence[np.ndarray]) -> np.ndarray:
+    """Offset arrays (each from 0, one more entry than the rows it cuts) of tables put one after
+    another, as one: each shifted by the rows before it."""
+    bases = np.cumsum([0] + [int(o[-1]) for o in offsets])
+    return np.concatenate([o[:-1] + b for o, b in zip(offsets, bases)] + [bases[-1:]]).astype(np.int64)
+
+
+def _joined_coco(tables: Sequence[CocoTable], classes: tuple[str, ...]) -> CocoTable:
+    """The COCO tables of image folders mixed, one after another as their images are (each
+    aligned with its folder's objects); the box labels stay each source's own numbers, which the
+    workers renumber with the rest (:func:`relabel`)."""
+    return CocoTable(NameList(n for t in tables for n in t.names), np.concatenate([t.sizes for t in tables]),
+                     _chained([t.offsets for t in tables]), np.concatenate([t.boxes for t in tables]),
+                     np.concatenate([t.labels for t in tables]), np.concatenate([t.ann_ids for t in tables]),
+                     np.concatenate([t.seg for t in tables]), _chained([t.seg_offsets for t in tables]),
+                     _chained([t.poly_offsets for t in tables]), np.concatenate([t.coords for t in tables]),
+                     classes, " + ".join(t.source for t in tables))
 
 
 def part_of(parts: Sequence[SourcePart], sample_ids: np.ndarray) -> np.ndarray:

@@ -432,3 +432,28 @@ def test_flat_parquet_boxes_need_four_values_a_box(tmp_path):
     (read,) = rowgroup_spans(local_fetcher(), src, [Span(0, 0, 3)])
     assert parse_boxes(read.samples[0].fields["json"], "k")[0].tolist() == [[1, 1, 2, 2], [3, 3, 4, 4]]
     assert sorted(read.problems) == [1, 2] and all("four finite numbers" in e.reason for e in read.problems.values())
+
+
+def test_image_folders_with_coco_files_mix_with_each_image_keeping_its_boxes(tmp_path):
+    """Two COCO folders in one mix (issue 35): each image's boxes from its own folder's file, in
+    place, labels numbered as the mix's class list."""
+    from gpupipe.loader.encoded import EncodedLoader
+
+    docs = [write_coco(str(tmp_path / "a"), n=6), write_coco(str(tmp_path / "b"), n=4)]
+    for a in docs[1]["annotations"]:  # b's boxes other than a's for the same file names
+        a["bbox"] = [a["bbox"][0] + 1, a["bbox"][1] + 2, a["bbox"][2], a["bbox"][3]]
+    (tmp_path / "b" / "instances_x.json").write_text(json.dumps(docs[1]))
+    want = [expected(d) for d in docs]
+    assert want[0]["000000000001"][0].tobytes() != want[1]["000000000001"][0].tobytes()
+    loader = EncodedLoader([{"url": str(tmp_path / "a")}, {"url": str(tmp_path / "b")}], batch_size=5,
+                           num_workers=0, targets="boxes", drop_last=False, classes=list(CLASSES))
+    seen = 0
+    for batch in loader:
+        t = batch.targets
+        ends = np.cumsum([0] + t.box_counts.tolist())
+        for i, (key, sid) in enumerate(zip(batch.keys, batch.sample_ids.tolist())):
+            boxes, labels = want[int(sid >= 6)][key]
+            got = t.boxes[ends[i]:ends[i + 1]].numpy()
+            assert got.tobytes() == boxes.tobytes() and t.box_labels[ends[i]:ends[i + 1]].tolist() == labels, key
+            seen += 1
+    assert seen == 10 and loader.stats.per_source == [6, 4]
