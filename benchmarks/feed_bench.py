@@ -115,20 +115,13 @@ def dali_run(shards: str, threads: int, batch: int, tmp: str, device: str):
 
 
 def timed(run) -> dict:
-    from gpupipe.tools.bench.measure import thread_cpu
+    from gpupipe.tools.bench.measure import children_cpu, thread_cpu
 
-    before, c0, t0 = thread_cpu(), _children_cpu(), time.perf_counter()
+    before, c0, t0 = thread_cpu(), children_cpu(), time.perf_counter()
     n = run()
-    wall, after, c1 = time.perf_counter() - t0, thread_cpu(), _children_cpu()
+    wall, after, c1 = time.perf_counter() - t0, thread_cpu(), children_cpu()  # workers alive or done
     return {"img_s": n / wall, "outside_us": 1e6 * (after["outside"] - before["outside"]) / n,
             "native_us": 1e6 * (after["native"] - before["native"]) / n, "workers_us": 1e6 * (c1 - c0) / n}
-
-
-def _children_cpu() -> float:
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -523,6 +523,12 @@ def block_for(source: ResolvedSource, stream: StreamConfig, num_samples: int = 0
     kind = source.manifest.kind if source.manifest is not None else None
     if kind != "tar" or (_remote(source) and stream.fetch.cache_dir is None):
         return 0
+    return default_block(num_samples)
+
+
+def default_block(num_samples: int) -> int:
+    """The default ``block`` of tar shards read cheaply: :data:`DEFAULT_BLOCK`, or more past 16M
+    samples so that an epoch has at most :data:`MAX_BLOCKS` blocks."""
     return max(DEFAULT_BLOCK, -(-num_samples // MAX_BLOCKS))
 
 
