@@ -243,7 +243,7 @@ class DataMetrics(pl.Callback):
     to every logger of the trainer, every ``log_every_n_steps`` steps, each the rate since the
     previous log: ``data/images_per_s``, ``data/wait_ms_per_step``, ``data/wait_share`` (the step's
     wait for data over the time: is data the bottleneck?), ``data/decode_busy``,
-    ``data/augment_busy``, ``data/bytes_per_s``, ``data/io_wait_share``, ``data/requests_per_s``,
+    ``data/augment_busy``, ``data/bytes_per_s``, ``data/read_bytes_per_s``, ``data/io_wait_share``, ``data/requests_per_s``,
     ``data/cache_hit_rate``, ``data/skipped``; at each
     epoch's end, on rank 0, the ranks' spread (:meth:`on_train_epoch_end`).
 

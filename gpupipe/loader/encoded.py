@@ -38,7 +38,7 @@ from gpupipe.plan_units import Unit, rank_units, unit_spans, worker_units
 from gpupipe.sources.classes import agreed_classes
 from gpupipe.sources.mixed import MixedSource, per_source, resolve_mixed
 from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
-from gpupipe.storage.fetch import Fetcher, refuse_commands
+from gpupipe.storage.fetch import Fetcher, FetchStats, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack, pack_table
 from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_units, iter_whole_shards
 from gpupipe.stream.slots import SlotBoard, SlotTaker
@@ -65,9 +65,7 @@ class LoaderStats:
     samples: int = 0
     bytes: int = 0
     skipped: int = 0
-    io_wait_s: float = 0.0  # in workers, waiting for storage
-    requests: int = 0  # storage requests the workers made
-    cache_hits: int = 0  # blocks the workers' block cache answered (fetch.cache_dir)
+    fetch: FetchStats = field(default_factory=FetchStats)  # the workers' storage counters, summed
     wait_s: float = 0.0  # in the main process, waiting for a batch from the workers
     # a mix of sources: samples of each source delivered this epoch, in source order (the ledger's
     # count, which state_dict() saves); [] for one source
@@ -149,7 +147,7 @@ class EncodedDataset(IterableDataset):
         mine = self.units(world)
         skips = SkipLog()
         f = fetcher.stats
-        wait0, requests0, hits0 = 0.0, f.requests, f.cache_hits
+        last = f.copy()
         if in_worker and self.slots is not None and self._taker is None:
             self._taker = self.slots.taker(world.worker_id)
         slots = self._taker if in_worker else None
@@ -158,14 +156,15 @@ class EncodedDataset(IterableDataset):
             for i in range(unit.num_batches):
                 batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
                                    epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i, slots=slots)
-                yield replace(self._finish(batch), skipped=skips.count, io_wait_s=f.wait_s - wait0,
-                              requests=f.requests - requests0, cache_hits=f.cache_hits - hits0)
-                skips.count, wait0, requests0, hits0 = 0, f.wait_s, f.requests, f.cache_hits
+                yield replace(self._finish(batch), skipped=skips.count, fetched=f.since(last))
+                skips.count, last = 0, f.copy()
 
     def _whole_shards(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
         spec, b = self.spec, self.spec.batch_size
         part = world.rank * world.num_workers + world.worker_id
         skips = SkipLog()
+        f = fetcher.stats
+        last = f.copy()
         samples = iter_whole_shards(
             fetcher, self.source.shard_urls, seed=spec.seed, epoch=self.epoch, shuffle=spec.shuffle,
             buffer_size=self.stream.shuffle_buffer, part=part, num_parts=world.world_size * world.num_workers,
@@ -175,11 +174,11 @@ class EncodedDataset(IterableDataset):
             batch.append(s)
             if len(batch) == b:
                 packed = pack(batch, [True] * b, epoch=self.epoch, kinds=self.source.targets, pad=self._pad)
-                yield replace(self._finish(packed), skipped=skips.count)
-                batch, skips.count = [], 0
+                yield replace(self._finish(packed), skipped=skips.count, fetched=f.since(last))
+                batch, skips.count, last = [], 0, f.copy()
         if batch and not spec.drop_last:
             packed = pack(batch, [True] * len(batch), epoch=self.epoch, kinds=self.source.targets, pad=self._pad)
-            yield replace(self._finish(packed), skipped=skips.count)
+            yield replace(self._finish(packed), skipped=skips.count, fetched=f.since(last))
 
 
 class _WholeUnits(IterableDataset):
@@ -460,9 +459,8 @@ class EncodedLoader:
         s.samples += len(batch)
         s.bytes += batch.nbytes
         s.skipped += batch.skipped
-        s.io_wait_s += batch.io_wait_s
-        s.requests += batch.requests
-        s.cache_hits += batch.cache_hits
+        if batch.fetched is not None:
+            s.fetch.add(batch.fetched)
 
     def _per_source(self, mixed: MixedSource | None, batch_size: int) -> int:
         """The multiple each source's epoch count is rounded down to: a batch for

@@ -10,7 +10,10 @@ batch, as a share of the time that passed: :func:`rates` turns two :func:`readin
   GPU waited for data all the time);
 * ``decode_busy`` / ``augment_busy``: the decode and augment threads' busy time over the wall time
   (their shares overlap: the stages run at once);
-* ``bytes_per_s``: encoded bytes from the workers per second (what storage gave);
+* ``bytes_per_s``: encoded bytes from the workers per second (the images and targets delivered);
+* ``read_bytes_per_s``: bytes the workers read from storage per second (tar headers, members not
+  used, re-reads and cache blocks included: against ``bytes_per_s``, what the reads cost over
+  what they bring);
 * ``io_wait_share``: the workers' wait for storage over the wall time, summed over workers;
 * ``requests_per_s`` and ``cache_hit_rate``: storage requests per second, and the share of blocks
   the block cache (``fetch.cache_dir``) answered (0 without a cache);
@@ -52,14 +55,16 @@ class Reading:
     skipped: int
     requests: int = 0
     cache_hits: int = 0
+    read_bytes: int = 0
 
 
 def reading(loader: _Loader) -> Reading:
     """The counters of a ``GpuLoader`` now (its stage stats and its workers' stream stats)."""
     s, e = loader.stats, loader.encoded.stats
     return Reading(t=time.perf_counter(), batches=s.batches, images=s.images, wait_s=s.handoff_wait_s,
-                   decode_s=s.decode_s, augment_s=s.augment_s, bytes=e.bytes, io_wait_s=e.io_wait_s,
-                   skipped=s.skipped, requests=e.requests, cache_hits=e.cache_hits)
+                   decode_s=s.decode_s, augment_s=s.augment_s, bytes=e.bytes, io_wait_s=e.fetch.wait_s,
+                   skipped=s.skipped, requests=e.fetch.requests, cache_hits=e.fetch.cache_hits,
+                   read_bytes=e.fetch.bytes)
 
 
 def rates(before: Reading, after: Reading) -> dict[str, float]:
@@ -79,6 +84,7 @@ def rates(before: Reading, after: Reading) -> dict[str, float]:
             "decode_busy": per_s(delta("decode_s")),
             "augment_busy": per_s(delta("augment_s")),
             "bytes_per_s": per_s(delta("bytes")),
+            "read_bytes_per_s": per_s(delta("read_bytes")),
             "io_wait_share": per_s(delta("io_wait_s")),
             "requests_per_s": per_s(requests),
             "cache_hit_rate": hits / (hits + requests) if hits + requests else 0.0,

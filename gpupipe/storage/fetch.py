@@ -40,7 +40,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -92,6 +92,10 @@ class FetchConfig:
 
 @dataclass
 class FetchStats:
+    """A fetcher's counters — the one record they travel in, from a worker's fetcher (each batch
+    carries what changed since the worker's previous one: :meth:`since`) to the loader's sum
+    (:meth:`add`) and its metrics."""
+
     requests: int = 0
     retries: int = 0
     refetches: int = 0  # byte ranges read again because their bytes failed a checksum
@@ -99,6 +103,24 @@ class FetchStats:
     cache_hits: int = 0  # blocks answered by the cache
     wait_s: float = 0.0  # time the consumer waited for bytes
     errors: dict[str, int] = field(default_factory=dict)
+
+    def since(self, earlier: FetchStats) -> FetchStats:
+        """What changed from ``earlier`` (a :meth:`copy` of these counters) to now."""
+        out = FetchStats(**{f.name: getattr(self, f.name) - getattr(earlier, f.name)
+                            for f in fields(self) if f.name != "errors"})
+        out.errors = {k: n - earlier.errors.get(k, 0) for k, n in self.errors.items() if n != earlier.errors.get(k, 0)}
+        return out
+
+    def add(self, other: FetchStats) -> None:
+        """Count ``other``'s counters in."""
+        for f in fields(self):
+            if f.name != "errors":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for k, n in other.errors.items():
+            self.errors[k] = self.errors.get(k, 0) + n
+
+    def copy(self) -> FetchStats:
+        return replace(self, errors=dict(self.errors))
 
 
 def _is_plain_local(fs) -> bool:

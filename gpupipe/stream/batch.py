@@ -21,6 +21,7 @@ from gpupipe.core.types import Sample
 from gpupipe.formats.headers import ProbedHeaders
 from gpupipe.formats.imageheader import image_extensions
 from gpupipe.storage.buffers import BufferPool
+from gpupipe.storage.fetch import FetchStats
 from gpupipe.stream.slots import SlotTaker, shared_bytes
 from gpupipe.stream.targets import SampleTargets, TargetColumns, read_targets
 
@@ -99,9 +100,7 @@ class EncodedBatch:
     chunk: int = -1
     batch: int = -1
     skipped: int = 0  # samples replaced by placeholders since the worker's previous batch
-    io_wait_s: float = 0.0  # time the worker waited for storage since its previous batch
-    requests: int = 0  # storage requests the worker made since its previous batch
-    cache_hits: int = 0  # blocks the worker's block cache answered since its previous batch
+    fetched: FetchStats | None = None  # the worker's storage counters since its previous batch
     targets: EncodedTargets | None = None
     sizes: torch.Tensor | None = None  # None: offsets[i+1] - offsets[i] (packed by hand)
     stride: int = 0

@@ -20,12 +20,13 @@ from gpupipe.tools.synth import synthetic_jpeg
 
 def test_rates_between_two_readings():
     a = Reading(t=10.0, batches=4, images=100, wait_s=0.5, decode_s=1.0, augment_s=0.2, bytes=1000, io_wait_s=0.1,
-                skipped=1, requests=10, cache_hits=0)
+                skipped=1, requests=10, cache_hits=0, read_bytes=2000)
     b = Reading(t=12.0, batches=8, images=300, wait_s=1.5, decode_s=2.0, augment_s=1.2, bytes=5000, io_wait_s=0.5,
-                skipped=3, requests=14, cache_hits=12)
+                skipped=3, requests=14, cache_hits=12, read_bytes=8000)
     r = rates(a, b)
     assert r == {"images_per_s": 100.0, "wait_ms_per_step": 250.0, "wait_share": 0.5, "decode_busy": 0.5,
-                 "augment_busy": 0.5, "bytes_per_s": 2000.0, "io_wait_share": 0.2, "requests_per_s": 2.0,
+                 "augment_busy": 0.5, "bytes_per_s": 2000.0, "read_bytes_per_s": 3000.0, "io_wait_share": 0.2,
+                 "requests_per_s": 2.0,
                  "cache_hit_rate": 0.75, "skipped": 3.0}
     reset = Reading(t=13.0, batches=1, images=10, wait_s=0.1, decode_s=0.1, augment_s=0.0, bytes=10, io_wait_s=0.0,
                     skipped=0)
@@ -87,6 +88,9 @@ def test_the_workers_storage_requests_and_cache_hits_reach_the_loader(tmp_path):
         pass
     first = loader.metrics()
     assert first["requests_per_s"] > 0 and 0 < first["cache_hit_rate"] < 1  # blocks fetched, then read from the cache
+    shards = sum(p.stat().st_size for p in (tmp_path / "s").glob("*.tar"))
+    read = loader.encoded.stats.fetch.bytes  # the workers' storage bytes reach the loader too
+    assert read >= shards > loader.encoded.stats.bytes and first["read_bytes_per_s"] > first["bytes_per_s"] > 0
     for _ in loader:
         pass
-    assert loader.metrics()["cache_hit_rate"] == 1.0 and loader.encoded.stats.requests == 2
+    assert loader.metrics()["cache_hit_rate"] == 1.0 and loader.encoded.stats.fetch.requests == 2
