@@ -17,6 +17,7 @@ import itertools
 import logging
 import pickle
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -81,6 +82,14 @@ class _Workers:
     loader: DataLoader
     board: SlotBoard
     ticket: PassTicket
+    stop: weakref.finalize  # stops them when the loader goes (or at exit), or on close()
+
+
+def _stop_persistent(loader: DataLoader) -> None:
+    """Stop the workers of a DataLoader that outlive passes, if it started them."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        stop_workers(iterator)
 
 
 class EncodedDataset(IterableDataset):
@@ -409,7 +418,12 @@ class EncodedLoader:
             loader = DataLoader(_WholeUnits(side) if whole else side, batch_size=None, num_workers=workers,
                                 pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
                                 persistent_workers=True)
-            held = self._workers = _Workers(key, loader, side.slots, side.ticket)
+            # Stopped by a finalizer that holds the DataLoader: when the loader becomes garbage (a reference
+            # cycle, say) the DataLoader and its queues stay out of the garbage, so the workers are told to
+            # stop through queues still open (torch's own __del__ on a collected cycle found them closed
+            # and waited 5 s a worker).
+            held = self._workers = _Workers(key, loader, side.slots, side.ticket,
+                                            weakref.finalize(self, _stop_persistent, loader))
         held.board.release()  # batches let go since the last pass: their slots free before the workers start
         return held.loader, held.board
 
@@ -423,9 +437,7 @@ class EncodedLoader:
         """Stop the stream workers kept between passes (they also stop with the loader, or at exit)."""
         held, self._workers = self._workers, None
         if held is not None:
-            iterator = getattr(held.loader, "_iterator", None)
-            if iterator is not None:
-                stop_workers(iterator)
+            held.stop()
 
     def _worker_died(self, it, units: list[Unit], received: dict[tuple[int, int], int],
                      exc: BaseException) -> WorkerError:

@@ -94,3 +94,26 @@ def test_changed_settings_fork_new_workers(url):
     loader.pin_memory = not loader.pin_memory  # what the workers were made with
     list(loader)
     assert set(_pids(loader)).isdisjoint(pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_collected_in_a_reference_cycle_stops_its_workers_at_once(url):
+    """torch's own __del__ on a collected cycle found its queues closed by then and waited 5 s a
+    worker (a test suite of such loaders took minutes more); the loader's finalizer keeps them open."""
+    import gc
+    import time
+
+    for broken in (False, True):
+        loader = EncodedLoader(url, batch_size=4, num_workers=2, seed=5)
+        for i, _batch in enumerate(loader):
+            if broken and i == 1:
+                break
+        pids = _pids(loader)
+        loader.cycle = loader
+        del loader, _batch
+        t0 = time.monotonic()
+        gc.collect()
+        assert time.monotonic() - t0 < 2.5
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # gone (and reaped)
