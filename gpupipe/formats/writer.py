@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, held_kinds
 from gpupipe.formats.tar import TarShardWriter
-from gpupipe.storage.fetch import Fetcher, open_filesystem
+from gpupipe.storage.fetch import Fetcher, is_plain_local, open_filesystem
 
 __all__ = ["ShardSink"]
 
@@ -17,8 +18,10 @@ class ShardSink:
     """Collects samples into shards of ``shard_size`` samples under ``dst``.
 
     Each shard is built in memory and written with one ``pipe_file``-style put,
-    so an object store never holds half a shard; ``close()`` writes ``index.json``
-    last, which makes the dataset visible only when it is complete. The manifest records
+    so an object store never holds half a shard; on a local disk it is written under a hidden
+    temporary name and renamed, so a process killed mid-write leaves no shard under its final
+    name either. ``close()`` writes ``index.json`` last (the same way), which makes the dataset
+    visible only when it is complete. The manifest records
     the target kinds the samples hold (:func:`~gpupipe.formats.manifest.held_kinds`).
     """
 
@@ -29,6 +32,7 @@ class ShardSink:
         self.fs, self.root = open_filesystem(dst, storage_options)
         self.root, self.url = self.root.rstrip("/"), dst.rstrip("/")
         self._io = Fetcher(self.fs)  # writes retried, and their errors worded, as reads are
+        self._local = is_plain_local(self.fs)
         self._io.call(self.url, "makedirs", True)
         self.shard_size, self.prefix, self.classes = shard_size, prefix, classes
         self.entries: list[ShardEntry] = []
@@ -51,7 +55,7 @@ class ShardSink:
         self._writer.close()
         data = self._buf.getvalue()
         name = f"{self.prefix}-{len(self.entries):06d}.tar"
-        self._io.call(f"{self.url}/{name}", "pipe_file", data)
+        self._put(name, data)
         offsets = tuple(self._writer.offsets)
         self.entries.append(ShardEntry(name=name, num_samples=len(offsets) - 1, size=len(data),
                                        sha256=hashlib.sha256(data).hexdigest(), offsets=offsets,
@@ -63,8 +67,21 @@ class ShardSink:
         the samples, recorded there), which makes the dataset visible."""
         self._flush()
         manifest = Manifest(shards=tuple(self.entries), classes=tuple(self.classes), prepared=prepared)
-        self._io.call(f"{self.url}/{MANIFEST_NAME}", "pipe_file", manifest.to_json().encode())
+        self._put(MANIFEST_NAME, manifest.to_json().encode())
         return manifest
+
+    def _put(self, name: str, data: bytes) -> None:
+        """``data`` as ``name``: whole or not at all (a local file through a temporary name)."""
+        if not self._local:
+            self._io.call(f"{self.url}/{name}", "pipe_file", data)
+            return
+        partial = f"{self.root}/.{name}.partial-{os.getpid()}"
+        try:
+            self._io.call(partial, "pipe_file", data)
+            os.replace(partial, f"{self.root}/{name}")
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
 
     def __enter__(self) -> ShardSink:
         return self

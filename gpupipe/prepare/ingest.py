@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections import deque
@@ -42,7 +44,7 @@ from gpupipe.plan import shuffle_buffer
 from gpupipe.prepare.reencode import Reencode, reencoded
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
 from gpupipe.sources.source import ResolvedSource, Source, resolve
-from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, storage_errors
+from gpupipe.storage.fetch import FetchConfig, Fetcher, is_plain_local, open_filesystem, storage_errors
 from gpupipe.stream.batch import image_field
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
@@ -164,6 +166,19 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
         items = _parquet_items(fetcher, manifest.parquet, classes, resolved.shard_urls, rng, shuffle=shuffle,
                                workers=workers)
     splits = ("train", "val") if val_fraction else ("",)
+    release = _claim(dst, dst_options)  # before anything is written: a second run refuses, naming this one
+    try:
+        return _write(items, splits, dst, dst_options, shard_size, classes, val_fraction, seed, manifest.num_samples,
+                      progress, max_pixels, skipped, reencode, fetcher, start)
+    finally:
+        release()
+
+
+def _write(items: Iterable[_Item], splits: tuple[str, ...], dst: str, dst_options: Any, shard_size: int,
+           classes: tuple[str, ...], val_fraction: float, seed: int, total: int, progress: bool,
+           max_pixels: int | None, skipped: list, reencode: Reencode | None, fetcher: Fetcher,
+           start: float) -> IngestReport:
+    """The items written as shards and indexes under ``dst`` (one split, or train and val)."""
     sinks = {s: ShardSink(f"{dst.rstrip('/')}/{s}" if s else dst, shard_size=shard_size, classes=classes,
                           storage_options=dst_options) for s in splits}
 
@@ -175,7 +190,7 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     from tqdm import tqdm
 
     try:
-        with tqdm(total=manifest.num_samples, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
+        with tqdm(total=total, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
             done = _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update,
                                 reencode=reencode)
     finally:
@@ -186,6 +201,75 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
                         sum(m.total_bytes for m in manifests.values()), tuple(classes), skipped,
                         time.perf_counter() - start, {s: m.num_samples for s, m in manifests.items() if s},
                         [f"{dst.rstrip('/')}/{s + '/' if s else ''}{MANIFEST_NAME}" for s in manifests])
+
+
+LOCK_NAME = ".gpupipe-ingest.lock"  # in the destination while a run writes it
+
+
+def _claim(dst: str, options: Any) -> Callable[[], None]:
+    """Make ``dst`` this run's alone, until the returned call: a lock file naming the run (host,
+    pid, start) made before anything is written. A lock there already refuses the run, naming
+    the one that holds it — unless that run is gone (on this host, its process no longer exists):
+    then it is taken over, with a warning. On object storage the check and the put are two
+    requests (a run starting in between is not seen); on a local disk the file is made exclusively."""
+    fs, root = open_filesystem(dst, options)
+    root = root.rstrip("/")
+    fs.makedirs(root, exist_ok=True)
+    path = f"{root}/{LOCK_NAME}"
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    held = _lock_of(fs, path)
+    if held is not None:
+        if not _gone(held):
+            raise ConfigError(f"ingest: {dst} is being written by another `gpupipe ingest` (pid {held.get('pid')} on "
+                              f"{held.get('host')}, since {held.get('started')}); wait for it to end, or delete "
+                              f"{path} if that run is gone")
+        log.warning("ingest: taking over %s: the run it names (pid %s on %s) is gone", path, held.get("pid"),
+                    held.get("host"))
+        fs.rm_file(path)
+    data = json.dumps(me).encode()
+    if is_plain_local(fs):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:  # another run made it since we looked
+            return _claim(dst, options)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    else:
+        fs.pipe_file(path, data)
+
+    def release() -> None:
+        try:
+            fs.rm_file(path)
+        except OSError:
+            log.warning("ingest: could not remove %s; delete it before the next run", path)
+
+    return release
+
+
+def _lock_of(fs: Any, path: str) -> dict | None:
+    """The run a lock file names (``{}`` when it cannot be read), or None when there is none."""
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    try:
+        held = json.loads(raw)
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _gone(held: Mapping[str, Any]) -> bool:
+    """Whether the run a lock names has ended: only knowable on this host (its pid no longer runs)."""
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        return False
+    try:
+        os.kill(held["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it runs, as another user
+        return False
+    return False
 
 
 def in_val_split(key: str, seed: int, fraction: float) -> bool:

@@ -53,6 +53,7 @@ from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_e
 from gpupipe.storage.identity import ObjectVersion, as_version, identity_of
 
 __all__ = ["FetchConfig", "FetchStats", "Fetcher", "ObjectVersion", "Version", "open_filesystem", "is_transient",
+           "is_plain_local",
            "refuse_commands", "storage_errors"]
 
 Version = ObjectVersion | str  # a bare string is a tag of unknown size
@@ -123,7 +124,7 @@ class FetchStats:
         return replace(self, errors=dict(self.errors))
 
 
-def _is_plain_local(fs) -> bool:
+def is_plain_local(fs) -> bool:
     """fsspec's own local filesystem (not a subclass that may change how it reads)."""
     from fsspec.implementations.local import LocalFileSystem
 
@@ -272,7 +273,7 @@ class Fetcher:
         self.answered = False  # has a request succeeded (so the endpoint is right)?
         self._pool_buffers: BufferPool | None = None  # local files, no cache: reused buffers (read_many(reuse=True))
         self._files: OrderedDict[str, int] = OrderedDict()  # local files open for short reads (LRU), by URL
-        if config.cache_dir is None and _is_plain_local(fs):
+        if config.cache_dir is None and is_plain_local(fs):
             self._pool_buffers = BufferPool.shared(config.block_bytes, config.readahead_bytes // config.block_bytes + 8)
 
     @classmethod

@@ -390,3 +390,33 @@ def test_index_reads_shards_in_blocks(tmp_path, monkeypatch):
                         lambda **kw: FetchConfig(block_bytes=1000, readahead_bytes=3000, **kw))
     assert index(str(tmp_path / "out"), workers=3, progress=False).to_json() == original
     assert max(sizes) == 1000 and len(sizes) > 3 * 3
+
+
+def test_a_second_run_into_the_same_destination_refuses_naming_the_first_and_a_dead_ones_lock_is_taken_over(
+        tmp_path, caplog):
+    """Issue 39: two runs into one destination at once would interleave shards; the second refuses,
+    naming the first (host, pid, start). A lock left by a run that is gone (killed, on this host)
+    is taken over with a warning; a finished run leaves none."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from gpupipe.prepare.ingest import LOCK_NAME
+
+    src, dst = str(tmp_path / "src"), tmp_path / "dst"
+    make_image_folder(f"file://{src}")
+    dst.mkdir()
+    lock = dst / LOCK_NAME
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": "just now"}))
+    with pytest.raises(ConfigError, match=rf"being written by another `gpupipe ingest` \(pid {os.getpid()} on "):
+        ingest(src, str(dst), progress=False)
+    assert not (dst / MANIFEST_NAME).exists() and lock.exists()  # nothing written, the other run's lock kept
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone.stdout), "started": "earlier"}))
+    with caplog.at_level(logging.WARNING):
+        report = ingest(src, str(dst), progress=False)
+    assert report.num_samples == 18 and "taking over" in caplog.text
+    assert not lock.exists() and (dst / MANIFEST_NAME).exists()
+    assert not [n for n in os.listdir(dst) if ".partial-" in n]
