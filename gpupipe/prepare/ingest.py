@@ -166,7 +166,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
         items = _parquet_items(fetcher, manifest.parquet, classes, resolved.shard_urls, rng, shuffle=shuffle,
                                workers=workers)
     splits = ("train", "val") if val_fraction else ("",)
-    release = _claim(dst, dst_options)  # before anything is written: a second run refuses, naming this one
+    with storage_errors(dst):  # a storage backend's error (no credentials, say) becomes one line naming dst
+        release = _claim(dst, dst_options)  # before anything is written: a second run refuses, naming this one
     try:
         return _write(items, splits, dst, dst_options, shard_size, classes, val_fraction, seed, manifest.num_samples,
                       progress, max_pixels, skipped, reencode, fetcher, start)
