@@ -157,9 +157,7 @@ class EncodedDataset(IterableDataset):
         skips = SkipLog()
         f = fetcher.stats
         last = f.copy()
-        if in_worker and self.slots is not None and self._taker is None:
-            self._taker = self.slots.taker(world.worker_id)
-        slots = self._taker if in_worker else None
+        slots = self._taker if in_worker else None  # made by begin_pass: slots come with the ticket
         for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
                                       on_error=self.stream.on_error, skips=skips):
             for i in range(unit.num_batches):
