@@ -7,7 +7,7 @@ checkout ``--before``, the same from ``--after`` (each on ``PYTHONPATH``), and D
 ``fn.readers.webdataset`` (1 thread, ``jpg`` + ``cls``, 1,024-sample shuffle buffer, index files),
 each in a new process: a warm-up epoch, then ``--epochs`` timed epochs. Printed per loader: the
 median samples/s over rounds (min, max) and the median CPU µs per sample (user + system of the
-process and its joined workers). Make a worktree of the commit to compare with
+process and of its workers, apart). Make a worktree of the commit to compare with
 ``git worktree add --detach DIR COMMIT``. docs/benchmarks.md, "Host path (issue 28)".
 """
 from __future__ import annotations
@@ -23,11 +23,25 @@ import tempfile
 import time
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this process, and of its workers (joined, or alive: persistent workers are
+    joined only when the loader goes, so ``RUSAGE_CHILDREN`` alone leaves them out)."""
     import resource
 
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    workers = kids.ru_utime + kids.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            for pid in f.read().split():
+                try:
+                    with open(f"/proc/{pid}/stat") as g:
+                        stat = g.read()
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(")") + 2:].split()
+                workers += (int(fields[11]) + int(fields[12])) / tick
+    return own.ru_utime + own.ru_stime, workers
 
 
 def _one(what: str, root: str, epochs: int, workers: int, batch: int = 256) -> dict:
@@ -64,8 +78,9 @@ def _one(what: str, root: str, epochs: int, workers: int, batch: int = 256) -> d
         n, t0, c0 = 0, time.perf_counter(), _cpu()
         for _ in range(epochs * per_epoch):
             n += len(p.run()[0])
-    dt, dc = time.perf_counter() - t0, _cpu() - c0
-    return {"rate": n / dt, "cpu_us": 1e6 * dc / n}
+    dt, c1 = time.perf_counter() - t0, _cpu()
+    own, workers = c1[0] - c0[0], c1[1] - c0[1]
+    return {"rate": n / dt, "cpu_us": 1e6 * (own + workers) / n, "own_us": 1e6 * own / n, "workers_us": 1e6 * workers / n}
 
 
 def main() -> None:
@@ -95,7 +110,8 @@ def main() -> None:
     for name, v in got.items():
         rates = [x["rate"] for x in v]
         print(f"{name:6s} median {statistics.median(rates):9,.0f} samples/s (min {min(rates):,.0f} max {max(rates):,.0f}); "
-              f"CPU {statistics.median(x['cpu_us'] for x in v):6.1f} us/sample")
+              f"CPU {statistics.median(x['cpu_us'] for x in v):6.1f} us/sample (this process "
+              f"{statistics.median(x['own_us'] for x in v):5.1f}, workers {statistics.median(x['workers_us'] for x in v):5.1f})")
 
 
 if __name__ == "__main__":

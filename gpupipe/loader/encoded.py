@@ -42,7 +42,7 @@ from gpupipe.sources.source import ResolvedSource, expand_pattern, resolve
 from gpupipe.storage.fetch import Fetcher, FetchStats, refuse_commands
 from gpupipe.stream.batch import EncodedBatch, pack, pack_table
 from gpupipe.stream.chunks import SkipLog, StreamConfig, iter_units, iter_whole_shards
-from gpupipe.stream.slots import SlotBoard, SlotTaker
+from gpupipe.stream.slots import SlotBatch, SlotBoard, SlotTaker
 from gpupipe.stream.ticket import PassTicket
 from gpupipe.stream.workers import dead_workers, describe_dead, start_workers, stop_workers
 
@@ -107,6 +107,7 @@ class EncodedDataset(IterableDataset):
         self.slots: SlotBoard | None = None  # set by the loader for workers: reused shared buffers
         self.ticket: PassTicket | None = None  # set by the loader for persistent workers: each pass's settings
         self._taker: SlotTaker | None = None  # this worker's slots (kept across passes)
+        self._fetcher: Fetcher | None = None  # this worker's fetcher, when it outlives passes
 
     def _finish(self, batch: EncodedBatch) -> EncodedBatch:
         """What the decoder would otherwise work out per image in the training process, done here
@@ -126,24 +127,33 @@ class EncodedDataset(IterableDataset):
                 self._taker = self._taker or self.slots.taker(self.world.for_current_worker().worker_id)
                 self._taker.pass_id = pass_id
 
-    def __iter__(self) -> Iterator[EncodedBatch]:
+    def __iter__(self) -> Iterator[EncodedBatch | SlotBatch]:
         self.begin_pass()
         return self.batches()
 
-    def batches(self) -> Iterator[EncodedBatch]:
+    def batches(self) -> Iterator[EncodedBatch | SlotBatch]:
         """The batches of this worker's units of the pass (:meth:`begin_pass` first)."""
         world = self.world.for_current_worker()
         in_worker = torch.utils.data.get_worker_info() is not None
         if in_worker:
             fix_malloc_mmap_threshold()
-        fetcher = Fetcher.for_url(self.source.shard_urls[0], self.source.storage_options, self.stream.fetch)
+        # A worker maps local files (its death by SIGBUS, should one shrink meanwhile, is reported as
+        # such); one that outlives passes keeps its fetcher, and so its files mapped, from pass to pass.
+        kept = in_worker and self.ticket is not None
+        fetcher = self._fetcher if kept and self._fetcher is not None else \
+            Fetcher.for_url(self.source.shard_urls[0], self.source.storage_options, self.stream.fetch,
+                            map_files=in_worker)
+        if kept:
+            self._fetcher = fetcher
+            fetcher.forget_changed_files()
         try:
             if self.source.manifest is not None:
                 yield from self._planned(fetcher, world, in_worker)
             else:
                 yield from self._whole_shards(fetcher, world)
         finally:
-            fetcher.close()
+            if not kept:
+                fetcher.close()
 
     def units(self, world: World) -> list[Unit]:
         """The units of work of this worker (``world``: the worker's own), in plan order."""
@@ -151,7 +161,7 @@ class EncodedDataset(IterableDataset):
         units = rank_units(self.spec, world.rank, progress, self.unit_sizes[1], self.unit_sizes[0])
         return worker_units(units, world.worker_id, world.num_workers)
 
-    def _planned(self, fetcher: Fetcher, world: World, in_worker: bool) -> Iterator[EncodedBatch]:
+    def _planned(self, fetcher: Fetcher, world: World, in_worker: bool) -> Iterator[EncodedBatch | SlotBatch]:
         spec, b = self.spec, self.spec.batch_size
         mine = self.units(world)
         skips = SkipLog()
@@ -163,7 +173,8 @@ class EncodedDataset(IterableDataset):
             for i in range(unit.num_batches):
                 batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
                                    epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i, slots=slots)
-                yield replace(self._finish(batch), skipped=skips.count, fetched=f.since(last))
+                batch = replace(self._finish(batch), skipped=skips.count, fetched=f.since(last))
+                yield slots.crossing(batch) if slots is not None else batch
                 skips.count, last = 0, f.copy()
 
     def _whole_shards(self, fetcher: Fetcher, world: World) -> Iterator[EncodedBatch]:
@@ -200,11 +211,11 @@ class _WholeUnits(IterableDataset):
     def __init__(self, dataset: EncodedDataset):
         self.dataset = dataset
 
-    def __iter__(self) -> Iterator[list[EncodedBatch]]:
+    def __iter__(self) -> Iterator[list[EncodedBatch | SlotBatch]]:
         self.dataset.begin_pass()
         return self._groups(self.dataset.batches())
 
-    def _groups(self, batches: Iterator[EncodedBatch]) -> Iterator[list[EncodedBatch]]:
+    def _groups(self, batches: Iterator[EncodedBatch | SlotBatch]) -> Iterator[list[EncodedBatch | SlotBatch]]:
         for unit in self.dataset.units(self.dataset.world.for_current_worker()):
             group = list(itertools.islice(batches, unit.num_batches))
             if group:
@@ -374,6 +385,7 @@ class EncodedLoader:
                     return
                 group = item if isinstance(item, list) else [item]
                 if board is not None:
+                    group = [board.receive(b) for b in group]  # a batch in a slot whose storage is kept here
                     board.release()  # the batches the consumer has let go since: their slots to reuse
                     for batch in group:
                         board.hold(batch.data, batch.slot)
@@ -444,8 +456,12 @@ class EncodedLoader:
         workers = len(getattr(it, "_workers", []))
         parts = [f"{who} {self._reading(wid, workers, units, received)}" for wid, who in describe_dead(it)]
         what = "; ".join(parts) or str(exc)
-        return WorkerError(f"{what}. The epoch cannot go on without it (the usual cause is the out-of-memory "
-                           "killer: lower num_workers or stream.fetch.readahead_bytes), and a rerun or resume "
+        if "SIGBUS" in what:  # workers read local files mapped in memory (Fetcher map_files)
+            cause = ("SIGBUS: a file it had mapped shrank while it read it — shards rewritten in place under a "
+                     "running job; write new files and rename them over the old ones")
+        else:
+            cause = "the usual cause is the out-of-memory killer: lower num_workers or stream.fetch.readahead_bytes"
+        return WorkerError(f"{what}. The epoch cannot go on without it ({cause}), and a rerun or resume "
                            "from the last state_dict() reads those shards again.")
 
     def _reading(self, wid: int, workers: int, units: list[Unit], received: dict[tuple[int, int], int]) -> str:

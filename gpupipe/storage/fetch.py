@@ -32,6 +32,7 @@ Without a known size a range is cached as it is asked for; without a version, no
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import random
 import threading
@@ -64,6 +65,7 @@ _REFUSED_PROTOCOLS = ("pipe",)  # webdataset-style shell commands are never run
 _S3_PROTOCOLS = ("s3", "s3a")
 _INLINE_BYTES = 256 << 10  # a local range shorter than this is read in the calling thread (read_many)
 _FILES_OPEN = 16  # local files a fetcher keeps open for those reads
+_FILES_MAPPED = 64  # local files a fetcher that maps them keeps mapped
 _CONNECT_TIMEOUT_TRIES = 3  # attempts for a connect timeout before the endpoint has ever answered
 
 
@@ -260,7 +262,11 @@ def read_ahead(items: Iterator[T], submit: Callable[[T], Any], size: Callable[[T
 class Fetcher:
     """Ranged reads of one filesystem with retries, concurrency and an optional cache."""
 
-    def __init__(self, fs, config: FetchConfig = FetchConfig()):
+    def __init__(self, fs, config: FetchConfig = FetchConfig(), *, map_files: bool = False):
+        """``map_files``: reads of local files without a cache are views of the file mapped in memory (no
+        copy, no system call a read). Only where a process may die of it: a file that shrinks while
+        mapped kills the reader with SIGBUS on the next touch of its lost pages (a DataLoader worker,
+        whose death the training process reports)."""
         self.fs = fs
         self.config = config
         self.stats = FetchStats()
@@ -275,11 +281,15 @@ class Fetcher:
         self._files: OrderedDict[str, int] = OrderedDict()  # local files open for short reads (LRU), by URL
         if config.cache_dir is None and is_plain_local(fs):
             self._pool_buffers = BufferPool.shared(config.block_bytes, config.readahead_bytes // config.block_bytes + 8)
+        # or mapped (local files read without a cache): URL → (the file's bytes, its (inode, size, mtime) then)
+        self._maps: OrderedDict[str, tuple[np.ndarray, tuple]] | None = \
+            OrderedDict() if map_files and self._pool_buffers is not None else None
 
     @classmethod
-    def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig()) -> Fetcher:
+    def for_url(cls, url: str, storage_options: Mapping[str, Any] | None, config: FetchConfig = FetchConfig(), *,
+                map_files: bool = False) -> Fetcher:
         fs, _ = open_filesystem(url, storage_options)
-        return cls(fs, config)
+        return cls(fs, config, map_files=map_files)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -287,6 +297,8 @@ class Fetcher:
             self._pool = None
         while self._files:
             os.close(self._files.popitem()[1])
+        if self._maps is not None:
+            self._maps.clear()  # each unmapped when the last view of it goes
 
     # -- single requests ---------------------------------------------------------------
     def size(self, url: str) -> int:
@@ -504,7 +516,7 @@ class Fetcher:
 
     # -- pipelined reads ---------------------------------------------------------------
     def read_many(self, ranges: Iterable[tuple[ByteRange, Version]], *,
-                  reuse: bool = False) -> Iterator[list[bytes] | StorageError]:
+                  reuse: bool = False) -> Iterator[list[Any] | StorageError]:
         """For each ``(range, version)`` in order, its bytes as a list of blocks — or the
         ``StorageError`` that ended it (so the caller decides; later ranges still come).
 
@@ -515,8 +527,29 @@ class Fetcher:
 
         Up to ``concurrency`` block requests run at once and at most about
         ``readahead_bytes`` are requested ahead of the consumer, so memory does
-        not grow with the size of the dataset.
+        not grow with the size of the dataset. A fetcher that maps local files gives each range
+        as one view of its file, in this thread (a read that fails that way is read again as below).
         """
+        if reuse and self._maps is not None:
+            yield from self._read_mapped(ranges)
+            return
+        yield from self._read_pooled(ranges, reuse)
+
+    def _read_mapped(self, ranges: Iterable[tuple[ByteRange, Version]]) -> Iterator[list[Any] | StorageError]:
+        """:meth:`read_many` of mapped local files: a view per range, no thread, no future; a range
+        that cannot be had so (past the end, a file gone) goes the pooled way, with its retries
+        and its error."""
+        for r, version in ranges:
+            if r.stop is not None:
+                try:
+                    yield [self._mapped(r.url, r.start, r.stop)]
+                    continue
+                except (OSError, ValueError, _ShortRead):
+                    pass
+            yield next(self._read_pooled(iter([(r, version)]), True))
+
+    def _read_pooled(self, ranges: Iterable[tuple[ByteRange, Version]], reuse: bool
+                     ) -> Iterator[list[Any] | StorageError]:
         cfg = self.config
         if self._pool is None:
             self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="gpupipe-fetch")
@@ -560,7 +593,10 @@ class Fetcher:
     def _read_short(self, url: str, start: int, stop: int) -> np.ndarray:
         """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
         (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened),
-        into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes)."""
+        into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes);
+        a view of the file mapped in memory when the fetcher maps files."""
+        if self._maps is not None:
+            return self._mapped(url, start, stop)
         fd = self._files.pop(url, None)
         if fd is None:
             fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
@@ -573,6 +609,46 @@ class Fetcher:
         if got != stop - start:
             raise _ShortRead(f"got {got} of {stop - start} bytes for range [{start}, {stop})")
         return out
+
+    def _mapped(self, url: str, start: int, stop: int) -> np.ndarray:
+        """Bytes ``[start, stop)`` of a local file as a view of it mapped whole (the last
+        ``_FILES_MAPPED`` files; mapped again when the range is past the end, should it have grown).
+        A view keeps its mapping alive; one dropped here is unmapped when its last view goes."""
+        assert self._maps is not None, "a fetcher that maps files"
+        whole, known = self._maps.pop(url, (None, ()))
+        if whole is None or stop > len(whole):
+            with open(self.fs._strip_protocol(url), "rb") as f:
+                st = os.fstat(f.fileno())
+                whole = np.frombuffer(mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ), dtype=np.uint8) \
+                    if st.st_size else np.empty(0, dtype=np.uint8)
+                known = (st.st_ino, st.st_size, st.st_mtime_ns)
+            while len(self._maps) >= _FILES_MAPPED:
+                self._maps.popitem(last=False)
+        self._maps[url] = whole, known
+        if stop > len(whole):
+            raise _ShortRead(f"got {max(0, len(whole) - start)} of {stop - start} bytes for range [{start}, {stop})")
+        self.count_read(stop - start)
+        return whole[start:stop]
+
+    def forget_changed_files(self) -> int:
+        """Unmap the mapped files changed on disk since they were mapped (another inode, size or
+        mtime): a fetcher kept from one pass to the next calls it at each pass's start, so that a
+        file rewritten meanwhile is read as it is now — and one that shrank is never touched past
+        its new end (SIGBUS). The number unmapped."""
+        if not self._maps:
+            return 0
+        changed = []
+        for url, (_, known) in self._maps.items():
+            try:
+                st = os.stat(self.fs._strip_protocol(url))
+                now: tuple = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                now = ()
+            if now != known:
+                changed.append(url)
+        for url in changed:
+            del self._maps[url]
+        return len(changed)
 
     def _held(self, piece: ByteRange, v: ObjectVersion) -> int:
         """The bytes a read of ``piece`` holds in memory: its cache block, when it comes from

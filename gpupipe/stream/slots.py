@@ -16,12 +16,30 @@ anywhere is never written over; when no slot is free the worker makes a fresh st
 before. The board lives as long as its workers: across passes, a pass broken off leaves batches
 torch drops unseen; their slots, flagged by an earlier pass and not held, are taken back when the
 next pass starts (:meth:`SlotBoard.reclaim`).
+
+A slot's storage crosses to the training process once. torch hands a storage over with a file
+descriptor through a connection to the worker — an authentication round trip, ~0.8 ms of the
+training process's CPU and ~0.7 ms of the worker's per batch on the 2-core VM, the largest
+per-batch cost of the hand-over (docs/benchmarks.md, "Slots mapped once") — so the training process keeps
+each slot's storage once it has it (:meth:`SlotBoard.receive`) and says so in shared memory
+(``mapped``: the generation of each slot's storage it holds). A batch in a slot whose storage is
+already there travels as a :class:`SlotBatch`: the batch with each of its tensors replaced by
+where it lies in the slot (:class:`_View`), rebuilt on arrival as views of the kept storage. A
+new storage (a slot's first use, or one grown) travels with its batch, once.
 """
 from __future__ import annotations
 
+import itertools
+import os
+import weakref
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any
+
 import torch
 
-__all__ = ["SlotBoard", "SlotTaker", "shared_bytes", "MAX_SLOTS"]
+from gpupipe.core.errors import GpupipeError
+
+__all__ = ["SlotBoard", "SlotTaker", "SlotBatch", "shared_bytes", "MAX_SLOTS"]
 
 MAX_SLOTS = 32  # per worker: past this many batches out at once, a worker makes fresh storages
 _GROW = 1.25  # a new slot holds this much more than the batch that made it: the next may be larger
@@ -55,15 +73,24 @@ def _free_references() -> int:
 _FREE = _free_references() if hasattr(torch._C, "_storage_Use_Count") else -1  # -1: never released
 
 
+_BOARDS: weakref.WeakValueDictionary[int, SlotBoard] = weakref.WeakValueDictionary()  # training process: by id
+_IDS = itertools.count(1)
+
+
 class SlotBoard:
     """The flags of ``workers`` × ``slots`` reusable batch buffers, in shared memory; made in
-    the training process before the workers fork. A flag is 1 while the training process may
-    hold the batch sent in that slot."""
+    the training process before the workers fork. A flag is non-zero while the training process may
+    hold the batch sent in that slot; ``mapped`` is the generation of the slot's storage the
+    training process keeps (0: none yet)."""
 
     def __init__(self, workers: int, slots: int):
         self.slots = slots = max(1, min(slots, MAX_SLOTS))
         self.flags = torch.zeros(max(1, workers) * slots, dtype=torch.int32).share_memory_()
+        self.mapped = torch.zeros(max(1, workers) * slots, dtype=torch.int64).share_memory_()
+        self.id = (os.getpid() << 20) | next(_IDS)
         self._held: list[tuple[torch.UntypedStorage, int]] = []  # training process: batches out, by slot
+        self._storages: dict[int, tuple[int, torch.UntypedStorage]] = {}  # training process: slot → (generation, storage)
+        _BOARDS[self.id] = self
 
     def taker(self, worker_id: int) -> SlotTaker:
         """The worker side, for worker ``worker_id``."""
@@ -74,6 +101,20 @@ class SlotBoard:
         """A batch arrived in ``slot`` (-1: a storage of its own); ``data`` is any of its tensors."""
         if slot >= 0:
             self._held.append((data.untyped_storage(), slot))
+
+    def receive(self, item: Any) -> Any:
+        """What a worker sent, with a :class:`SlotBatch` made a batch again: its storage kept when
+        it came with it, its tensors views of the slot's kept storage."""
+        if not isinstance(item, SlotBatch):
+            return item
+        if item.storage is not None:
+            self._storages[item.slot] = (item.generation, item.storage.untyped_storage())
+            self.mapped[item.slot] = item.generation
+        generation, storage = self._storages.get(item.slot, (0, None))
+        if storage is None or generation != item.generation:
+            raise GpupipeError(f"a batch arrived in slot {item.slot} (storage {item.generation}) whose storage never "
+                               f"did (kept: {generation}): a gpupipe bug, please report it")
+        return _attached(item.batch, storage)
 
     def reclaim(self, pass_id: int) -> int:
         """At the start of pass ``pass_id``, after torch has dropped what the last pass left in
@@ -107,6 +148,9 @@ class SlotTaker:
         self.storages: list[torch.UntypedStorage | None] = [None] * board.slots
         self.fresh = 0  # storages made (a slot's first use or growth, or none free)
         self.pass_id = 1  # what a slot taken now is flagged with (the pass under way)
+        self.mapped = board.mapped
+        self.board = board.id
+        self.generations = [0] * board.slots  # of each slot's storage: counted per slot, from 1
 
     def take(self, n: int) -> tuple[torch.Tensor, int]:
         """``n`` uint8 of shared memory and the slot they are in (-1: none free, a new storage
@@ -121,5 +165,79 @@ class SlotTaker:
             self.fresh += 1
             storage = shared_bytes(int(n * _GROW)).untyped_storage()
             self.storages[i] = storage
+            self.generations[i] += 1
         self.flags[i] = self.pass_id
         return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (n,), (1,)), self.first + i
+
+    def crossing(self, batch: Any) -> Any:
+        """What to send for ``batch`` (a dataclass whose ``slot`` says where it was packed): a
+        :class:`SlotBatch`, its storage with it only when the training process does not keep it yet;
+        a batch in a storage of its own as it is."""
+        slot = getattr(batch, "slot", -1)
+        if slot < 0:
+            return batch
+        i = slot - self.first
+        storage = self.storages[i]
+        assert storage is not None, "a batch in a slot was packed in its storage"
+        generation = self.generations[i]
+        ship = None if int(self.mapped[slot]) == generation else torch.empty(0, dtype=torch.uint8).set_(storage)
+        return SlotBatch(self.board, slot, generation, ship, _detached(batch, storage.data_ptr()))
+
+
+@dataclass(frozen=True)
+class _View:
+    """Where a tensor lies in its slot's storage (offset and strides in elements of ``dtype``)."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SlotBatch:
+    """A batch on its way from a worker: in slot ``slot`` of board ``board``, whose storage
+    (generation ``generation``) comes along as ``storage`` the first time, else is kept by the
+    training process already; ``batch`` is the batch with its tensors in the slot as :class:`_View`."""
+
+    board: int
+    slot: int
+    generation: int
+    storage: torch.Tensor | None
+    batch: Any
+
+    def pin_memory(self) -> Any:
+        """torch's pinning thread, in the training process: the batch again, pinned."""
+        board = _BOARDS.get(self.board)
+        if board is None:
+            raise GpupipeError("a batch arrived for a loader that is gone: a gpupipe bug, please report it")
+        return board.receive(self).pin_memory()
+
+
+def _detached(obj: Any, base: int) -> Any:
+    """``obj`` (a dataclass) with every tensor in the storage at ``base``, its own fields' too,
+    replaced by its :class:`_View`."""
+    changes: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == base:
+            changes[f.name] = _View(int(value.storage_offset()), value.dtype, tuple(value.shape), tuple(value.stride()))
+        elif is_dataclass(value) and not isinstance(value, type):
+            inner = _detached(value, base)
+            if inner is not value:
+                changes[f.name] = inner
+    return replace(obj, **changes) if changes else obj
+
+
+def _attached(obj: Any, storage: torch.UntypedStorage) -> Any:
+    """``obj`` with each :class:`_View` made a tensor of ``storage`` again (the inverse of :func:`_detached`)."""
+    changes: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, _View):
+            changes[f.name] = torch.empty(0, dtype=value.dtype).set_(storage, value.offset, value.shape, value.stride)
+        elif is_dataclass(value) and not isinstance(value, type):
+            inner = _attached(value, storage)
+            if inner is not value:
+                changes[f.name] = inner
+    return replace(obj, **changes) if changes else obj

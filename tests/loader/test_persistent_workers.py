@@ -10,7 +10,7 @@ import signal
 import pytest
 from datagen import write_dataset
 
-from gpupipe.core.errors import WorkerError
+from gpupipe.core.errors import GpupipeError, WorkerError
 from gpupipe.loader.encoded import EncodedLoader
 
 
@@ -78,13 +78,31 @@ def test_a_worker_dead_between_passes_or_mid_pass_gives_fresh_workers(url, caplo
     assert _ids(loader) == _reference(url, 1)
     assert "is gone" in caplog.text and set(_pids(loader)).isdisjoint(pids)
     pids = _pids(loader)
-    with pytest.raises(WorkerError):
+    with pytest.raises(WorkerError, match="SIGBUS: a file it had mapped shrank"):
         for i, _batch in enumerate(loader):
             if i == 2:
-                os.kill(pids[1], signal.SIGKILL)
+                os.kill(pids[1], signal.SIGBUS)  # how a worker dies touching a mapped shard that shrank
     assert loader._workers is None
     assert len(list(loader)) == len(loader)  # the next pass starts new workers
     assert set(_pids(loader)).isdisjoint(pids)
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_rewritten_between_passes_is_read_as_it_is_now_never_past_its_new_end(tmp_path):
+    """A worker keeps its shards mapped from pass to pass; one rewritten in place meanwhile (the same
+    file, shorter) must be read as it is now — an error naming it — not touched past its new end
+    through the old mapping (SIGBUS: the worker would die)."""
+    root = tmp_path / "shards"
+    write_dataset(str(root), [30] * 4)
+    loader = EncodedLoader(str(root), batch_size=4, num_workers=1, seed=5)
+    list(loader)
+    shard = sorted(root.glob("*.tar"))[-1]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    with pytest.raises(GpupipeError) as caught:
+        list(loader)
+    assert not isinstance(caught.value, WorkerError), caught.value
+    assert shard.name in str(caught.value)
 
 
 def test_changed_settings_fork_new_workers(url):

@@ -83,3 +83,41 @@ def test_short_local_ranges_are_read_in_place_from_files_kept_open(tmp_path, mon
     assert b"".join(bytes(b) for b in blocks) == b"x" * fetch._INLINE_BYTES
     assert f._pool is not None and f._pool._threads and not f._files  # read by a thread of the pool
     f.close()
+
+
+def test_a_fetcher_that_maps_files_gives_views_of_them_and_sees_a_file_rewritten(tmp_path, monkeypatch):
+    """map_files (a stream worker): each range a view of its file mapped in memory (at most
+    _FILES_MAPPED kept), no read a system call; past a file's end or for a missing file, the error
+    every read gives; a file changed on disk is mapped again once forget_changed_files is asked."""
+    import fsspec
+
+    from gpupipe.core.errors import StorageError
+    from gpupipe.core.types import ByteRange
+    from gpupipe.storage import fetch
+    from gpupipe.storage.fetch import FetchConfig, Fetcher
+
+    monkeypatch.setattr(fetch, "_FILES_MAPPED", 2)
+    data = {i: bytes(range(256)) * (40 + i) for i in range(3)}
+    for i, d in data.items():
+        (tmp_path / f"f{i}").write_bytes(d)
+    f = Fetcher(fsspec.filesystem("file"), FetchConfig(retries=1, backoff_s=0.001), map_files=True)
+    ranges = [(ByteRange(str(tmp_path / f"f{i % 3}"), 7 * i, 7 * i + 300 + i), "") for i in range(9)]
+    got = list(f.read_many(ranges, reuse=True))
+    assert [bytes(b[0]) for b in got] == [data[i % 3][7 * i:7 * i + 300 + i] for i in range(9)]
+    assert all(len(b) == 1 and b[0].base is not None for b in got)  # views, not copies
+    assert f._pool is None and len(f._maps) == 2  # no thread, no pool: views
+    assert f.stats.bytes == sum(300 + i for i in range(9))
+    del got
+    past, missing = f.read_many([(ByteRange(str(tmp_path / "f1"), 0, len(data[1]) + 1), ""),
+                                 (ByteRange(str(tmp_path / "nope"), 0, 10), "")], reuse=True)
+    assert isinstance(past, StorageError) and "f1" in str(past)
+    assert isinstance(missing, StorageError) and "nope" in str(missing)
+    one = [(ByteRange(str(tmp_path / "f2"), 0, 100), "")]
+    old = bytes(next(f.read_many(one, reuse=True))[0])
+    (tmp_path / "f2").write_bytes(b"y" * 50 + b"z" * 50)  # rewritten in place (the same inode)
+    assert f.forget_changed_files() == 1
+    assert bytes(next(f.read_many(one, reuse=True))[0]) == b"y" * 50 + b"z" * 50 != old
+    f.close()
+    assert not f._maps
+    cached = Fetcher(fsspec.filesystem("file"), FetchConfig(cache_dir=str(tmp_path / "cache")), map_files=True)
+    assert cached._maps is None  # reads through a cache are the cache's

@@ -55,3 +55,57 @@ def test_batches_kept_by_the_consumer_stay_intact_and_let_go_their_slots_are_reu
         _check(batch)
         in_slots += batch.slot >= 0
     assert in_slots == len(loader) > slots  # more batches in slots than slots: each was reused
+
+
+def test_a_slots_storage_crosses_once_then_its_batches_travel_as_places_in_it():
+    """torch hands a storage over with a file descriptor and a connection per batch (~1.5 ms a
+    batch of both processes' CPU): a slot's storage crosses once, later batches in it as views."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import numpy as np
+    import torch.multiprocessing  # noqa: F401 — registers torch's reductions (storages by file descriptor)
+
+    from gpupipe.stream.batch import SampleTable, pack_table
+    from gpupipe.stream.slots import SlotBatch
+
+    board = SlotBoard(workers=1, slots=2)
+    taker = board.taker(0)
+
+    def batch(seed: int):
+        data = [bytes(np.random.default_rng(seed + i).integers(0, 256, 50 + i, dtype=np.uint8)) for i in range(5)]
+        table = SampleTable(buffers=tuple(data), buffer=np.arange(5), start=np.zeros(5, np.int64),
+                            size=np.array([len(d) for d in data]), labels=np.arange(5) + seed,
+                            sample_ids=np.arange(5) + 10 * seed, keys=[f"k{seed}-{i}" for i in range(5)],
+                            valid=np.ones(5, bool))
+        return data, pack_table(table, shared=True, slots=taker)
+
+    def cross(item):  # what the DataLoader's queue does to it
+        return pickle.loads(ForkingPickler.dumps(item))
+
+    sent = []
+    for seed in range(4):
+        data, packed = batch(seed)
+        item = taker.crossing(packed)
+        assert isinstance(item, SlotBatch)
+        sent.append(item.storage is not None)
+        got = board.receive(cross(item))
+        assert [bytes(got.image(i)) for i in range(5)] == data
+        assert got.labels.tolist() == list(range(seed, seed + 5)) and got.keys == packed.keys
+        assert got.slot == packed.slot and got.valid.all()
+        board.hold(got.data, got.slot)
+        del got, packed, item
+        assert board.release() == 1  # the storage kept here does not keep the slot held
+    assert sent == [True, False, False, False]  # one slot, reused: its storage crossed once
+    data, packed = batch(0)
+    board.hold(packed.data, packed.slot)  # slot 0 held: the next batch takes slot 1, new to the consumer
+    other = taker.crossing(batch(1)[1])
+    assert other.slot == 1 and other.storage is not None
+    del packed
+    board.flags[:] = 0
+    grown = taker.crossing(pack_table(SampleTable(
+        buffers=(b"x" * 10_000,), buffer=np.zeros(1, np.int64), start=np.zeros(1, np.int64),
+        size=np.array([10_000]), labels=np.zeros(1, np.int64), sample_ids=np.zeros(1, np.int64), keys=["big"],
+        valid=np.ones(1, bool)), shared=True, slots=taker))
+    assert grown.slot == 0 and grown.generation == 2 and grown.storage is not None  # outgrown: a new storage crosses
+    assert bytes(board.receive(cross(grown)).image(0)) == b"x" * 10_000

@@ -6,7 +6,7 @@ nothing decoded — and DALI's ``fn.readers.webdataset`` on the same shards (the
 1,024-sample shuffle buffer, ``--workers`` threads, default 1), interleaved over ``--repeat``
 rounds (order rotated each round). Each run is a fresh pass of ``--batches`` batches (default:
 one epoch) after a warm-up pass. Reported per loader: the median samples/s (min-max), CPU
-time per sample (the process and its waited-for worker processes, all threads), and so
+time per sample (the process and its worker processes, all threads), and so
 samples/s per core — what sizes the CPU cores one GPU needs: a GPU decoding R images/s needs
 R × (CPU µs per sample) / 10⁶ cores for its host path.
 """
@@ -96,7 +96,7 @@ def _dali_reader(source: str, *, batch_size: int, threads: int, seed: int, per_e
 
 
 def time_host(run: Callable[[int | None], Iterator[int]], batches: int | None) -> dict[str, float]:
-    """One pass: samples/s and CPU µs per sample (this process and its finished workers)."""
+    """One pass: samples/s and CPU µs per sample (this process and its workers, running or ended)."""
     from gpupipe.tools.bench.measure import cpu_seconds
 
     c0, t0 = cpu_seconds(), time.perf_counter()

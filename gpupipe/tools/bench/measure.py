@@ -4,8 +4,8 @@
 this process plus its child processes (Linux ``/proc``; the sum counts pages shared
 between a parent and its forked workers more than once, so it is an upper bound), and
 the GPU's utilisation (``torch.cuda.utilization()``, which needs ``pynvml``).
-:func:`cpu_seconds` reads ``resource.getrusage`` for this process and its *waited-for*
-children, which is why the runner stops a loader's workers before reading it.
+:func:`cpu_seconds` reads ``resource.getrusage`` for this process and its waited-for
+children, and ``/proc`` for the children still running (persistent workers).
 """
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ __all__ = ["cpu_seconds", "thread_cpu", "children_cpu", "Sampler", "gpu_note", "
 
 
 def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its terminated, waited-for children."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    """User + system CPU seconds of this process and of its children, running or ended
+    (:func:`children_cpu`: a loader's persistent workers live on between passes, and
+    ``RUSAGE_CHILDREN`` alone would leave them out)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime + children_cpu()
 
 
 def _rss_kb(pid: int | str) -> int:
