@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpupipe.core.errors import GpupipeError
@@ -155,11 +156,11 @@ class SlotTaker:
     def take(self, n: int) -> tuple[torch.Tensor, int]:
         """``n`` uint8 of shared memory and the slot they are in (-1: none free, a new storage
         of its own). The slot is marked held: write the batch, then send it."""
-        free = (self.flags == 0).nonzero().flatten().tolist()
-        if not free:
+        free = np.flatnonzero(self.flags.numpy() == 0)  # (numpy: a few us, torch's nonzero ~20)
+        if not len(free):
             self.fresh += 1
             return shared_bytes(n), -1
-        i = free[0]
+        i = int(free[0])
         storage = self.storages[i]
         if storage is None or storage.nbytes() < n:
             self.fresh += 1
