@@ -44,7 +44,7 @@ from gpupipe.formats.folder import ObjectTable
 from gpupipe.formats.rowgroups import RowGroupTable
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
 
-__all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard", "held_kinds"]
+__all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard", "held_kinds", "shard_entry_json", "shard_entry_from_json"]
 
 MANIFEST_NAME = "index.json"
 FORMAT = "gpupipe-manifest"
@@ -190,7 +190,7 @@ class Manifest:
         elif self.parquet is not None:
             doc.update(kind="parquet", parquet=self.parquet.to_dict())
         else:
-            doc["shards"] = [_shard_json(s) for s in self.shards]
+            doc["shards"] = [shard_entry_json(s) for s in self.shards]
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -210,13 +210,7 @@ class Manifest:
                            objects=ObjectTable.from_dict(doc["objects"]) if kind == "folder" else None,
                            parquet=RowGroupTable.from_dict(doc["parquet"]) if kind == "parquet" else None,
                            targets=targets)
-            shards = tuple(
-                ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
-                           sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]),
-                           crc32=_int_array(s["crc32"], "crc32") if "crc32" in s else None,
-                           targets=_kinds(s["targets"], str(s["name"])) if "targets" in s else None)
-                for s in doc["shards"]
-            )
+            shards = tuple(shard_entry_from_json(s) for s in doc["shards"])
             classes = tuple(str(c) for c in doc.get("classes", []))
         except ShardFormatError as exc:
             raise ShardFormatError(f"bad manifest entry: {exc}", shard=source) from None
@@ -258,7 +252,16 @@ def held_kinds(fields: Mapping[str, bytes]) -> set[str]:
     return held
 
 
-def _shard_json(s: ShardEntry) -> dict:
+def shard_entry_from_json(s: Mapping[str, Any]) -> ShardEntry:
+    """A shard's entry from its JSON object (``ValueError``, ``KeyError`` or ``ShardFormatError`` when it is not one)."""
+    return ShardEntry(name=str(s["name"]), num_samples=int(s["num_samples"]), size=int(s["size"]),
+                      sha256=str(s["sha256"]), offsets=_int_array(s["offsets"]),
+                      crc32=_int_array(s["crc32"], "crc32") if "crc32" in s else None,
+                      targets=_kinds(s["targets"], str(s["name"])) if "targets" in s else None)
+
+
+def shard_entry_json(s: ShardEntry) -> dict:
+    """The JSON object of a shard's entry in ``index.json`` (what :func:`shard_entry_from_json` reads)."""
     doc = {"name": s.name, "num_samples": s.num_samples, "size": s.size, "sha256": s.sha256,
            "offsets": s.offsets.tolist()}
     if s.crc32 is not None:

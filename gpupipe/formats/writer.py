@@ -26,7 +26,9 @@ class ShardSink:
     """
 
     def __init__(self, dst: str, *, shard_size: int = 1000, storage_options: Mapping[str, Any] | None = None,
-                 prefix: str = "shard", classes: tuple[str, ...] = ()):
+                 prefix: str = "shard", classes: tuple[str, ...] = (), first_number: int = 0):
+        """Shards are named ``<prefix>-<number>.tar``, numbered from ``first_number`` (an ingest task
+        writes one shard, its number in the job's plan)."""
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         self.fs, self.root = open_filesystem(dst, storage_options)
@@ -34,7 +36,7 @@ class ShardSink:
         self._io = Fetcher(self.fs)  # writes retried, and their errors worded, as reads are
         self._local = is_plain_local(self.fs)
         self._io.call(self.url, "makedirs", True)
-        self.shard_size, self.prefix, self.classes = shard_size, prefix, classes
+        self.shard_size, self.prefix, self.classes, self.first_number = shard_size, prefix, classes, first_number
         self.entries: list[ShardEntry] = []
         self._buf: io.BytesIO | None = None
         self._writer: TarShardWriter | None = None
@@ -47,15 +49,16 @@ class ShardSink:
         self._writer.write(key, fields)
         self._held |= held_kinds(fields)
         if len(self._writer.offsets) >= self.shard_size:
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write the shard being collected, if it holds a sample."""
         if self._writer is None or self._buf is None or not self._writer.offsets:  # (the two are set together)
             return
         self._writer.close()
         data = self._buf.getvalue()
-        name = f"{self.prefix}-{len(self.entries):06d}.tar"
-        self._put(name, data)
+        name = f"{self.prefix}-{self.first_number + len(self.entries):06d}.tar"
+        self.put(name, data)
         offsets = tuple(self._writer.offsets)
         self.entries.append(ShardEntry(name=name, num_samples=len(offsets) - 1, size=len(data),
                                        sha256=hashlib.sha256(data).hexdigest(), offsets=offsets,
@@ -65,12 +68,12 @@ class ShardSink:
     def close(self, prepared: Mapping[str, Any] | None = None) -> Manifest:
         """Write the last shard, then ``index.json`` (``prepared``: what the writer's caller did to
         the samples, recorded there), which makes the dataset visible."""
-        self._flush()
+        self.flush()
         manifest = Manifest(shards=tuple(self.entries), classes=tuple(self.classes), prepared=prepared)
-        self._put(MANIFEST_NAME, manifest.to_json().encode())
+        self.put(MANIFEST_NAME, manifest.to_json().encode())
         return manifest
 
-    def _put(self, name: str, data: bytes) -> None:
+    def put(self, name: str, data: bytes) -> None:
         """``data`` as ``name``: whole or not at all (a local file through a temporary name)."""
         if not self._local:
             self._io.call(f"{self.url}/{name}", "pipe_file", data)

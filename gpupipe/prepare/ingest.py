@@ -14,52 +14,57 @@ no class, an unreadable file), is skipped, logged and listed in the :class:`Inge
 shuffle only within a window, so the order at rest matters) and the same inputs and seed
 give byte-identical shards.
 
+The work is cut into tasks of one shard each (:mod:`gpupipe.prepare.tasks`), run on this machine or
+on Ray (:mod:`gpupipe.prepare.engines`) — the same bytes either way — and merged into ``index.json``
+last. A job interrupted anywhere (its driver or a task killed) is finished by running it again:
+the tasks whose shards are whole are not run twice.
+
 :func:`gpupipe.prepare.indexer.index` writes the manifest for shards made elsewhere (e.g. by
 ``webdataset``) and :func:`gpupipe.tools.sourceinfo.inspect` summarises a dataset. Nothing here prints.
 """
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
-from gpupipe.core.types import ByteRange, Sample
-from gpupipe.formats.folder import object_sample
-from gpupipe.formats.imageheader import MAX_PIXELS, probe
+from gpupipe.core.errors import ConfigError, GpupipeError, StorageError
+from gpupipe.formats.imageheader import MAX_PIXELS
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
-from gpupipe.formats.rowgroups import Pieces, RowGroupTable, read_footer, row_group_samples
 from gpupipe.formats.writer import ShardSink
-from gpupipe.plan import shuffle_buffer
-from gpupipe.prepare.reencode import Reencode, reencoded
+from gpupipe.prepare.engines import ENGINES, run_tasks
+from gpupipe.prepare.reencode import Reencode
+from gpupipe.prepare.tasks import (
+    PARTS_DIR,
+    IngestContext,
+    IngestTask,
+    TaskResult,
+    fingerprint,
+    in_val_split,
+    part_name,
+    plan_tasks,
+)
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
 from gpupipe.sources.source import ResolvedSource, Source, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, is_plain_local, open_filesystem, storage_errors
-from gpupipe.stream.batch import image_field
 
 __all__ = ["IngestReport", "ingest", "in_val_split"]
 
 log = logging.getLogger(__name__)
 
-_READS_AHEAD_PER_WORKER = 4  # image files requested but not yet written, per worker
-_PARQUET_SHUFFLE_BUFFER = 2048  # rows mixed across row groups (which are themselves permuted)
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 
 @dataclass
 class IngestReport:
-    """What :func:`ingest` wrote, and every input it skipped as ``(path, reason)``."""
+    """What :func:`ingest` wrote, and every input it skipped as ``(path, reason)``; ``tasks`` and
+    ``resumed``: the job's tasks and those an interrupted run had finished; ``task_samples`` the
+    samples each task wrote, ``slowest`` the slowest task's name and seconds."""
 
     num_samples: int
     num_shards: int
@@ -69,31 +74,28 @@ class IngestReport:
     seconds: float = 0.0
     splits: dict[str, int] = field(default_factory=dict)  # samples per carved split ({} without one)
     indexes: list[str] = field(default_factory=list)  # the index.json files written
+    tasks: int = 0
+    resumed: int = 0
+    task_samples: list[int] = field(default_factory=list)
+    slowest: tuple[str, float] = ("", 0.0)
 
     def summary(self, max_skipped: int = 10) -> str:
-        """A few lines for people: counts, size, speed, and the first skipped inputs."""
+        """A few lines for people: counts, size, speed, the tasks, and the first skipped inputs."""
         rate = self.num_samples / self.seconds if self.seconds > 0 else 0.0
         lines = [f"{self.num_samples} samples in {self.num_shards} shards ({self.bytes / 2**20:.1f} MiB), "
                  f"{len(self.classes)} classes, {len(self.skipped)} skipped, "
                  f"{self.seconds:.1f} s ({rate:.0f} samples/s)"]
+        if self.tasks:
+            done = f" ({self.resumed} finished by an interrupted run, kept)" if self.resumed else ""
+            counts = f", {min(self.task_samples)}-{max(self.task_samples)} samples each" if self.task_samples else ""
+            slow = f", slowest {self.slowest[0]} {self.slowest[1]:.1f} s" if self.slowest[0] else ""
+            lines.append(f"  {self.tasks} tasks{done}{counts}{slow}")
         if self.splits:
             lines.append("  split: " + ", ".join(f"{name} {n}" for name, n in self.splits.items()))
         lines += [f"  skipped {path}: {reason}" for path, reason in self.skipped[:max_skipped]]
         if len(self.skipped) > max_skipped:
             lines.append(f"  ... and {len(self.skipped) - max_skipped} more skipped")
         return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class _Item:
-    """One input sample: ``where`` it is (for the report), ``rel`` (its path under the source,
-    which decides the val split) and the sample as the format's reader gives it -- or
-    ``None`` and why it cannot be used."""
-
-    where: str
-    rel: str
-    sample: Sample | None
-    error: str = ""
 
 
 def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
@@ -103,7 +105,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
            image_column: str | None = None, label_column: str | None = None, labels: str | None = None,
            classes: Sequence[str] | None = None, classes_from: str | None = None,
            val_fraction: float = 0.0, targets: str | Sequence[str] | None = None,
-           annotations: str | None = None, reencode: Reencode | None = None) -> IngestReport:
+           annotations: str | None = None, reencode: Reencode | None = None,
+           engine: str = "local", processes: int = 1, ray_address: str | None = None) -> IngestReport:
     """Write the images of ``src`` as shards + ``index.json`` (+ ``classes.txt``) under ``dst``.
 
     ``src``: whatever the loader reads in place -- an image folder (``<class>/<image>``,
@@ -135,14 +138,22 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     ``reencode`` (:class:`~gpupipe.prepare.reencode.Reencode`: ``max_side`` or ``short_side``, and
     ``quality``) stores larger images smaller, upright and as JPEG, their boxes and masks scaled;
     images small enough already are copied unchanged; ``index.json`` records it (``prepared``).
-    Raises ``StorageError`` for a missing source and ``ConfigError`` for bad arguments or a
-    source that reading in place refuses too.
+
+    Each shard is a task (:mod:`gpupipe.prepare.tasks`: ``shard_size`` inputs of the plan; one
+    that skips inputs writes a shorter shard), reading with ``workers`` threads; ``engine``
+    ``"local"`` runs them here, ``processes`` at once, ``"ray"`` on the Ray cluster at
+    ``ray_address`` (:mod:`gpupipe.prepare.engines`). A rerun after an interruption keeps the
+    tasks that finished. Raises ``StorageError`` for a missing source and ``ConfigError`` for bad
+    arguments or a source that reading in place refuses too; a task's error stops the job, naming it.
     """
     start = time.perf_counter()
-    if shard_size < 1 or workers < 1:
-        raise ConfigError(f"ingest: shard_size and workers must be >= 1, got {shard_size} and {workers}")
+    if shard_size < 1 or workers < 1 or processes < 1:
+        raise ConfigError(f"ingest: shard_size, workers and processes must be >= 1, got {shard_size}, {workers} "
+                          f"and {processes}")
     if not 0 <= val_fraction < 1:
         raise ConfigError(f"ingest: val_fraction must be in [0, 1) (e.g. 0.1 for 10% validation), got {val_fraction}")
+    if engine not in ENGINES:
+        raise ConfigError(f"ingest: unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     fs, root = open_filesystem(src, storage_options)
     _check_not_inside(src, dst)
     dst_options = _dst_options(src, dst, storage_options, dst_storage_options)
@@ -151,57 +162,139 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     source = Source(src, dict(storage_options or {}), image_column=image_column, label_column=label_column,
                     labels=labels, classes=given, targets=targets, annotations=annotations)
     fetcher = Fetcher(fs, FetchConfig(concurrency=workers))
-    with storage_errors(src):  # a storage backend's error becomes one line naming src
-        resolved = _resolve(fetcher, src, root, source)
-    manifest, rng = resolved.manifest, _rng(seed)
+    try:
+        with storage_errors(src):  # a storage backend's error becomes one line naming src
+            resolved = _resolve(fetcher, src, root, source)
+    finally:
+        fetcher.close()
+    manifest = resolved.manifest
     assert manifest is not None, "_resolve gives a source read in place, which a manifest describes"
-    classes = manifest.classes
     skipped: list[tuple[str, str]] = []
     for path, reason in resolved.skipped:
         _skip(skipped, path, reason)
-    if manifest.objects is not None:
-        items = _folder_items(fetcher, resolved, rng, shuffle=shuffle, workers=workers)
-    else:
-        assert manifest.parquet is not None, "a manifest read in place lists objects or row groups"
-        items = _parquet_items(fetcher, manifest.parquet, classes, resolved.shard_urls, rng, shuffle=shuffle,
-                               workers=workers)
+    tasks = plan_tasks(resolved, seed=seed, shuffle=shuffle, shard_size=shard_size, val_fraction=val_fraction)
+    settings = {"src": src, "seed": seed, "shuffle": shuffle, "shard_size": shard_size, "val_fraction": val_fraction,
+                "max_pixels": max_pixels, "reencode": reencode, "classes": manifest.classes,
+                "targets": resolved.targets, "image_column": image_column, "label_column": label_column}
+    context = IngestContext(src, resolved, dst, dst_options, manifest.classes, seed, shuffle, max_pixels, reencode,
+                            workers, fingerprint(resolved, settings, tasks))
     splits = ("train", "val") if val_fraction else ("",)
     with storage_errors(dst):  # a storage backend's error (no credentials, say) becomes one line naming dst
         release = _claim(dst, dst_options)  # before anything is written: a second run refuses, naming this one
     try:
-        return _write(items, splits, dst, dst_options, shard_size, classes, val_fraction, seed, manifest.num_samples,
-                      progress, max_pixels, skipped, reencode, fetcher, start)
+        with storage_errors(dst):
+            results = _finished(context, tasks)
+        resumed = len(results)
+        if resumed:
+            log.info("ingest: %d of %d tasks finished by an interrupted run into %s: kept", resumed, len(tasks), dst)
+        _run(tasks, results, context, engine=engine, processes=processes, ray_address=ray_address, progress=progress)
+        with storage_errors(dst):
+            return _merge(context, tasks, results, splits, skipped, start, resumed)
     finally:
         release()
 
 
-def _write(items: Iterable[_Item], splits: tuple[str, ...], dst: str, dst_options: Any, shard_size: int,
-           classes: tuple[str, ...], val_fraction: float, seed: int, total: int, progress: bool,
-           max_pixels: int | None, skipped: list, reencode: Reencode | None, fetcher: Fetcher,
-           start: float) -> IngestReport:
-    """The items written as shards and indexes under ``dst`` (one split, or train and val)."""
-    sinks = {s: ShardSink(f"{dst.rstrip('/')}/{s}" if s else dst, shard_size=shard_size, classes=classes,
-                          storage_options=dst_options) for s in splits}
-
-    def sink_of(item: _Item) -> ShardSink:
-        if not val_fraction:
-            return sinks[""]
-        return sinks["val" if in_val_split(item.rel, seed, val_fraction) else "train"]
-
+def _run(tasks: Sequence[IngestTask], results: dict[tuple[str, int], TaskResult], context: IngestContext, *,
+         engine: str, processes: int, ray_address: str | None, progress: bool) -> None:
+    """The tasks not finished yet, run on ``engine``, with a progress bar (images/s, ETA) over all inputs."""
     from tqdm import tqdm
 
+    pending = [t for t in tasks if (t.split, t.number) not in results]
+    total = sum(len(t) for t in tasks)
+    with tqdm(total=total, initial=total - sum(len(t) for t in pending), disable=not progress, file=sys.stderr,
+              unit="img", desc="ingest") as bar:
+        def on_result(task: IngestTask, result: TaskResult) -> None:
+            results[(task.split, task.number)] = result
+            bar.update(len(task))
+            bar.set_postfix_str(f"{len(results)}/{len(tasks)} tasks")
+
+        run_tasks(pending, context, engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
+
+
+def _finished(context: IngestContext, tasks: Sequence[IngestTask]) -> dict[tuple[str, int], TaskResult]:
+    """The tasks an interrupted run of this very job finished (their part files, for the same plan,
+    and their shards there, whole); parts of another plan are removed, and so is what a killed
+    writer left under a temporary name."""
+    fs, root = open_filesystem(context.dst, context.dst_options)
+    root = root.rstrip("/")
+    parts = f"{root}/{PARTS_DIR}"
+    if not fs.exists(parts):
+        return {}
+    wanted = {part_name(t.split, t.number): t for t in tasks}
+    out: dict[tuple[str, int], TaskResult] = {}
+    stale = 0
+    for path in sorted(fs.ls(parts, detail=False)):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if ".partial-" in name:
+            fs.rm_file(path)
+            continue
+        try:
+            plan, result = TaskResult.from_json(fs.cat_file(path))
+        except (ValueError, KeyError, TypeError, GpupipeError):
+            plan, result = "", None
+        task = wanted.get(name)
+        if result is None or plan != context.fingerprint or task is None or _shard_gone(fs, root, result):
+            stale += 1
+            fs.rm_file(path)
+            continue
+        out[(task.split, task.number)] = result
+    if stale:
+        log.warning("ingest: %d task results in %s were of another run (other settings or source) or lost their "
+                    "shard: those tasks run again", stale, parts)
+    for folder in [root] + [f"{root}/{s}" for s in ("train", "val")]:
+        if is_plain_local(fs) and os.path.isdir(folder):
+            for leftover in os.listdir(folder):
+                if leftover.startswith(".") and ".partial-" in leftover:
+                    os.unlink(os.path.join(folder, leftover))
+    return out
+
+
+def _shard_gone(fs: Any, root: str, result: TaskResult) -> bool:
+    """Whether a finished task's shard is missing, or not the size its part says."""
+    if result.entry is None:
+        return False
+    path = f"{root}/{result.split + '/' if result.split else ''}{result.entry.name}"
     try:
-        with tqdm(total=total, disable=not progress, file=sys.stderr, unit="img", desc="ingest") as bar:
-            done = _write_items(items, sink_of, max_pixels=max_pixels, skipped=skipped, tick=bar.update,
-                                reencode=reencode)
-    finally:
-        fetcher.close()
-    prepared = {"reencode": reencode.record(*done)} if reencode is not None else None
-    manifests = {s: _close(sink, classes, prepared) for s, sink in sinks.items()}
+        return int(fs.size(path)) != result.entry.size
+    except FileNotFoundError:
+        return True
+
+
+def _merge(context: IngestContext, tasks: Sequence[IngestTask], results: Mapping[tuple[str, int], TaskResult],
+           splits: tuple[str, ...], skipped: list[tuple[str, str]], start: float, resumed: int) -> IngestReport:
+    """Each split's shards, in plan order, as its ``index.json`` (after its ``classes.txt``); then the
+    job's own files go. The report of it all."""
+    done = [results[(t.split, t.number)] for t in tasks]
+    reencode = context.reencode
+    prepared = {"reencode": reencode.record(sum(r.changed for r in done), sum(r.kept for r in done))} \
+        if reencode is not None else None
+    dst = context.dst.rstrip("/")
+    manifests = {}
+    for split in splits:
+        sink = ShardSink(f"{dst}/{split}" if split else dst, storage_options=context.dst_options)
+        entries = tuple(r.entry for r in done if r.split == split and r.entry is not None)
+        if context.classes:
+            sink.put(CLASSES_NAME, "".join(c + "\n" for c in context.classes).encode())
+        manifests[split] = Manifest(shards=entries, classes=context.classes, prepared=prepared)
+        sink.put(MANIFEST_NAME, manifests[split].to_json().encode())
+    fs, root = open_filesystem(context.dst, context.dst_options)
+    try:
+        fs.rm(f"{root.rstrip('/')}/{PARTS_DIR}", recursive=True)
+    except FileNotFoundError:
+        pass
+    for r in done:
+        skipped.extend(r.skipped)
+    slow = max(done, key=lambda r: r.seconds, default=None)
     return IngestReport(sum(m.num_samples for m in manifests.values()), sum(len(m.shards) for m in manifests.values()),
-                        sum(m.total_bytes for m in manifests.values()), tuple(classes), skipped,
+                        sum(m.total_bytes for m in manifests.values()), tuple(context.classes), skipped,
                         time.perf_counter() - start, {s: m.num_samples for s, m in manifests.items() if s},
-                        [f"{dst.rstrip('/')}/{s + '/' if s else ''}{MANIFEST_NAME}" for s in manifests])
+                        [f"{dst}/{s + '/' if s else ''}{MANIFEST_NAME}" for s in manifests], tasks=len(tasks),
+                        resumed=resumed, task_samples=[0 if r.entry is None else r.entry.num_samples for r in done],
+                        slowest=(_task_name(slow), slow.seconds) if slow is not None else ("", 0.0))
+
+
+def _task_name(r: TaskResult) -> str:
+    return f"{r.split + '/' if r.split else ''}shard-{r.number:06d}"
 
 
 LOCK_NAME = ".gpupipe-ingest.lock"  # in the destination while a run writes it
@@ -273,31 +366,6 @@ def _gone(held: Mapping[str, Any]) -> bool:
     return False
 
 
-def in_val_split(key: str, seed: int, fraction: float) -> bool:
-    """Whether the input at ``key`` (its path under the source) belongs to the validation split.
-
-    A pure function of ``(seed, key)``: a re-run gives the same split, and adding inputs never
-    moves the others between splits. Each input is in val with probability ``fraction``, so a
-    class gets ``fraction`` of its inputs in expectation (not exactly: a class of 3 images may
-    get none at 0.2).
-    """
-    digest = hashlib.blake2b(f"{seed}\0{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < fraction * 2**64
-
-
-def _close(sink: ShardSink, classes: Sequence[str], prepared: Mapping[str, Any] | None = None) -> Manifest:
-    """Write ``classes.txt`` (when there are classes), then the manifest, which ends the dataset."""
-    if classes:
-        sink.fs.pipe_file(f"{sink.root}/{CLASSES_NAME}", "".join(c + "\n" for c in classes).encode())
-    return sink.close(prepared)
-
-
-def _rng(seed: int):
-    import numpy as np
-
-    return np.random.default_rng(seed)
-
-
 def _protocol(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else "file"
 
@@ -345,65 +413,6 @@ def _resolve(fetcher: Fetcher, src: str, root: str, source: Source) -> ResolvedS
                       "shards, which is what ingest writes: read them as they are)")
 
 
-def _where(fetcher: Fetcher, url: str) -> str:
-    """A URL as the filesystem names it (how listings and the report name files)."""
-    return fetcher.fs._strip_protocol(url)
-
-
-def _folder_items(fetcher: Fetcher, resolved: ResolvedSource, rng, *, shuffle: bool, workers: int
-                  ) -> Iterator[_Item]:
-    """The images, read concurrently in (shuffled) order, as the in-place reader makes them
-    (with the members of their targets from the source's COCO file, when it has one)."""
-    assert resolved.manifest is not None and resolved.manifest.objects is not None, "an image folder"
-    table, urls, coco = resolved.manifest.objects, resolved.shard_urls, resolved.annotations
-    order = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
-
-    def read(i: int) -> _Item:
-        name, url = table.names[i], urls[i]
-        try:
-            data = fetcher.read(ByteRange(url, 0, int(table.sizes[i])))
-        except StorageError as exc:
-            return _Item(_where(fetcher, url), name, None, f"read failed: {exc}")
-        try:
-            fields = None if coco is None else coco.fields(i, resolved.targets)
-            return _Item(_where(fetcher, url), name, object_sample(name, data, int(table.labels[i]), url, fields,
-                                                                   key=table.key(i)))
-        except ShardFormatError as exc:  # the reader's verdict (an empty file), as reading in place gives it
-            return _Item(_where(fetcher, url), name, None, exc.reason)
-
-    return _ordered_map(read, order, workers, workers * _READS_AHEAD_PER_WORKER)
-
-
-def _parquet_items(fetcher: Fetcher, table: RowGroupTable, classes: Sequence[str], urls: Sequence[str], rng, *,
-                   shuffle: bool, workers: int) -> Iterator[_Item]:
-    """The rows: row groups in (permuted) order, each its image and label column chunks read
-    and decoded as the in-place reader does, ``workers`` at a time, then mixed by a bounded
-    shuffle buffer."""
-    groups = rng.permutation(len(table)).tolist() if shuffle else range(len(table))
-    footers: dict[int, Any] = {}  # file -> parsed footer (a race only parses one twice)
-    # a row's path under the source, for the val split, is "<file>#row<n>" as it always was:
-    # a re-run after the keys became "<file>/<n>" splits the rows as before
-
-    def read(g: int) -> list[_Item]:
-        f, url = int(table.file[g]), urls[g]
-        first, name, size = int(table.first_row[g]), table.files[f], int(table.file_sizes[f])
-        rows = range(first, first + int(table.rows[g]))
-        try:
-            if f not in footers:
-                footers[f] = read_footer(size, *table.footer(f), url)
-            pieces = {a: fetcher.read(ByteRange(url, a, b)) for a, b in table.byte_ranges(g)}
-            file = Pieces(size, pieces, url, fallback=lambda a, b: fetcher.read(ByteRange(url, a, b)))
-            samples, problems = row_group_samples(table, classes, g, footers[f], file)
-        except GpupipeError as exc:  # a damaged row group or footer, storage that gave up: every row of it
-            return [_Item(f"{_where(fetcher, url)}/{r}", f"{name}#row{r}", None, str(exc)) for r in rows]
-        return [_Item(f"{_where(fetcher, url)}/{r}", f"{name}#row{r}", s,
-                      problems[i].reason if i in problems else "") for i, (r, s) in enumerate(zip(rows, samples))]
-
-    batches = _ordered_map(read, groups, workers, workers)
-    items = itertools.chain.from_iterable(batches)
-    return shuffle_buffer(items, _PARQUET_SHUFFLE_BUFFER, rng) if shuffle else items
-
-
 def _given_classes(classes: Sequence[str] | None, classes_from: str | None,
                    options: Mapping[str, Any] | None) -> tuple[str, ...] | None:
     if classes is not None and classes_from is not None:
@@ -412,43 +421,6 @@ def _given_classes(classes: Sequence[str] | None, classes_from: str | None,
     if classes_from is not None:
         return class_list(classes_from, storage_options=options)
     return None if classes is None else check_class_names(classes, "ingest: --classes")
-
-
-def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahead: int) -> Iterator[_R]:
-    """``map(fn, items)`` on ``workers`` threads, in order, with at most ``ahead`` results pending."""
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="gpupipe-ingest")
-    try:
-        it = iter(items)
-        pending = deque(pool.submit(fn, x) for x in itertools.islice(it, max(ahead, 1)))
-        while pending:
-            done = pending.popleft()
-            for nxt in itertools.islice(it, 1):  # the next item, if any
-                pending.append(pool.submit(fn, nxt))
-            yield done.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _write_items(items: Iterable[_Item], sink_of: Callable[[_Item], ShardSink], *, max_pixels: int | None,
-                 skipped: list, tick: Callable[[int], Any], reencode: Reencode | None = None) -> tuple[int, int]:
-    """Probe each sample's image header and write the good ones (re-encoded where ``reencode``
-    says); skip (and log) the others. Returns (images re-encoded, images kept as they were)."""
-    changed = kept = 0
-    for item in items:
-        tick(1)
-        if item.sample is None:
-            _skip(skipped, item.where, item.error)
-            continue
-        fields = dict(item.sample.fields)  # all of them: the image, its label, boxes (.json), mask (.mask.png)
-        try:
-            header = probe(image_field(item.sample), max_pixels=max_pixels)
-            smaller = reencoded(fields, item.sample.key, header, reencode) if reencode is not None else None
-        except (DecodeError, OSError, ValueError, GpupipeError) as exc:  # Pillow's errors, bad boxes
-            _skip(skipped, item.where, str(exc))
-            continue
-        changed, kept = changed + (smaller is not None), kept + (smaller is None)
-        sink_of(item).write(item.sample.key, smaller if smaller is not None else fields)
-    return changed, kept
 
 
 def _skip(skipped: list, name: str, reason: str) -> None:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle]
+    gpupipe ingest SRC DST [--shard-size N] [--workers N] [--seed N] [--no-shuffle] [--engine local|ray]
                            [--max-pixels N] [--image-column NAME] [--label-column NAME] [--labels URL]
                            [--classes A,B,C | --classes-from URL] [--val-fraction F]
                            [--targets boxes,masks] [--annotations URL]
@@ -97,6 +97,12 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--short-side", type=int, metavar="N", help="the same for the shorter side (e.g. 256 for "
                       "training at 224)")
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default 90)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="where the tasks (a shard each) run: this machine (default) or a Ray cluster")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="--engine local: tasks run at once, each in its own process (default 1)")
+    p.add_argument("--ray-address", metavar="ADDR", help="--engine ray: the cluster (host:port, ray://host:port, "
+                   "auto; default $RAY_ADDRESS, else a Ray instance started here)")
     storage_arguments(p)
     storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -113,7 +119,8 @@ def _ingest_run(args: argparse.Namespace) -> int:
                     image_column=args.image_column, label_column=args.label_column, labels=args.labels,
                     classes=args.classes,
                     classes_from=args.classes_from, val_fraction=args.val_fraction, targets=args.targets,
-                    annotations=args.annotations, reencode=_reencode(args))
+                    annotations=args.annotations, reencode=_reencode(args), engine=args.engine,
+                    processes=args.processes, ray_address=args.ray_address)
     print(report.summary())
     print("wrote " + ", ".join(report.indexes))
     return 0

@@ -16,7 +16,8 @@ from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.plan import shuffle_buffer
 from gpupipe.prepare.indexer import index
-from gpupipe.prepare.ingest import _ordered_map, ingest
+from gpupipe.prepare.ingest import ingest
+from gpupipe.prepare.tasks import _ordered_map
 from gpupipe.tools.sourceinfo import inspect
 
 PIL = pytest.importorskip("PIL.Image")
@@ -102,7 +103,9 @@ def test_ingest_image_folder_local(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="gpupipe.prepare.ingest"):
         report = ingest(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=5, progress=False)
     check_image_folder_result(report, str(tmp_path / "out"), good, bad)
-    assert report.num_shards == 4  # 18 samples, 5 per shard
+    # a task a shard: 5 inputs of the plan each (the bad ones among them), so skips leave shorter shards
+    assert report.num_shards == report.tasks == 5 and sum(report.task_samples) == 18
+    assert "5 tasks, 1-5 samples each" in report.summary()
     for path in bad:
         assert path in caplog.text  # every skip is logged, not only listed
     assert (tmp_path / "out" / "classes.txt").read_text().split() == list(CLASSES)
@@ -316,12 +319,12 @@ def test_inspect_with_and_without_manifest(tmp_path):
     ingest(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=5, progress=False)
     _, samples = read_by_offsets(str(tmp_path / "out"))
     info = inspect(str(tmp_path / "out"), keys=3)
-    assert (info["manifest"], info["shards"], info["samples"]) == (True, 4, 18)
+    assert (info["manifest"], info["shards"], info["samples"]) == (True, 5, 18)  # a shard a task of 5 inputs
     assert info["classes"] == list(CLASSES) and info["bytes"] > 0
     assert info["first_keys"] == [s.key for s in samples[:3]] and "cls" in info["fields"]
     (tmp_path / "out" / MANIFEST_NAME).unlink()
     bare = inspect(str(tmp_path / "out"), keys=7)
-    assert (bare["manifest"], bare["samples"], bare["shards"]) == (False, None, 4)
+    assert (bare["manifest"], bare["samples"], bare["shards"]) == (False, None, 5)
     assert bare["first_keys"] == [s.key for s in samples[:5]]  # the first shard holds 5
 
 
@@ -356,18 +359,18 @@ def test_ingest_to_and_from_s3(tmp_path, s3_bucket):
     opts = s3_bucket.storage_options
     report = ingest(str(tmp_path / "src"), s3_bucket.url("out"), shard_size=10, progress=False,
                     dst_storage_options=opts)
-    assert report.num_samples == len(good) and report.num_shards == 2
+    assert report.num_samples == len(good) and report.num_shards == 3  # 21 inputs, 10 a task
     s3_bucket.fs().put(str(tmp_path / "src"), s3_bucket.url("src"), recursive=True)
     again = ingest(s3_bucket.url("src"), s3_bucket.url("out2"), shard_size=10, progress=False,
                    storage_options=opts)  # same protocol: the destination reuses them
     assert again.num_samples == len(good) and len(again.skipped) == len(bad)
     fs = s3_bucket.fs()
-    for shard in ("shard-000000.tar", "shard-000001.tar"):  # same keys and order from either source
+    for shard in ("shard-000000.tar", "shard-000001.tar", "shard-000002.tar"):  # same keys and order from either source
         assert fs.cat_file(f"{s3_bucket.name}/out/{shard}") == fs.cat_file(f"{s3_bucket.name}/out2/{shard}")
     original = fs.cat_file(f"{s3_bucket.name}/out/{MANIFEST_NAME}")
     assert index(s3_bucket.url("out"), storage_options=opts, progress=False).to_json().encode() == original
     info = inspect(s3_bucket.url("out"), storage_options=opts, keys=2)
-    assert (info["samples"], info["shards"], len(info["first_keys"])) == (len(good), 2, 2)
+    assert (info["samples"], info["shards"], len(info["first_keys"])) == (len(good), 3, 2)
 
 
 def test_index_reads_shards_in_blocks(tmp_path, monkeypatch):

@@ -113,7 +113,9 @@ def test_ingest_copies_boxes_and_masks(tmp_path, monkeypatch):
     for i in range(6):
         (tmp_path / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / f"c{i % 2}" / f"im{i}.jpg").write_bytes(detection_sample(0, i).fields["jpg"])
-    real = ingest_module.object_sample
+    from gpupipe.prepare import tasks as tasks_module
+
+    real = tasks_module.object_sample
 
     def with_targets(name, data, label, url, targets=None, key=None) -> Sample:
         s = real(name, data, label, url, targets, key=key)
@@ -121,7 +123,7 @@ def test_ingest_copies_boxes_and_masks(tmp_path, monkeypatch):
         made = detection_sample(0, i).fields
         return replace(s, fields={**s.fields, "json": made["json"], "mask.png": made["mask.png"]})
 
-    monkeypatch.setattr(ingest_module, "object_sample", with_targets)
+    monkeypatch.setattr(tasks_module, "object_sample", with_targets)  # where a task reads its images
     report = ingest_module.ingest(str(tmp_path / "src"), str(tmp_path / "dst"), shard_size=4, progress=False)
     assert report.num_samples == 6 and not report.skipped
     written = _samples(tmp_path / "dst")
