@@ -14,6 +14,7 @@ import logging
 import posixpath
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpupipe.core.errors import ConfigError, StorageError
@@ -72,16 +73,18 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
 
 
 def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = None, workers: int = 4,
-          progress: bool = True) -> Manifest:
+          progress: bool = True, engine: str = "local", processes: int = 1,
+          ray_address: str | None = None) -> Manifest:
     """Scan existing shards and write their ``index.json``; returns the manifest.
 
     ``url``: a folder (its ``*.tar``), a brace pattern, a glob or a list of these; all
     shards must sit in one folder, where the manifest goes. Shards are read in blocks
     (``workers`` requests at once, bounded read-ahead), never whole. Class names come from a
-    ``classes.txt`` in that folder when there is one.
+    ``classes.txt`` in that folder when there is one. With ``processes`` > 1 or ``engine="ray"``
+    each shard is a task (:mod:`gpupipe.prepare.engines`), scanned where it runs: the same index.
     """
-    if workers < 1:
-        raise ConfigError(f"index: workers must be >= 1, got {workers}")
+    if workers < 1 or processes < 1:
+        raise ConfigError(f"index: workers and processes must be >= 1, got {workers} and {processes}")
     urls = expand_pattern(url)
     refuse_commands(urls)
     fs, _ = open_filesystem(urls[0], storage_options)
@@ -99,7 +102,12 @@ def index(url: str | list[str], *, storage_options: Mapping[str, Any] | None = N
 
         with tqdm(total=sum(sizes), disable=not progress, file=sys.stderr, unit="B", unit_scale=True,
                   desc="index") as bar:
-            entries = _index_shards(fetcher, folder, paths, sizes, bar.update)
+            if engine == "local" and processes == 1:
+                entries = _index_shards(fetcher, folder, paths, sizes, bar.update)
+            else:
+                entries = _index_tasks(ShardsContext(urls[0], dict(storage_options or {}), workers, folder),
+                                       paths, sizes, bar.update, engine=engine, processes=processes,
+                                       ray_address=ray_address)
     finally:
         fetcher.close()
     manifest = Manifest(shards=tuple(entries), classes=_read_classes(fs, folder))
@@ -141,6 +149,57 @@ def _index_shards(fetcher: Fetcher, folder: str, paths: list[str], sizes: list[i
                 yield chunk
 
     return [index_shard(p[len(folder) + 1:], take(len(sp))) for p, sp in zip(paths, spans)]
+
+
+@dataclass(frozen=True)
+class ShardsContext:
+    """What every shard's task of an index needs: how to reach the shards, and their folder."""
+
+    url: str
+    storage_options: Mapping[str, Any]
+    workers: int
+    folder: str
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard to scan: its path and size."""
+
+    path: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    def describe(self, context: ShardsContext) -> str:
+        return f"{self.size} bytes in {context.folder}"
+
+
+def index_one(context: ShardsContext, task: ShardTask) -> ShardEntry:
+    """A shard's entry, scanned where the task runs (read in blocks)."""
+    fs, _ = open_filesystem(context.url, context.storage_options)
+    fetcher = Fetcher(fs, FetchConfig(concurrency=context.workers))
+    try:
+        return _index_shards(fetcher, context.folder, [task.path], [task.size], lambda n: None)[0]
+    finally:
+        fetcher.close()
+
+
+def _index_tasks(context: ShardsContext, paths: list[str], sizes: list[int], tick: Callable[[int], Any], *,
+                 engine: str, processes: int, ray_address: str | None) -> list[ShardEntry]:
+    from gpupipe.prepare.engines import Job, run_tasks
+
+    tasks = [ShardTask(p, z) for p, z in zip(paths, sizes)]
+    done: dict[str, ShardEntry] = {}
+
+    def on_result(task: ShardTask, entry: ShardEntry) -> None:
+        done[task.path] = entry
+        tick(task.size)
+
+    run_tasks(Job(index_one, context, "index", local=context.url.startswith("memory://")), tasks, engine=engine,
+              processes=processes, ray_address=ray_address, on_result=on_result)
+    return [done[p] for p in paths]
 
 
 def _read_classes(fs, folder: str) -> tuple[str, ...]:

@@ -38,7 +38,7 @@ from gpupipe.core.errors import ConfigError, GpupipeError, StorageError
 from gpupipe.formats.imageheader import MAX_PIXELS
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.formats.writer import ShardSink
-from gpupipe.prepare.engines import ENGINES, run_tasks
+from gpupipe.prepare.engines import ENGINES, Job, run_tasks
 from gpupipe.prepare.reencode import Reencode
 from gpupipe.prepare.tasks import (
     PARTS_DIR,
@@ -49,6 +49,7 @@ from gpupipe.prepare.tasks import (
     in_val_split,
     part_name,
     plan_tasks,
+    run_task,
 )
 from gpupipe.sources.classes import CLASSES_NAME, check_class_names, class_list
 from gpupipe.sources.source import ResolvedSource, Source, resolve
@@ -208,7 +209,9 @@ def _run(tasks: Sequence[IngestTask], results: dict[tuple[str, int], TaskResult]
             bar.update(len(task))
             bar.set_postfix_str(f"{len(results)}/{len(tasks)} tasks")
 
-        run_tasks(pending, context, engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
+        job = Job(run_task, context, "ingest", "What the finished tasks wrote is kept: run the same command again "
+                  "to finish the rest", local=context.dst.startswith("memory://"))
+        run_tasks(job, pending, engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
 
 
 def _finished(context: IngestContext, tasks: Sequence[IngestTask]) -> dict[tuple[str, int], TaskResult]:

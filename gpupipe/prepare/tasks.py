@@ -87,6 +87,10 @@ class IngestTask:
     def __len__(self) -> int:
         return len(self.refs)
 
+    def describe(self, context: IngestContext) -> str:
+        """Its slice of the plan, for people: how many inputs, the first and the last."""
+        return f"{len(self)} inputs of the plan, from {_input(context, self.refs[0])} to {_input(context, self.refs[-1])}"
+
 
 @dataclass
 class TaskResult:
@@ -226,6 +230,18 @@ def run_task(context: IngestContext, task: IngestTask) -> TaskResult:
 
 def part_name(split: str, number: int) -> str:
     return f"{split or 'all'}-{number:06d}.json"
+
+
+def _input(context: IngestContext, ref: Any) -> str:
+    """An input of the plan by its path under the source (a Parquet row: ``<file>#row<n>``)."""
+    manifest = context.resolved.manifest
+    assert manifest is not None, "plan_tasks planned it"
+    if manifest.objects is not None:
+        return manifest.objects.names[int(ref)]
+    assert manifest.parquet is not None, "Parquet"
+    g, r = int(ref[0]), int(ref[1])
+    t = manifest.parquet
+    return f"{t.files[int(t.file[g])]}#row{int(t.first_row[g]) + r}"
 
 
 def _where(fetcher: Fetcher, url: str) -> str:

@@ -8,6 +8,7 @@ Usage::
                            [--targets boxes,masks] [--annotations URL]
                            [--storage-option KEY=VALUE ...] [--dst-storage-option KEY=VALUE ...]
     gpupipe index URL [--workers N] [--checksums] [--image-column NAME] [--label-column NAME] [--labels URL]
+                      [--engine local|ray] [--processes N] [--ray-address ADDR]
                       [--storage-option KEY=VALUE ...]
     gpupipe synth DST [--images N] [--size W[xH]] [--classes N] [--targets boxes,masks] [--shard-size N] [--seed N]
     gpupipe inspect URL [--keys N] [--json] [--storage-option KEY=VALUE ...]
@@ -97,12 +98,7 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--short-side", type=int, metavar="N", help="the same for the shorter side (e.g. 256 for "
                       "training at 224)")
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default 90)")
-    p.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help="where the tasks (a shard each) run: this machine (default) or a Ray cluster")
-    p.add_argument("--processes", type=int, default=1, metavar="N",
-                   help="--engine local: tasks run at once, each in its own process (default 1)")
-    p.add_argument("--ray-address", metavar="ADDR", help="--engine ray: the cluster (host:port, ray://host:port, "
-                   "auto; default $RAY_ADDRESS, else a Ray instance started here)")
+    _engine_arguments(p, "where the tasks (a shard each) run")
     storage_arguments(p)
     storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -144,8 +140,18 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", metavar="NAME", help="Parquet image column (default: detected)")
     p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/cls/class/target)")
     p.add_argument("--labels", metavar="URL", help="labels file of a flat image folder (default: its labels.csv/.json)")
+    _engine_arguments(p, "tar shards: where each shard is scanned")
     storage_arguments(p, what="the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _engine_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help=f"{what}: this machine (default) or a Ray cluster")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="--engine local: tasks run at once, each in its own process (default 1)")
+    p.add_argument("--ray-address", metavar="ADDR", help="--engine ray: the cluster (host:port, ray://host:port, "
+                   "auto; default $RAY_ADDRESS, else a Ray instance started here)")
 
 
 def _index_run(args: argparse.Namespace) -> int:
@@ -155,7 +161,9 @@ def _index_run(args: argparse.Namespace) -> int:
     manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,
                               image_column=args.image_column, label_column=args.label_column, labels=args.labels,
                               progress=not args.quiet) or index(args.url, storage_options=options,
-                                                                workers=args.workers, progress=not args.quiet)
+                                                                workers=args.workers, progress=not args.quiet,
+                                                                engine=args.engine, processes=args.processes,
+                                                                ray_address=args.ray_address)
     units = {"tar": "shards", "folder": "images", "parquet": "row groups"}[manifest.kind]
     print(f"indexed {manifest.num_samples} samples in {manifest.num_units} {units} "
           f"({manifest.total_bytes / 2**20:.1f} MiB), {len(manifest.classes)} classes")

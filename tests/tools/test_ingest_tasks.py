@@ -58,6 +58,10 @@ def test_several_processes_write_the_bytes_one_process_writes(src, reference, tm
     dst = tmp_path / "out"
     report = ingest(str(src), str(dst), shard_size=SHARD, seed=3, val_fraction=0.2, processes=2, progress=False)
     assert _files(dst) == reference
+    from gpupipe.prepare.indexer import index
+
+    # gpupipe index, a shard a task in two processes: the index ingest wrote
+    assert index(str(dst / "train"), processes=2, progress=False).to_json().encode() == reference["train/index.json"]
     assert report.tasks >= 12 and len(report.skipped) == 1
     assert "tasks" in report.summary() and "slowest" in report.summary()
 
@@ -174,6 +178,9 @@ def test_ray_writes_the_bytes_the_local_engine_writes(src, reference, tmp_path):
         report = ingest(str(src), str(dst), shard_size=SHARD, seed=3, val_fraction=0.2, engine="ray", progress=False)
         assert report.tasks >= 12 and len(report.skipped) == 1
         assert _files(dst) == reference
+        from gpupipe.prepare.indexer import index
+
+        assert index(str(dst / "val"), engine="ray", progress=False).to_json().encode() == reference["val/index.json"]
     finally:
         ray.shutdown()
 
