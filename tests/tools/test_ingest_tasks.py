@@ -168,6 +168,24 @@ def test_an_unreachable_ray_address_is_a_clear_error_in_seconds(src, tmp_path, m
         ingest(str(src), str(tmp_path / "out"), engine="spark", progress=False)
 
 
+def _dies_once(context: str, task: int) -> int:
+    """A task whose process is killed the first time it runs task 2 (a marker file says so)."""
+    marker = Path(context) / f"died-{task}"
+    if task == 2 and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task * task
+
+
+class _Numbered(int):
+    @property
+    def name(self) -> str:
+        return f"task-{int(self)}"
+
+    def describe(self, context: str) -> str:
+        return "a number"
+
+
 @pytest.mark.timeout(240)
 def test_ray_writes_the_bytes_the_local_engine_writes(src, reference, tmp_path):
     ray = pytest.importorskip("ray")
@@ -181,6 +199,16 @@ def test_ray_writes_the_bytes_the_local_engine_writes(src, reference, tmp_path):
         from gpupipe.prepare.indexer import index
 
         assert index(str(dst / "val"), engine="ray", progress=False).to_json().encode() == reference["val/index.json"]
+        # a task's worker process killed (the OOM killer, a lost node): Ray runs it again, the job goes on
+        from ray import cloudpickle
+
+        from gpupipe.prepare.engines import Job, run_tasks
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test module is not on the workers' path
+        got: dict[int, int] = {}
+        run_tasks(Job(_dies_once, str(tmp_path), "test"), [_Numbered(i) for i in range(4)], engine="ray",
+                  on_result=lambda t, r: got.__setitem__(int(t), r))
+        assert got == {0: 0, 1: 1, 2: 4, 3: 9} and (tmp_path / "died-2").exists()
     finally:
         ray.shutdown()
 
