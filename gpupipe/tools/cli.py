@@ -45,7 +45,12 @@ from types import MappingProxyType
 
 from gpupipe.core.errors import GpupipeError
 from gpupipe.formats.imageheader import MAX_PIXELS
-from gpupipe.tools.cliargs import decode_argument, setting_argument, storage_arguments  # (light: see cliargs)
+from gpupipe.tools.cliargs import (  # (light: see cliargs)
+    decode_argument,
+    engine_arguments,
+    setting_argument,
+    storage_arguments,
+)
 
 __all__ = ["COMMANDS", "main"]
 
@@ -98,7 +103,7 @@ def _ingest_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--short-side", type=int, metavar="N", help="the same for the shorter side (e.g. 256 for "
                       "training at 224)")
     p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality of re-encoded images (default 90)")
-    _engine_arguments(p, "where the tasks (a shard each) run")
+    engine_arguments(p, "where the tasks (a shard each) run", processes="cores")
     storage_arguments(p)
     storage_arguments(p, "--dst-storage-option", "dst_storage_options",
                        "the destination (default: those of the source, for the same protocol)")
@@ -140,18 +145,9 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", metavar="NAME", help="Parquet image column (default: detected)")
     p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/cls/class/target)")
     p.add_argument("--labels", metavar="URL", help="labels file of a flat image folder (default: its labels.csv/.json)")
-    _engine_arguments(p, "tar shards: where each shard is scanned")
+    engine_arguments(p, "tar shards: where each shard is scanned")
     storage_arguments(p, what="the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def _engine_arguments(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--engine", choices=["local", "ray"], default="local",
-                   help=f"{what}: this machine (default) or a Ray cluster")
-    p.add_argument("--processes", type=int, default=1, metavar="N",
-                   help="--engine local: tasks run at once, each in its own process (default 1)")
-    p.add_argument("--ray-address", metavar="ADDR", help="--engine ray: the cluster (host:port, ray://host:port, "
-                   "auto; default $RAY_ADDRESS, else a Ray instance started here)")
 
 
 def _index_run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["key_value", "device_option", "storage_arguments", "setting_argument", "decode_argument"]
+__all__ = ["key_value", "device_option", "storage_arguments", "setting_argument", "decode_argument", "engine_arguments"]
 
 _TYPES = {"int": int, "float": float, "str": str, "tuple[int, int]": int}  # an output size on the command line: a side
 
@@ -72,3 +72,29 @@ def decode_argument(p: argparse.ArgumentParser, default: str | None = "auto", wh
     from gpupipe.decode import BACKENDS
 
     p.add_argument("--decode", default=default, choices=["auto", *BACKENDS], help=f"{what} (decode.backend; default {shown})")
+
+
+def engine_arguments(p: argparse.ArgumentParser, what: str, processes: str = "1") -> None:
+    """``--engine``, ``--processes`` and ``--ray-address``: where a job's tasks run (:mod:`gpupipe.prepare.engines`).
+    ``processes``: the default, a number or ``"cores"`` (the cores this process may use)."""
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help=f"{what}: this machine (default) or a Ray cluster")
+    p.add_argument("--processes", type=_processes, default=_processes(processes), metavar="N",
+                   help=f"--engine local: tasks run at once, each in its own process (default {processes})")
+    p.add_argument("--ray-address", metavar="ADDR", help="--engine ray: the cluster (host:port, ray://host:port, "
+                   "auto; default $RAY_ADDRESS, else a Ray instance started here)")
+
+
+def _processes(text: str) -> int:
+    """``--processes``: a count, or ``cores`` for the cores this process may use."""
+    if text == "cores":
+        import os
+
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a count or 'cores', not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n

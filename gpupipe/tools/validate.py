@@ -45,7 +45,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpupipe.core.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
@@ -154,42 +154,123 @@ def _checker(decode: str, device, max_pixels: int | None, crashes: list) -> tupl
 
 def validate(url: str | Sequence[str] | Source, *, storage_options: Mapping | None = None, decode: str = "auto",
              device=None, max_pixels: int | None = MAX_PIXELS, batch_size: int = 32,
-             progress: bool = False) -> Report:
+             progress: bool = False, engine: str = "local", processes: int = 1,
+             ray_address: str | None = None) -> Report:
     """Check every sample under ``url`` (a URL, a list of them, or a
     :class:`~gpupipe.sources.source.Source` naming Parquet columns, a labels file or classes);
     returns a :class:`Report` (nothing is raised for bad samples; a missing source or bad
-    arguments raise ``GpupipeError``/``OSError``)."""
+    arguments raise ``GpupipeError``/``OSError``). With ``processes`` > 1 or ``engine="ray"`` the
+    units are checked as tasks (:class:`UnitRange`: a shard, a row group or 1,000 images each) where
+    they run (:mod:`gpupipe.prepare.engines`), each with its own decoder: the same report."""
     from tqdm import tqdm
 
     from gpupipe.sources.source import Source, resolve
     from gpupipe.storage.fetch import Fetcher
-    from gpupipe.tools.validate_read import read_samples, skipped_files
+    from gpupipe.tools.validate_read import skipped_files
 
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size: must be >= 1, got {batch_size}")
+    if batch_size < 1 or processes < 1:
+        raise ConfigError(f"--batch-size and --processes: must be >= 1, got {batch_size} and {processes}")
     source = url if isinstance(url, Source) else Source(url, dict(storage_options or {}))
     resolved = resolve(source)
     _refuse_empty(source.url, resolved)
     report = Report(shards=len(resolved.shard_urls), units=_units(resolved))
-    check, close, report.backend = _checker(decode, device, max_pixels, report.crashes)
+    context = ValidateContext(resolved, decode, device, max_pixels, batch_size)
     fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)
     try:
         report.skipped = skipped_files(fetcher, resolved)
-        items = _decode_all(_check_headers(read_samples(fetcher, resolved), max_pixels), check, batch_size)
-        with tqdm(total=resolved.num_samples, disable=not progress, file=sys.stderr, unit="img",
-                  desc="validate") as bar:
-            for item in items:
-                if isinstance(item, Problem):
-                    report.problems.append(item)
-                if isinstance(item, Good) or item.key:
-                    report.checked += 1
-                    bar.update()
     finally:
         fetcher.close()
-        close()
+    with tqdm(total=resolved.num_samples, disable=not progress, file=sys.stderr, unit="img", desc="validate") as bar:
+        if engine == "local" and processes == 1:
+            _check_units(context, None, report, bar.update)
+        else:
+            _check_tasks(context, report, bar.update, engine=engine, processes=processes, ray_address=ray_address)
     order = {u: i for i, u in enumerate(resolved.shard_urls)}
     report.problems.sort(key=lambda p: (order.get(p.shard, -1), p.offset))  # batches decode out of order
     return report
+
+
+@dataclass(frozen=True)
+class ValidateContext:
+    """What every task of a validate needs: the source as described at start, and how to check."""
+
+    resolved: Any
+    decode: str
+    device: Any
+    max_pixels: int | None
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class UnitRange:
+    """A task of a validate: units ``[start, stop)`` (tar shards, images or row groups)."""
+
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        return f"units {self.start}-{self.stop - 1}"
+
+    def describe(self, context: ValidateContext) -> str:
+        urls = context.resolved.shard_urls
+        return f"from {urls[self.start]} to {urls[self.stop - 1]}"
+
+
+def validate_units(context: ValidateContext, task: UnitRange | None) -> Report:
+    """Check the samples of ``task``'s units (all, for ``None``) with a decoder of its own: a
+    report of them (``checked``, ``problems``, ``crashes``, ``backend``)."""
+    report = Report()
+    _check_units(context, task, report, lambda n: None)
+    return report
+
+
+def _check_units(context: ValidateContext, task: UnitRange | None, report: Report, tick: Callable[[int], Any]) -> None:
+    from gpupipe.storage.fetch import Fetcher
+    from gpupipe.tools.validate_read import read_samples
+
+    resolved = context.resolved
+    check, close, report.backend = _checker(context.decode, context.device, context.max_pixels, report.crashes)
+    fetcher = Fetcher.for_url(resolved.shard_urls[0], resolved.storage_options)
+    try:
+        units = None if task is None else range(task.start, task.stop)
+        items = _decode_all(_check_headers(read_samples(fetcher, resolved, units), context.max_pixels), check,
+                            context.batch_size)
+        for item in items:
+            if isinstance(item, Problem):
+                report.problems.append(item)
+            if isinstance(item, Good) or item.key:
+                report.checked += 1
+                tick(1)
+    finally:
+        fetcher.close()
+        close()
+
+
+_IMAGES_PER_TASK = 1000  # an image folder's objects per task (a shard or a row group is one)
+
+
+def _check_tasks(context: ValidateContext, report: Report, tick: Callable[[int], Any], *, engine: str,
+                 processes: int, ray_address: str | None) -> None:
+    from gpupipe.prepare.engines import Job, run_tasks
+
+    n = len(context.resolved.shard_urls)
+    step = _IMAGES_PER_TASK if context.resolved.kind == "folder" else 1
+    tasks = [UnitRange(a, min(a + step, n)) for a in range(0, n, step)]
+    done: dict[int, Report] = {}
+
+    def on_result(task: UnitRange, part: Report) -> None:
+        done[task.start] = part
+        tick(part.checked)
+
+    run_tasks(Job(validate_units, context, "validate", local=context.resolved.shard_urls[0].startswith("memory://")),
+              tasks, engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
+    for task in tasks:
+        part = done[task.start]
+        report.checked += part.checked
+        report.problems += part.problems
+        report.crashes += part.crashes
+        report.backend = report.backend or part.backend
 
 
 def _refuse_empty(url, resolved) -> None:
@@ -253,7 +334,7 @@ def _is_json(path: str) -> bool:
 # ------------------------------------------------------------------------------------ command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpupipe.tools.cliargs import device_option, storage_arguments
+    from gpupipe.tools.cliargs import device_option, engine_arguments, storage_arguments
 
     p.add_argument("url", nargs="?", help="shard folder, image folder, Parquet folder or glob, index.json, shard "
                                           "pattern (or give --config)")
@@ -268,6 +349,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quarantine", metavar="FILE",
                    help="write the bad samples here (.jsonl: JSON lines; else tab-separated)")
     p.add_argument("--show", type=int, default=10, metavar="N", help="bad samples to list (default 10)")
+    engine_arguments(p, "where the units (a shard, a row group or 1,000 images each) are checked")
     storage_arguments(p, what="the data")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.epilog = "exit status: 0 all good, 1 some samples quarantined, 2 bad input"
@@ -299,7 +381,8 @@ def _target(args: argparse.Namespace) -> tuple[str | Sequence[str] | Source, dic
 def run(args: argparse.Namespace) -> int:
     url, options, backend, max_pixels = _target(args)
     report = validate(url, storage_options=options, decode=backend, device=args.device, max_pixels=max_pixels,
-                      batch_size=args.batch_size, progress=not args.quiet)
+                      batch_size=args.batch_size, progress=not args.quiet, engine=args.engine,
+                      processes=args.processes, ray_address=args.ray_address)
     bad = sum(1 for p in report.problems if p.key)
     print(f"gpupipe validate: {report.checked} samples in {report.units}, decoded with {report.backend}: "
           f"{report.checked - bad} good, {len(report.problems)} quarantined")

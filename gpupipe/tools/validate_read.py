@@ -61,22 +61,23 @@ class Good:
     image: bytes
 
 
-def read_samples(fetcher, resolved) -> Iterator[Good | Problem]:
-    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.source.ResolvedSource`), in order."""
+def read_samples(fetcher, resolved, units: range | None = None) -> Iterator[Good | Problem]:
+    """Every sample of ``resolved`` (a :class:`~gpupipe.sources.source.ResolvedSource`) — of its
+    ``units`` only (tar shards, images or row groups, by index), when given — in order."""
     reader = {"tar": _read_shards, "folder": _read_objects, "parquet": _read_rowgroups}[resolved.kind]
-    return reader(fetcher, resolved)
+    return reader(fetcher, resolved, range(len(resolved.shard_urls)) if units is None else units)
 
 
 # ------------------------------------------------------------------------------- tar shards
 
-def _read_shards(fetcher, resolved) -> Iterator[Good | Problem]:
+def _read_shards(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
     """Whole-shard reads; tar damage ends its shard as a Problem, a sample failing its
     manifest checksum is a Problem."""
     from gpupipe.core.types import ByteRange
     from gpupipe.formats.tar import group_by_key, iter_members
 
-    urls = resolved.shard_urls
-    entries = resolved.manifest.shards if resolved.manifest is not None else [None] * len(urls)
+    urls = [resolved.shard_urls[u] for u in units]
+    entries = [resolved.manifest.shards[u] for u in units] if resolved.manifest is not None else [None] * len(urls)
     fetched = fetcher.read_many((ByteRange(u), "") for u in urls)
     for url, entry in zip(urls, entries):
         blocks, offset = next(fetched), 0
@@ -114,25 +115,25 @@ def _sample_verdict(sample, url: str, entry, index: int) -> Good | Problem:
 
 # ------------------------------------------------------------------------- read in place
 
-def _read_objects(fetcher, resolved) -> Iterator[Good | Problem]:
+def _read_objects(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
     """An image folder through the loader's object reader: one span per object."""
     from gpupipe.plan import Span
     from gpupipe.stream.readers import object_spans
 
     table = resolved.manifest.objects
-    spans = (Span(i, 0, 1) for i in range(len(table)))
-    for i, read in enumerate(object_spans(fetcher, resolved, spans)):
+    spans = (Span(i, 0, 1) for i in units)
+    for i, read in zip(units, object_spans(fetcher, resolved, spans)):
         yield _in_place_verdict(read, 0, resolved.shard_urls[i], table.key(i), 0)
 
 
-def _read_rowgroups(fetcher, resolved) -> Iterator[Good | Problem]:
+def _read_rowgroups(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
     """Parquet through the loader's row-group reader: one span per row group."""
     from gpupipe.plan import Span
     from gpupipe.stream.readers import rowgroup_spans
 
     table = resolved.manifest.parquet
-    spans = (Span(g, 0, int(table.rows[g])) for g in range(len(table)))
-    for g, read in enumerate(rowgroup_spans(fetcher, resolved, spans)):
+    spans = (Span(g, 0, int(table.rows[g])) for g in units)
+    for g, read in zip(units, rowgroup_spans(fetcher, resolved, spans)):
         first = int(table.first_row[g])
         for i in range(len(read.samples)):
             yield _in_place_verdict(read, i, resolved.shard_urls[g], f"row {first + i}", first + i)

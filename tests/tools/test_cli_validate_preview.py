@@ -133,3 +133,13 @@ def test_bad_input_is_one_line(data: Path, tmp_path: Path):
     assert_one_line_error(gpupipe("validate", "--config", "bad.yaml", cwd=tmp_path), "augment[0].name")
     assert_one_line_error(gpupipe("preview", "--config", str(data / "pipeline.yaml"), "--split", "test",
                                   cwd=tmp_path), "source.test")
+
+
+def test_validate_as_tasks_in_two_processes_finds_what_one_process_finds(data: Path):
+    """--processes: a task a shard, each with its own decoder; the report is the same."""
+    from gpupipe.tools.validate import validate
+
+    one = validate(str(data / "bad"), decode="pil")
+    two = validate(str(data / "bad"), decode="pil", processes=2)
+    assert (two.checked, two.problems, two.backend) == (one.checked, one.problems, one.backend)
+    assert {p.key: p.kind for p in two.problems} == BAD and two.checked == 11

@@ -361,14 +361,15 @@ def test_ingest_to_and_from_s3(tmp_path, s3_bucket):
                     dst_storage_options=opts)
     assert report.num_samples == len(good) and report.num_shards == 3  # 21 inputs, 10 a task
     s3_bucket.fs().put(str(tmp_path / "src"), s3_bucket.url("src"), recursive=True)
-    again = ingest(s3_bucket.url("src"), s3_bucket.url("out2"), shard_size=10, progress=False,
-                   storage_options=opts)  # same protocol: the destination reuses them
+    again = ingest(s3_bucket.url("src"), s3_bucket.url("out2"), shard_size=10, progress=False, processes=2,
+                   storage_options=opts)  # same protocol: the destination reuses them; tasks forked after s3fs ran
     assert again.num_samples == len(good) and len(again.skipped) == len(bad)
     fs = s3_bucket.fs()
     for shard in ("shard-000000.tar", "shard-000001.tar", "shard-000002.tar"):  # same keys and order from either source
         assert fs.cat_file(f"{s3_bucket.name}/out/{shard}") == fs.cat_file(f"{s3_bucket.name}/out2/{shard}")
     original = fs.cat_file(f"{s3_bucket.name}/out/{MANIFEST_NAME}")
     assert index(s3_bucket.url("out"), storage_options=opts, progress=False).to_json().encode() == original
+    assert index(s3_bucket.url("out"), storage_options=opts, progress=False, processes=2).to_json().encode() == original
     info = inspect(s3_bucket.url("out"), storage_options=opts, keys=2)
     assert (info["samples"], info["shards"], len(info["first_keys"])) == (len(good), 3, 2)
 

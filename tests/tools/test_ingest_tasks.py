@@ -199,6 +199,10 @@ def test_ray_writes_the_bytes_the_local_engine_writes(src, reference, tmp_path):
         from gpupipe.prepare.indexer import index
 
         assert index(str(dst / "val"), engine="ray", progress=False).to_json().encode() == reference["val/index.json"]
+        from gpupipe.tools.validate import validate
+
+        here, there = validate(str(dst / "train"), decode="pil"), validate(str(dst / "train"), decode="pil", engine="ray")
+        assert (there.checked, there.problems) == (here.checked, here.problems) and there.checked > 40
         # a task's worker process killed (the OOM killer, a lost node): Ray runs it again, the job goes on
         from ray import cloudpickle
 
