@@ -109,3 +109,31 @@ def test_a_slots_storage_crosses_once_then_its_batches_travel_as_places_in_it():
         valid=np.ones(1, bool)), shared=True, slots=taker))
     assert grown.slot == 0 and grown.generation == 2 and grown.storage is not None  # outgrown: a new storage crosses
     assert bytes(board.receive(cross(grown)).image(0)) == b"x" * 10_000
+
+
+def test_torchs_pinning_thread_makes_a_slot_batch_a_batch_again(monkeypatch):
+    """With pin_memory=True torch's pinning thread calls ``pin_memory()`` on what a worker sent: a
+    SlotBatch must come out as the batch (then pinned). No CPU machine reaches that thread (torch
+    pins nothing without an accelerator), so the batch's own pinning is stood in for here."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import numpy as np
+    import torch.multiprocessing  # noqa: F401 — registers torch's reductions
+
+    from gpupipe.stream.batch import EncodedBatch, SampleTable, pack_table
+
+    monkeypatch.setattr(EncodedBatch, "pin_memory", lambda self: self)
+    board = SlotBoard(workers=1, slots=2)
+    taker = board.taker(0)
+    data = [b"abc", b"defgh"]
+    table = SampleTable(buffers=tuple(data), buffer=np.arange(2), start=np.zeros(2, np.int64),
+                        size=np.array([3, 5]), labels=np.array([4, 5]), sample_ids=np.array([7, 8]),
+                        keys=["a", "b"], valid=np.ones(2, bool))
+    for _ in range(2):  # the storage with the batch, then the batch alone
+        sent = pickle.loads(ForkingPickler.dumps(taker.crossing(pack_table(table, shared=True, slots=taker))))
+        got = sent.pin_memory()
+        assert isinstance(got, EncodedBatch) and [bytes(got.image(i)) for i in range(2)] == data
+        assert got.labels.tolist() == [4, 5] and int(board.mapped[got.slot]) == taker.generations[0]
+        del got, sent
+        board.flags[:] = 0
