@@ -177,11 +177,13 @@ def fingerprint(resolved: ResolvedSource, settings: Mapping[str, Any], tasks: Se
     assert manifest is not None, "a source read in place"
     if manifest.objects is not None:
         objects = manifest.objects
-        digest.update("\0".join(objects.names).encode())
+        blob, cuts = objects.names.packed()  # the names as stored: no Python string each
+        digest.update(blob + np.ascontiguousarray(cuts).tobytes())
         digest.update(np.ascontiguousarray(objects.sizes).tobytes() + np.ascontiguousarray(objects.labels).tobytes())
     elif manifest.parquet is not None:
         g = manifest.parquet
-        digest.update("\0".join(g.files).encode())
+        blob, cuts = g.files.packed()
+        digest.update(blob + np.ascontiguousarray(cuts).tobytes())
         digest.update(np.ascontiguousarray(g.file_sizes).tobytes() + np.ascontiguousarray(g.rows).tobytes())
     for t in tasks:
         digest.update(f"{t.split}\0{t.number}\0".encode())
