@@ -125,8 +125,13 @@ def test_columns_and_layout_change_nothing_a_decoder_delivers(backend, resize, d
     images = [(k, d) for k, d in _batch_images() if k != "bomb"]  # (a 65500² header is only refused)
     config = DecodeConfig(backend=backend, image_size=(24, 32), resize=resize, on_error="skip", num_threads=2, seed=9)
     results = []
-    for form in ("bare", "padded", "annotated", "padded+annotated"):
+    for form in ("bare", "padded", "annotated", "padded+annotated", "padded+garbage"):
         batch = _encode(images, pad=100.0 if "padded" in form else 0.0)
+        if "garbage" in form:  # what a reused buffer holds past each image: another batch's bytes
+            rows = batch.data.numpy()[:len(batch) * batch.stride].reshape(len(batch), batch.stride)
+            filler = np.frombuffer(b"".join(d for _, d in images) * 2, dtype=np.uint8)
+            for i, size in enumerate(batch.image_sizes().tolist()):
+                rows[i, size:] = filler[i * 7:i * 7 + batch.stride - size]
         if "annotated" in form:
             batch = annotate(batch, config)
             assert batch.probed is not None and (batch.crops is not None) == (resize == "random_resized_crop")
