@@ -149,6 +149,37 @@ def test_columns_and_layout_change_nothing_a_decoder_delivers(backend, resize, d
         assert (n, k) == (skipped, keys), form
 
 
+@pytest.mark.dali
+@pytest.mark.gpu
+def test_dali_mixed_decodes_padded_rows_uncut_as_it_decodes_them_cut(monkeypatch):
+    """Owed on a GPU (benchmarks/gpu/README.md): the CPU decoders take a padded row whatever follows
+    the image in it (``DaliDecoder._cuts`` is False there); does nvJPEG, its hardware decoder
+    included? If this passes, ``_cuts`` can be False on a GPU too (fn.slice costs DALI's CPU threads)."""
+    pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpupipe.decode.dali import DaliDecoder
+
+    images = [(f"n{i}", d) for i, d in enumerate(corpus.natural_jpegs(24, (300, 260)))]
+    batch = _encode(images, pad=100.0)
+    rows = batch.data.numpy()[:len(batch) * batch.stride].reshape(len(batch), batch.stride)
+    filler = np.frombuffer(b"".join(d for _, d in images) * 2, dtype=np.uint8)
+    for i, size in enumerate(batch.image_sizes().tolist()):
+        rows[i, size:] = filler[i * 7:i * 7 + batch.stride - size]
+    out = {}
+    for cut in (True, False):
+        monkeypatch.setattr(DaliDecoder, "_cuts", property(lambda self, cut=cut: cut))
+        for load in (0.0, 1.0):  # nvJPEG's CUDA decoder, then the hardware decoder where there is one
+            config = DecodeConfig(backend="dali", image_size=(64, 64), resize="shorter", hw_decoder_load=load)
+            decoder = make_decoder(config, "cuda")
+            try:
+                out[cut, load] = decoder.decode(batch).images.cpu()
+            finally:
+                decoder.close()
+    for load in (0.0, 1.0):
+        assert torch.equal(out[True, load], out[False, load]), load
+
+
 def test_crops_drawn_for_other_settings_are_not_used():
     """Boxes drawn in a worker for one seed (or epoch) are not taken by a decoder with another."""
     images = [(f"n{i}", d) for i, d in enumerate(corpus.natural_jpegs(8, (60, 50)))]
