@@ -457,8 +457,9 @@ class EncodedLoader:
         parts = [f"{who} {self._reading(wid, workers, units, received)}" for wid, who in describe_dead(it)]
         what = "; ".join(parts) or str(exc)
         if "SIGBUS" in what:  # workers read local files mapped in memory (Fetcher map_files)
-            cause = ("SIGBUS: a file it had mapped shrank while it read it — shards rewritten in place under a "
-                     "running job; write new files and rename them over the old ones")
+            cause = ("SIGBUS: reading a shard it had mapped failed — the file shrank while it was read (shards "
+                     "rewritten in place under a running job: write new files and rename them over the old "
+                     "ones), or the disk gave an I/O error")
         else:
             cause = "the usual cause is the out-of-memory killer: lower num_workers or stream.fetch.readahead_bytes"
         return WorkerError(f"{what}. The epoch cannot go on without it ({cause}), and a rerun or resume "

@@ -31,6 +31,7 @@ Without a known size a range is cached as it is asked for; without a version, no
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -54,7 +55,7 @@ from gpupipe.storage.faults import CONNECT_TIMEOUT_S, Fault, classify, storage_e
 from gpupipe.storage.identity import ObjectVersion, as_version, identity_of
 
 __all__ = ["FetchConfig", "FetchStats", "Fetcher", "ObjectVersion", "Version", "open_filesystem", "is_transient",
-           "is_plain_local",
+           "is_plain_local", "mappable",
            "refuse_commands", "storage_errors"]
 
 Version = ObjectVersion | str  # a bare string is a tag of unknown size
@@ -196,6 +197,35 @@ def storage_errors(url: str) -> Iterator[None]:
         if classify(exc) is Fault.OTHER:
             raise
         raise storage_error(exc, url) from exc
+
+
+class _NotMapped(Exception):
+    """A file on a file system that is not mapped (:func:`mappable`)."""
+
+
+# File systems whose files a worker maps (Linux names, /proc/self/mounts). On a network or FUSE file
+# system an I/O error while a mapped page is read in is SIGBUS, which kills the reader, where a read
+# call would have returned an error to retry: those are read, not mapped.
+_MAPPED_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "zfs", "f2fs", "bcachefs"})
+_MOUNTS: list[tuple[str, str]] | None = None  # (mount point, file system type), longest first
+
+
+def mappable(path: str) -> bool:
+    """Whether the local file at ``path`` lies on a file system whose files are mapped (a local
+    disk or memory: :data:`_MAPPED_FS`); False where that cannot be told."""
+    global _MOUNTS
+    if _MOUNTS is None:
+        try:
+            with open("/proc/self/mounts") as f:
+                rows = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+        except OSError:
+            rows = []
+        _MOUNTS = sorted(((point.replace("\\040", " "), kind) for point, kind in rows), key=lambda m: -len(m[0]))
+    real = os.path.realpath(path)
+    for point, kind in _MOUNTS:
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            return kind in _MAPPED_FS
+    return False
 
 
 class _ShortRead(OSError):
@@ -539,11 +569,16 @@ class Fetcher:
         """:meth:`read_many` of mapped local files: a view per range, no thread, no future; a range
         that cannot be had so (past the end, a file gone) goes the pooled way, with its retries
         and its error."""
-        for r, version in ranges:
+        rest = iter(ranges)
+        for r, version in rest:
             if r.stop is not None:
                 try:
                     yield [self._mapped(r.url, r.start, r.stop)]
                     continue
+                except _NotMapped:  # a network file system: read as before, never mapped
+                    self._maps = None
+                    yield from self._read_pooled(itertools.chain([(r, version)], rest), True)
+                    return
                 except (OSError, ValueError, _ShortRead):
                     pass
             yield next(self._read_pooled(iter([(r, version)]), True))
@@ -595,7 +630,7 @@ class Fetcher:
         (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened),
         into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes);
         a view of the file mapped in memory when the fetcher maps files."""
-        if self._maps is not None:
+        if self._maps is not None and mappable(self.fs._strip_protocol(url)):
             return self._mapped(url, start, stop)
         fd = self._files.pop(url, None)
         if fd is None:
@@ -617,7 +652,10 @@ class Fetcher:
         assert self._maps is not None, "a fetcher that maps files"
         whole, known = self._maps.pop(url, (None, ()))
         if whole is None or stop > len(whole):
-            with open(self.fs._strip_protocol(url), "rb") as f:
+            path = self.fs._strip_protocol(url)
+            if not mappable(path):
+                raise _NotMapped(path)
+            with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
                 whole = np.frombuffer(mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ), dtype=np.uint8) \
                     if st.st_size else np.empty(0, dtype=np.uint8)

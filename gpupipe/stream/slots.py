@@ -20,7 +20,7 @@ next pass starts (:meth:`SlotBoard.reclaim`).
 A slot's storage crosses to the training process once. torch hands a storage over with a file
 descriptor through a connection to the worker — an authentication round trip, ~0.8 ms of the
 training process's CPU and ~0.7 ms of the worker's per batch on the 2-core VM, the largest
-per-batch cost of the hand-over (docs/benchmarks.md, "Slots mapped once") — so the training process keeps
+per-batch cost of the hand-over (docs/benchmarks.md, "A slot's storage crosses once") — so the training process keeps
 each slot's storage once it has it (:meth:`SlotBoard.receive`) and says so in shared memory
 (``mapped``: the generation of each slot's storage it holds). A batch in a slot whose storage is
 already there travels as a :class:`SlotBatch`: the batch with each of its tensors replaced by

@@ -121,3 +121,23 @@ def test_a_fetcher_that_maps_files_gives_views_of_them_and_sees_a_file_rewritten
     assert not f._maps
     cached = Fetcher(fsspec.filesystem("file"), FetchConfig(cache_dir=str(tmp_path / "cache")), map_files=True)
     assert cached._maps is None  # reads through a cache are the cache's
+
+
+def test_files_on_a_network_file_system_are_read_not_mapped(tmp_path, monkeypatch):
+    """A mapped page that a network file system fails to read in is SIGBUS (the worker dies) where a
+    read call returns an error to retry: only local disks and memory are mapped."""
+    import fsspec
+
+    from gpupipe.core.types import ByteRange
+    from gpupipe.storage import fetch
+    from gpupipe.storage.fetch import Fetcher, mappable
+
+    assert not mappable("/proc/self/status")  # procfs: not a local disk
+    (tmp_path / "f").write_bytes(bytes(range(256)) * 8)
+    monkeypatch.setattr(fetch, "mappable", lambda path: False)  # as on an NFS mount
+    f = Fetcher(fsspec.filesystem("file"), map_files=True)
+    got = [bytes(b[0]) for b in f.read_many([(ByteRange(str(tmp_path / "f"), a, a + 100), "") for a in (0, 700)],
+                                           reuse=True)]
+    assert got == [(bytes(range(256)) * 8)[a:a + 100] for a in (0, 700)]
+    assert f._maps is None  # read as before, and never mapped after
+    f.close()
