@@ -176,7 +176,8 @@ def ingest(src: str, dst: str, *, shard_size: int = 1000, workers: int = 4,
     tasks = plan_tasks(resolved, seed=seed, shuffle=shuffle, shard_size=shard_size, val_fraction=val_fraction)
     settings = {"src": src, "seed": seed, "shuffle": shuffle, "shard_size": shard_size, "val_fraction": val_fraction,
                 "max_pixels": max_pixels, "reencode": reencode, "classes": manifest.classes,
-                "targets": resolved.targets, "image_column": image_column, "label_column": label_column}
+                "targets": resolved.targets, "image_column": image_column, "label_column": label_column,
+                "annotations": annotations, "labels": labels}
     context = IngestContext(src, resolved, dst, dst_options, manifest.classes, seed, shuffle, max_pixels, reencode,
                             workers, fingerprint(resolved, settings, tasks))
     splits = ("train", "val") if val_fraction else ("",)
