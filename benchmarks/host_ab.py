@@ -28,20 +28,10 @@ def _cpu() -> tuple[float, float]:
     joined only when the loader goes, so ``RUSAGE_CHILDREN`` alone leaves them out)."""
     import resource
 
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    workers = kids.ru_utime + kids.ru_stime
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/children") as f:
-            for pid in f.read().split():
-                try:
-                    with open(f"/proc/{pid}/stat") as g:
-                        stat = g.read()
-                except OSError:
-                    continue
-                fields = stat[stat.rindex(")") + 2:].split()
-                workers += (int(fields[11]) + int(fields[12])) / tick
-    return own.ru_utime + own.ru_stime, workers
+    from gpupipe.tools.bench.measure import children_cpu
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime, children_cpu()
 
 
 def _one(what: str, root: str, epochs: int, workers: int, batch: int = 256) -> dict:

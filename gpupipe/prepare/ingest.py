@@ -294,11 +294,7 @@ def _merge(context: IngestContext, tasks: Sequence[IngestTask], results: Mapping
                         time.perf_counter() - start, {s: m.num_samples for s, m in manifests.items() if s},
                         [f"{dst}/{s + '/' if s else ''}{MANIFEST_NAME}" for s in manifests], tasks=len(tasks),
                         resumed=resumed, task_samples=[0 if r.entry is None else r.entry.num_samples for r in done],
-                        slowest=(_task_name(slow), slow.seconds) if slow is not None else ("", 0.0))
-
-
-def _task_name(r: TaskResult) -> str:
-    return f"{r.split + '/' if r.split else ''}shard-{r.number:06d}"
+                        slowest=(slow.name, slow.seconds) if slow is not None else ("", 0.0))
 
 
 LOCK_NAME = ".gpupipe-ingest.lock"  # in the destination while a run writes it

@@ -82,7 +82,7 @@ class IngestTask:
 
     @property
     def name(self) -> str:
-        return f"{self.split + '/' if self.split else ''}shard-{self.number:06d}"
+        return task_name(self.split, self.number)
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -105,6 +105,10 @@ class TaskResult:
     changed: int = 0
     kept: int = 0
     seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return task_name(self.split, self.number)
 
     def to_json(self, plan: str) -> str:
         return json.dumps({"plan": plan, "split": self.split, "number": self.number, "inputs": self.inputs,
@@ -228,6 +232,11 @@ def run_task(context: IngestContext, task: IngestTask) -> TaskResult:
         parts = ShardSink(f"{context.dst.rstrip('/')}/{PARTS_DIR}", storage_options=context.dst_options)
         parts.put(part_name(task.split, task.number), result.to_json(context.fingerprint).encode())
     return result
+
+
+def task_name(split: str, number: int) -> str:
+    """A task by its shard, for people: ``train/shard-000003``."""
+    return f"{split + '/' if split else ''}shard-{number:06d}"
 
 
 def part_name(split: str, number: int) -> str:

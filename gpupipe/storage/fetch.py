@@ -628,10 +628,8 @@ class Fetcher:
     def _read_short(self, url: str, start: int, stop: int) -> np.ndarray:
         """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
         (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened),
-        into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes);
-        a view of the file mapped in memory when the fetcher maps files."""
-        if self._maps is not None and mappable(self.fs._strip_protocol(url)):
-            return self._mapped(url, start, stop)
+        into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes).
+        (A fetcher that maps files reads here only what the mapping could not give: read, not mapped.)"""
         fd = self._files.pop(url, None)
         if fd is None:
             fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
