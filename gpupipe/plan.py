@@ -17,6 +17,12 @@ about as a uniform shuffle does (docs/tuning.md). ``block`` 0 keeps shards whole
 sequence is the shards in a seeded order, the layout of plans before blocks (and the one
 for units that cannot be read in part, such as Parquet row groups).
 
+**Units of one sample** (an image folder read in place: a unit per image) are *placed*: the
+sequence's position ``p`` holds unit ``σ(p)``, ``σ`` a keyed bijection of the units evaluated per
+position (:func:`bijection`), so a window's units are computed without an array of all of them —
+100M objects plan as cheaply as 1,000 (:attr:`PlanSpec.placed`; ``keyed`` False is the layout of
+states before version 4, a permutation of all units, which their epoch keeps on resume).
+
 **Several sources** (``draws``: per source, its number of units — consecutive in ``counts`` —
 and the samples it gives an epoch) mix in the same sequence: each source's draw of an epoch is
 a cyclic run of its samples in a seeded order fixed across epochs (by blocks), the epoch's run
@@ -60,14 +66,14 @@ order does not.
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from gpupipe.core.counts import UnitCounts
 from gpupipe.core.errors import PlanError
 
 __all__ = [
@@ -77,6 +83,7 @@ __all__ = [
     "Chunk",
     "Progress",
     "permutation",
+    "bijection",
     "spread",
     "shard_order",
     "blocks",
@@ -150,7 +157,7 @@ class PlanSpec:
     parts of the epoch delivered before, and the plan covers the rest of that epoch only.
     """
 
-    counts: tuple[int, ...]  # samples per shard, in manifest order
+    counts: Sequence[int]  # samples per shard, in manifest order (held as a UnitCounts)
     batch_size: int
     world_size: int = 1
     seed: int = 0
@@ -161,8 +168,10 @@ class PlanSpec:
     block: int = 0  # samples per contiguous run of a shard in the sequence; 0: shards whole
     draws: tuple[tuple[int, int], ...] = ()  # per source: (units, samples an epoch); (): one source, each sample once
     per_source: bool = False  # with draws: every batch of one source (each draw whole batches)
+    keyed: bool = True  # one-sample units placed per position (:func:`bijection`); False: a state before v4
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "counts", UnitCounts.of(self.counts))
         if self.per_source:
             if not self.draws or any(n % self.batch_size for _, n in self.draws):
                 raise PlanError(f"per-source batches need sources drawn in whole batches of {self.batch_size}, "
@@ -175,7 +184,7 @@ class PlanSpec:
         if self.draws and (sum(u for u, _ in self.draws) != len(self.counts)
                            or any(u < 0 or n < 0 for u, n in self.draws)):
             raise PlanError(f"draws {self.draws} do not cover the {len(self.counts)} units (units >= 0, samples >= 0)")
-        if any(n > 0 and sum(self.counts[a:a + u]) == 0 for (u, n), a in zip(self.draws, self._draw_starts)):
+        if any(n > 0 and self.units.sum_of(a, a + u) == 0 for (u, n), a in zip(self.draws, self._draw_starts)):
             raise PlanError("a source with no samples cannot be drawn from")
         if self.block < 0:
             raise PlanError(f"block must be >= 0 (0: shards whole), got {self.block}")
@@ -185,10 +194,15 @@ class PlanSpec:
             raise PlanError(f"world_size must be >= 1, got {self.world_size}")
         if self.chunk_batches < 1:
             raise PlanError(f"chunk_batches must be >= 1, got {self.chunk_batches}")
-        if any(c < 0 for c in self.counts):
+        if self.units.smallest < 0:
             raise PlanError("shard sample counts must be >= 0")
         if len({e.epoch for e in self.before}) > 1:
             raise PlanError("the earlier parts of an epoch must all be of that epoch")
+
+    @property
+    def units(self) -> UnitCounts:
+        """``counts``, compact: one number when every unit holds as many samples."""
+        return cast(UnitCounts, self.counts)
 
     @cached_property
     def _draw_starts(self) -> list[int]:
@@ -197,7 +211,7 @@ class PlanSpec:
     @cached_property
     def num_samples(self) -> int:
         """Samples of an epoch: all units' once, or with ``draws`` the sources' draws."""
-        return int(sum(n for _, n in self.draws)) if self.draws else int(sum(self.counts))
+        return int(sum(n for _, n in self.draws)) if self.draws else self.units.total
 
     @cached_property
     def length(self) -> int:
@@ -205,18 +219,23 @@ class PlanSpec:
         those of the epoch not delivered before."""
         return len(_sequence(self)) if self.before else self.num_samples
 
-    @cached_property
-    def first_ids(self) -> np.ndarray:
-        """Global id of each shard's first sample (manifest order), int64, read-only."""
-        ids = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)[:-1]]).astype(np.int64) \
-            if self.counts else np.zeros(0, np.int64)
-        ids.flags.writeable = False
-        return ids
+    def first_ids(self, units: Any) -> Any:
+        """Global id of the first sample of each of ``units`` (manifest indices: an int, or an
+        int64 array): the samples of the units before it."""
+        return self.units.first_ids(units)
 
     @cached_property
     def counts_crc32(self) -> int:
         """CRC-32 of the unit sizes (int64, little-endian): which data the plan cuts, in 4 bytes."""
-        return zlib.crc32(np.asarray(self.counts, dtype="<i8").tobytes())
+        return self.units.crc32()
+
+    @cached_property
+    def placed(self) -> bool:
+        """Whether the epoch's sequence is computed per position: every unit one sample (an
+        image folder or one-row groups read in place), one source, and ``keyed``. A keyed
+        bijection of the units then places them (:func:`bijection`); no array of all units is
+        made, so planning a window of 100M objects costs what a window of 1,000 does."""
+        return self.keyed and self.units.value == 1 and not self.draws
 
 
 @dataclass(frozen=True)
@@ -256,6 +275,42 @@ def permutation(n: int, key: Sequence[int]) -> np.ndarray:
     """
     raw = np.random.PCG64(np.random.SeedSequence(list(key))).random_raw(n)
     return np.argsort(raw, kind="stable")
+
+
+_ROUNDS = 6  # Feistel rounds of :func:`bijection` (4 make a strong pseudo-random permutation)
+
+
+def bijection(n: int, key: Sequence[int], positions: np.ndarray) -> np.ndarray:
+    """Where a permutation of ``range(n)`` keyed by ``key`` sends each of ``positions`` (int64):
+    a permutation evaluated per position, with no array of ``n`` — what places 100M units.
+
+    A balanced Feistel network on the smallest even number of bits that holds ``n - 1``, its
+    round function the SplitMix64 finaliser of the half and the round's key (the keys drawn
+    from ``SeedSequence(key)``, stable across NumPy versions); a value that lands at ``n`` or
+    above is walked on through the network until it lands below (the walk from a value below
+    ``n`` returns below ``n``, so this is a bijection of ``range(n)``; the domain is under
+    ``4 n``, so a walk is short)."""
+    x = np.asarray(positions, dtype=np.uint64).copy()
+    if n <= 1 or not len(x):
+        return x.astype(np.int64)
+    half = np.uint64(max(1, ((n - 1).bit_length() + 1) // 2))
+    mask = np.uint64((1 << int(half)) - 1)
+    keys = np.random.SeedSequence(list(key)).generate_state(_ROUNDS, np.uint64)
+    todo = np.arange(len(x))
+    while len(todo):
+        left, right = x[todo] >> half, x[todo] & mask
+        for k in keys:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        x[todo] = (left << half) | right
+        todo = todo[x[todo] >= n]
+    return x.astype(np.int64)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: every bit of ``z`` moves every bit of the result (uint64, wrapping)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 T = TypeVar("T")
@@ -363,8 +418,8 @@ def _epoch_blocks(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, n
     if spec.per_source:
         return _source_batches(spec, epoch)
     if not spec.draws:
-        return blocks(spec.counts, spec.block)
-    counts = np.asarray(spec.counts, dtype=np.int64)
+        return blocks(spec.units.array, spec.block)
+    counts = spec.units.array
     parts = []
     for s, ((units, n), a) in enumerate(zip(spec.draws, spec._draw_starts)):
         unit, first, count = _draw(counts[a:a + units], spec.block, n, epoch, (spec.seed, _TAG_DRAW, s), spec.shuffle)
@@ -377,7 +432,7 @@ def _source_batches(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray,
     seeded order of its blocks, cut into batches (a block across a batch edge is cut in two);
     the batches of all sources in one seeded order — so the epoch is a sequence of one-source
     batches, a source's share of them its draw's."""
-    counts = np.asarray(spec.counts, dtype=np.int64)
+    counts = spec.units.array
     b = spec.batch_size
     pieces, batch_source = [], []
     for s, ((units, n), a) in enumerate(zip(spec.draws, spec._draw_starts)):
@@ -404,9 +459,8 @@ def _source_batches(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray,
 
 def batch_sources(spec: PlanSpec, epoch: int, positions: np.ndarray) -> np.ndarray:
     """``per_source``: the source of each of ``positions`` (of the epoch's sequence)."""
-    shard, _, _, ends = _layout(spec, epoch)
     starts = np.asarray(spec._draw_starts, dtype=np.int64)
-    return np.searchsorted(starts, shard[np.searchsorted(ends, positions, side="right")], side="right") - 1
+    return np.searchsorted(starts, _locate(spec, epoch, positions)[0], side="right") - 1
 
 
 def block_order(spec: PlanSpec, epoch: int, num_blocks: int) -> np.ndarray:
@@ -509,20 +563,20 @@ def _undelivered(length: int, part: Earlier, seed: int, shuffle: bool, depth: in
     return np.flatnonzero(left)
 
 
-_RESTS: dict = {}  # (num_samples, seed, shuffle, before, block, counts_crc32) → _sequence's array, the latest few
+_RESTS: dict = {}  # (num_samples, seed, shuffle, before, block, keyed, counts_crc32) → _sequence's array, the latest few
 
 
 def _sequence(spec: PlanSpec) -> np.ndarray:
     """Positions in the epoch's sequence of the samples the plan still has to deliver, in
     sequence order (read-only int64). Only for a plan with ``before``."""
-    key = (spec.num_samples, spec.seed, spec.shuffle, spec.before, spec.block, spec.counts_crc32)
+    key = (spec.num_samples, spec.seed, spec.shuffle, spec.before, spec.block, spec.keyed, spec.counts_crc32)
     if key not in _RESTS:
         if len(_RESTS) >= 8:
             del _RESTS[next(iter(_RESTS))]
-        ends = _layout(spec, spec.before[0].epoch)[3] if spec.block else None
+        epoch = spec.before[0].epoch
         seq = np.arange(spec.num_samples, dtype=np.int64)
         for depth, part in enumerate(spec.before):
-            block_of = None if ends is None else (lambda p, seq=seq: np.searchsorted(ends, seq[p], side="right"))
+            block_of = None if not spec.block else (lambda p, seq=seq: _locate(spec, epoch, seq[p])[2])
             seq = seq[_undelivered(len(seq), part, spec.seed, spec.shuffle, depth, block_of)]
         seq.flags.writeable = False
         _RESTS[key] = seq
@@ -598,6 +652,19 @@ def _layout(spec: PlanSpec, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return layout
 
 
+def _locate(spec: PlanSpec, epoch: int, p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions ``p`` of the epoch's sequence: the unit and the sample in it each holds, and
+    the index of its block in sequence order. Per position when the plan is :attr:`PlanSpec.placed`
+    (a block is a unit of one sample, the unit the units' keyed bijection at ``p``); else from
+    the epoch's :func:`_layout`."""
+    if spec.placed:
+        unit = bijection(len(spec.counts), (spec.seed, epoch, _TAG_SHARDS), p) if spec.shuffle else p
+        return unit, np.zeros(len(p), np.int64), p
+    shard, first, counts, ends = _layout(spec, epoch)
+    k = np.searchsorted(ends, p, side="right")
+    return shard[k], first[k] + p - (ends[k] - counts[k]), k
+
+
 def _check_epoch(spec: PlanSpec, epoch: int) -> None:
     if spec.before and spec.before[0].epoch != epoch:
         raise PlanError(f"this plan is the rest of epoch {spec.before[0].epoch}, not of epoch {epoch}")
@@ -612,7 +679,6 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     length = spec.length
     if length == 0:
         return []
-    shard, first, counts, ends = _layout(spec, epoch)
     pos = np.arange(chunk.start, chunk.start + chunk_size(spec, chunk), dtype=np.int64)
     if within is not None:
         pos = pos[within]
@@ -620,8 +686,7 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     p = pos % length  # padding past the end wraps around to the start
     if spec.before:
         p = _sequence(spec)[p]
-    k = np.searchsorted(ends, p, side="right")
-    unit, offset = shard[k], first[k] + p - (ends[k] - counts[k])
+    unit, offset, _ = _locate(spec, epoch, p)
     new = np.ones(len(p), dtype=bool)  # a span starts at a new shard, a gap, or where padding starts or ends
     new[1:] = (unit[1:] != unit[:-1]) | (offset[1:] != offset[:-1] + 1) | (valid[1:] != valid[:-1])
     firsts = np.flatnonzero(new).tolist()
@@ -643,7 +708,7 @@ def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
     if spec.block and spec.shuffle and spec.length:
         _check_epoch(spec, epoch)
         p = np.arange(chunk.start, chunk.start + size, dtype=np.int64) % spec.length
-        runs = np.searchsorted(_layout(spec, epoch)[3], _sequence(spec)[p] if spec.before else p, side="right")
+        runs = _locate(spec, epoch, _sequence(spec)[p] if spec.before else p)[2]
     if spec.per_source and spec.shuffle and spec.length:
         p = np.arange(chunk.start, chunk.start + size, dtype=np.int64) % spec.length
         order = _by_source(batch_sources(spec, epoch, p), (spec.seed, epoch, _TAG_WINDOW, chunk.start), runs)
@@ -657,8 +722,8 @@ def chunk_order(spec: PlanSpec, epoch: int, chunk: Chunk) -> np.ndarray:
 def chunk_sample_ids(spec: PlanSpec, epoch: int, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
     """Global sample ids and valid flags of the chunk's *remaining* samples, in delivery
     order. The readers produce exactly this; tests check the plan with it."""
-    first, spans = spec.first_ids, chunk_spans(spec, epoch, chunk)
-    ids = np.concatenate([np.arange(s.start, s.stop) + first[s.shard] for s in spans] or [np.zeros(0, np.int64)])
+    spans = chunk_spans(spec, epoch, chunk)
+    ids = np.concatenate([np.arange(s.start, s.stop) + spec.first_ids(s.shard) for s in spans] or [np.zeros(0, np.int64)])
     valid = np.concatenate([np.full(len(s), s.valid) for s in spans] or [np.zeros(0, bool)])
     order = chunk_order(spec, epoch, chunk)[chunk.first_batch * spec.batch_size:]
     return ids[order], valid[order]
@@ -757,7 +822,8 @@ def plan_identity(spec: PlanSpec) -> dict:
     return {"num_samples": spec.num_samples, "num_shards": len(spec.counts), "batch_size": spec.batch_size,
             "world_size": spec.world_size, "seed": spec.seed, "shuffle": spec.shuffle,
             "drop_last": spec.drop_last, "chunk_batches": spec.chunk_batches, "counts_crc32": spec.counts_crc32,
-            "block": spec.block, "draws": [list(d) for d in spec.draws], "per_source": spec.per_source}
+            "block": spec.block, "draws": [list(d) for d in spec.draws], "per_source": spec.per_source,
+            "keyed": spec.keyed}
 
 
 def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, before: Sequence[Earlier] = (),
@@ -771,11 +837,13 @@ def resume_plan(spec: PlanSpec, epoch: int, saved: Mapping, progress: Mapping, b
     continues, in its order. With another, the saved part becomes an :class:`Earlier` and the
     plan covers the samples of the epoch no rank has delivered, in a new order.
 
-    The epoch keeps the saved ``block`` (a state without one: shards whole), whatever ``spec``
-    says: the blocks fix which sample is at which position of the epoch. The next epoch is
-    laid out with ``spec``'s.
+    The epoch keeps the saved ``block`` (a state without one: shards whole) and ``keyed`` (a
+    state without it, saved before version 4, laid one-sample units out by a permutation of all
+    of them), whatever ``spec`` says: they fix which sample is at which position of the epoch.
+    The next epoch is laid out with ``spec``'s.
     """
-    spec = replace(spec, block=int(saved.get("block", 0)))
+    # a state without "keyed" (before v4) permuted all units; keyed matters to placed plans only
+    spec = replace(spec, block=int(saved.get("block", 0)), keyed=bool(saved.get("keyed", not spec.placed)))
     check_resumable(saved, spec, mid_epoch=True)
     before = tuple(before)
     if any(part.epoch != epoch for part in before):

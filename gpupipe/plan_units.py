@@ -89,7 +89,6 @@ def unit_sample_ids(spec: PlanSpec, epoch: int, unit: Unit) -> tuple[np.ndarray,
     """Global sample ids and valid flags of the unit's samples, in delivery order: what the
     readers produce from :func:`unit_spans`; tests check the plan with it."""
     spans, order = unit_spans(spec, epoch, unit)
-    first = spec.first_ids
-    ids = np.concatenate([np.arange(s.start, s.stop) + first[s.shard] for s in spans] or [np.zeros(0, np.int64)])
+    ids = np.concatenate([np.arange(s.start, s.stop) + spec.first_ids(s.shard) for s in spans] or [np.zeros(0, np.int64)])
     valid = np.concatenate([np.full(len(s), s.valid) for s in spans] or [np.zeros(0, bool)])
     return ids[order], valid[order]

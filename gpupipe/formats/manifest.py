@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from gpupipe.core.counts import UnitCounts
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.targetkinds import TARGET_KINDS
 from gpupipe.core.types import TarMember
@@ -166,13 +167,14 @@ class Manifest:
             return int(self.parquet.file_sizes.sum())
         return sum(s.size for s in self.shards)
 
-    def sample_counts(self) -> tuple[int, ...]:
-        """Samples per unit, in manifest order: what the epoch plan splits."""
+    def sample_counts(self) -> UnitCounts:
+        """Samples per unit, in manifest order: what the epoch plan splits (compact: an image
+        folder of 100M objects is one number, not 100M)."""
         if self.objects is not None:
-            return (1,) * len(self.objects)
+            return UnitCounts.uniform(1, len(self.objects))
         if self.parquet is not None:
-            return tuple(self.parquet.rows.tolist())
-        return tuple(s.num_samples for s in self.shards)
+            return UnitCounts.of(self.parquet.rows)
+        return UnitCounts.of([s.num_samples for s in self.shards])
 
     def to_json(self) -> str:
         doc = {

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from gpupipe.config.keywords import keyword_form, split_from_options
 from gpupipe.config.split import SplitConfig
+from gpupipe.core.counts import UnitCounts
 from gpupipe.core.errors import ConfigError, GpupipeError, PlanError, WorkerError
 from gpupipe.core.machine import default_num_workers, fix_malloc_mmap_threshold, warn_if_more_workers_than_cores
 from gpupipe.core.types import World
@@ -265,13 +266,13 @@ class EncodedLoader:
         manifest = self.source.manifest
         if split.classes is not None and manifest is not None:  # the index must number classes as declared
             agreed_classes({split.name: manifest.classes}, split.classes, {split.name: _first(split.source.url)})
-        counts = manifest.sample_counts() if manifest else (0,) * len(self.source.shard_urls)
+        counts = manifest.sample_counts() if manifest else UnitCounts.uniform(0, len(self.source.shard_urls))
         whole = self._per_source(mixed, split.batch_size)
         try:
             self.spec = PlanSpec(counts=counts, batch_size=split.batch_size, world_size=self.world.world_size,
                                  seed=split.seed, shuffle=self.stream.shuffle, drop_last=self.stream.drop_last,
                                  chunk_batches=max(1, self.stream.shuffle_buffer // split.batch_size),
-                                 block=block_for(self.source, self.stream, int(sum(counts))),
+                                 block=block_for(self.source, self.stream, counts.total),
                                  draws=mix_draws(self.source, mixed, whole) if mixed is not None else (),
                                  per_source=self.stream.batching == "per_source")
         except PlanError as exc:

@@ -32,12 +32,14 @@ The whole story, in one place:
   (:func:`gpupipe.plan.resume_plan`): :attr:`EpochLedger.plan` is then not :attr:`EpochLedger.spec`
   until the epoch ends, and the state records the earlier parts (``before``).
 
-State format, version 3: ``{"version": 3, "epoch", "complete", "plan": plan_identity(plan),
+State format, version 4: ``{"version": 4, "epoch", "complete", "plan": plan_identity(plan),
 "before": [Earlier.to_dict(), ...], "progress": Progress.to_dict()}``, and for a mix of sources
-``"per_source"``: the samples of each source delivered in the epoch so far. Version 3 ends the epoch
-of one process without ``drop_last`` with a short batch; versions 2 (that batch padded) and 1
-(no ``before``; padding on the last ranks when ``drop_last`` is off) still load: a pass saved
-inside a last chunk that held their padding goes on with exactly its undelivered samples.
+``"per_source"``: the samples of each source delivered in the epoch so far. Version 4 places the
+units of an image folder (one sample each) per position (``plan["keyed"]``); a state of version 3
+or older goes on with its epoch in the layout it was saved in, a permutation of all units. Version 3
+ends the epoch of one process without ``drop_last`` with a short batch; versions 2 (that batch
+padded) and 1 (no ``before``; padding on the last ranks when ``drop_last`` is off) still load: a
+pass saved inside a last chunk that held their padding goes on with exactly its undelivered samples.
 """
 from __future__ import annotations
 
@@ -49,8 +51,8 @@ from gpupipe.plan import Earlier, PlanSpec, Progress, epoch_steps, plan_identity
 
 __all__ = ["EpochLedger", "STATE_VERSION"]
 
-STATE_VERSION = 3  # 3: one process's last batch short (issue 35); 2: padding spread over the ranks,
-_LOADABLE = (1, 2, 3)  # "before" (issue 25); 1 and 2 still load
+STATE_VERSION = 4  # 4: one-sample units placed per position (issue 39); 3: one process's last batch
+_LOADABLE = (1, 2, 3, 4)  # short (issue 35); 2: padding spread over the ranks, "before" (issue 25)
 
 
 class EpochLedger:

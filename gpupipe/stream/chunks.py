@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -242,7 +242,7 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
                 if tar:
                     span = _tar_read(fetcher, source, s, span, wanted)
                 # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
-                one = _deliver(span, url, int(first_ids[s.shard]) + s.start,
+                one = _deliver(span, url, int(first_ids(s.shard)) + s.start,
                                on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(quiet=True),
                                wanted)
                 tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
@@ -301,7 +301,7 @@ _JOIN_SEGMENTS = 16  # a unit's spans joined into one buffer before the scan abo
 
 
 def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[list[bytes] | GpupipeError],
-                  first_ids: np.ndarray, wanted: _Wanted) -> SampleTable | None:
+                  first_ids: Callable[[Any], Any], wanted: _Wanted) -> SampleTable | None:
     """The samples of a unit's tar spans, in span order, from one scan of their bytes side by side
     (a span's bytes are exactly its samples, so together they are a run of whole samples); ``None``
     when a read failed or the scan does not take them all (each span is then read on its own)."""
@@ -328,7 +328,7 @@ def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[l
     table = _scanned(segments, np.concatenate([[0], np.cumsum(sizes)]), crcs, wanted, source.shard_urls[spans[0].shard])
     if table is None:
         return None
-    return replace(table, sample_ids=first_ids[shard] + index, valid=np.repeat([s.valid for s in spans], lengths))
+    return replace(table, sample_ids=first_ids(shard) + index, valid=np.repeat([s.valid for s in spans], lengths))
 
 
 def _joined(segments: Sequence) -> np.ndarray:

@@ -255,7 +255,7 @@ def test_a_state_in_the_format_of_version_1_still_loads():
              "plan": {"num_samples": 10, "num_shards": 2, "batch_size": 2, "world_size": 1, "seed": 3,
                       "shuffle": True, "drop_last": True, "chunk_batches": 2},
              "progress": {"done_below": 1, "partial": {"1": 1}}}
-    assert STATE_VERSION == 3
+    assert STATE_VERSION == 4
     ledger = EpochLedger(SMALL)
     ledger.load_state_dict(state)
     assert (ledger.epoch, ledger.complete) == (3, False)
@@ -276,8 +276,8 @@ def test_a_version_1_state_with_padding_on_the_last_rank_resumes_with_exactly_th
     assert ledger.plan.before and ledger.plan.before[0].spread is False
     assert ledger.plan.length == 10 - 3 - 3  # one batch of 3 delivered on each rank
     assert ledger.steps == 1 + 1
-    again = restored(ledger)  # saved again, now as version 3 with the earlier part recorded
-    assert again.plan == ledger.plan and again.state_dict()["version"] == 3
+    again = restored(ledger)  # saved again, now as version 4 with the earlier part recorded
+    assert again.plan == ledger.plan and again.state_dict()["version"] == 4
 
 
 @pytest.mark.parametrize("partial, continues", [({"0": 1}, True), ({"1": 1}, False)])
@@ -299,7 +299,7 @@ def test_a_version_2_state_of_one_process_loads_and_plans_the_rest_only_inside_i
     assert part.short_tail is False and part.batches_done == 3
     assert 1 <= ledger.plan.length <= 3  # 4 real samples of the last chunk, 1 to 3 of them delivered
     assert ledger.steps == 3 + 1
-    again = restored(ledger)  # saved again as version 3, the earlier part's padded layout recorded
+    again = restored(ledger)  # saved again as version 4, the earlier part's padded layout recorded
     assert again.plan == ledger.plan and again.state_dict()["before"][0]["short_tail"] is False
 
 
@@ -467,3 +467,19 @@ def test_a_deferring_consumer_killed_anywhere_trains_on_every_batch_exactly_once
     assert ledger.complete
     ledger.begin()
     assert ledger.epoch == 1
+
+
+def test_a_version_3_state_of_an_image_folder_goes_on_in_the_layout_it_was_saved_in():
+    """Version 4 places one-sample units per position; a mid-epoch state of version 3 permuted all
+    of them, and its epoch goes on in that layout (saved again, it says so), the next one in this
+    version's."""
+    spec = PlanSpec(counts=(1,) * 40, batch_size=4, chunk_batches=2, seed=3)
+    old = dataclasses.replace(spec, keyed=False)
+    plan = {k: v for k, v in plan_identity(old).items() if k != "keyed"}
+    state = {"version": 3, "epoch": 0, "complete": False, "plan": plan, "progress": {"done_below": 1, "partial": {}}}
+    ledger = EpochLedger(spec)
+    ledger.load_state_dict(state)
+    assert spec.placed and ledger.plan == old and ledger.progress.batches_done == 2
+    assert restored(ledger).plan == old and ledger.state_dict()["plan"]["keyed"] is False
+    ledger.set_epoch(1)
+    assert ledger.plan == spec

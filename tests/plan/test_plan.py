@@ -116,15 +116,16 @@ def test_resume_over_objects_and_row_groups(spec, epoch, data, workers_before, w
     check_resume(spec, epoch, data, workers_before, workers_after)
 
 
-def test_a_million_units_draw_the_unit_order_once_per_epoch(monkeypatch):
-    """A folder of a million images is a million units: their order is drawn once per epoch
-    and kept, not drawn again for each chunk (~0.1 s each here)."""
+def test_a_million_units_of_a_state_before_v4_draw_the_unit_order_once_per_epoch(monkeypatch):
+    """An epoch resumed from a state saved before version 4 lays a folder's units out as it did
+    then (``keyed`` False: a permutation of all of them): drawn once per epoch and kept, not
+    drawn again for each chunk (~0.1 s each here)."""
     import gpupipe.plan as plan
 
     draws = []
     monkeypatch.setattr(plan, "shard_order", lambda spec, epoch: draws.append(epoch) or plan.permutation(
         len(spec.counts), (spec.seed, epoch, 1)))
-    spec = PlanSpec(counts=(1,) * 1_000_000, batch_size=256, world_size=8, seed=1)
+    spec = PlanSpec(counts=(1,) * 1_000_000, batch_size=256, world_size=8, seed=1, keyed=False)
     chunks = rank_chunks(spec, 3)
     assert len(chunks) == 122  # 1e6 // (8 * 256) = 488 steps, in chunks of 4 batches
     ids = [chunk_sample_ids(spec, 0, c)[0] for c in chunks[:10]] + [chunk_sample_ids(spec, 1, chunks[0])[0]]
@@ -369,7 +370,7 @@ def v1_delivered(spec: PlanSpec, epoch: int, rank: int, progress: Progress) -> l
     spans of steps x batch positions, padding past the end of the sequence (the last ranks),
     chunk windows keyed by (seed, epoch, 2, start). A reference written out here, not the planner."""
     order = shard_order(spec, epoch)
-    seq = np.concatenate([np.arange(spec.counts[s]) + spec.first_ids[s] for s in order] or [np.zeros(0, np.int64)])
+    seq = np.concatenate([np.arange(spec.counts[s]) + spec.first_ids(s) for s in order] or [np.zeros(0, np.int64)])
     size = steps_per_rank(spec) * spec.batch_size
     out = []
     for index, first in enumerate(range(0, steps_per_rank(spec), spec.chunk_batches)):
@@ -408,7 +409,7 @@ def test_a_version_1_state_resumes_under_any_cut_with_exactly_the_rest(spec, epo
     seen = [i for r in range(spec.world_size) for i, v in v1_delivered(spec, epoch, r, progress) if v]
     cut = data.draw(st.one_of(st.just({}), cuts))
     new = dataclasses.replace(spec, **cut, block=new_block)
-    saved = {k: v for k, v in plan_identity(spec).items() if k != "block"}
+    saved = {k: v for k, v in plan_identity(spec).items() if k not in ("block", "keyed")}  # v1 had neither
     state = json.loads(json.dumps({"plan": saved, "progress": progress.to_dict()}))
     plan, rest_progress = resume_plan(new, epoch, state["plan"], state["progress"], spread=False, short_tail=False)
     assert plan.block == 0
@@ -436,10 +437,10 @@ def test_a_version_2_state_of_one_process_resumes_inside_its_padded_last_chunk_w
         return
     progress = interleaved_progress(spec, workers, data)
     seen = [i for i, v in v1_delivered(spec, epoch, 0, progress) if v]
-    saved = {k: v for k, v in plan_identity(spec).items() if k != "block"}
+    saved = {k: v for k, v in plan_identity(spec).items() if k not in ("block", "keyed")}  # v1 had neither
     state = json.loads(json.dumps({"version": 2, "plan": saved, "progress": progress.to_dict()}))
     plan, rest_progress = resume_plan(spec, epoch, state["plan"], state["progress"], short_tail=False)
     if len(progress.chunk_sizes) - 1 not in progress.partial:
-        assert plan == spec  # the last chunk not begun: the same plan goes on, in its order
+        assert plan == dataclasses.replace(spec, keyed=not spec.placed)  # not begun: the same plan goes on
     rest = [i for i, v in delivered(plan, epoch, 0, 1, rest_progress) if v]
     assert sorted(seen + rest) == list(range(spec.num_samples))
