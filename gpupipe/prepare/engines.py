@@ -28,7 +28,7 @@ from typing import Any
 
 from gpupipe.core.errors import ConfigError, GpupipeError
 
-__all__ = ["ENGINES", "Job", "run_tasks"]
+__all__ = ["ENGINES", "Job", "UnitRange", "unit_ranges", "run_tasks"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,33 @@ class Job:
     what: str
     after_error: str = ""
     local: bool = False
+
+
+@dataclass(frozen=True)
+class UnitRange:
+    """A task over units ``[start, stop)`` of a source (tar shards, images or row groups); its
+    context names the units' URLs (``unit_urls``)."""
+
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        return f"units {self.start}-{self.stop - 1}"
+
+    def describe(self, context: Any) -> str:
+        urls = context.unit_urls
+        return f"from {urls[self.start]} to {urls[self.stop - 1]}"
+
+
+IMAGES_PER_TASK = 1000  # an image folder's objects per task (a shard or a row group is one)
+
+
+def unit_ranges(num_units: int, kind: str) -> list[UnitRange]:
+    """A source's ``num_units`` units of ``kind`` (``tar``, ``folder``, ``parquet``) cut into
+    tasks: :data:`IMAGES_PER_TASK` images a task, or one shard or row group."""
+    step = IMAGES_PER_TASK if kind == "folder" else 1
+    return [UnitRange(a, min(a + step, num_units)) for a in range(0, num_units, step)]
 
 
 def run_tasks(job: Job, tasks: Sequence[Any], *, engine: str = "local", processes: int = 1,

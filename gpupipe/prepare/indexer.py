@@ -21,8 +21,9 @@ from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.delta import DELTA_INDEX, index_json
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
+from gpupipe.prepare.engines import UnitRange
 from gpupipe.sources.classes import CLASSES_NAME, class_lines
-from gpupipe.sources.inplace import with_checksums
+from gpupipe.sources.inplace import unit_crcs, with_crcs
 from gpupipe.sources.source import Source, UnitURLs, expand_pattern, resolve
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem, refuse_commands, storage_errors
 
@@ -34,15 +35,19 @@ log = logging.getLogger(__name__)
 def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] | None = None, workers: int = 8,
                    checksums: bool = False, image_column: str | None = None, label_column: str | None = None,
                    labels: str | None = None, classes: Sequence[str] | None = None,
-                   progress: bool = True) -> Manifest | None:
+                   progress: bool = True, engine: str = "local", processes: int = 1,
+                   ray_address: str | None = None) -> Manifest | None:
     """Write ``index.json`` for the image folder or Parquet files at ``url``; returns the
     manifest, or ``None`` when ``url`` names tar shards (nothing is written then).
 
     ``workers``: requests in flight. ``image_column``, ``label_column``, ``labels`` and
     ``classes`` are as in :class:`~gpupipe.sources.source.Source`; the index remembers them.
+    With ``checksums`` and ``processes`` > 1 or ``engine="ray"``, the bytes are read as tasks
+    (:mod:`gpupipe.prepare.engines`: 1,000 images or a row group each) where they run: the same
+    index. The description itself (a listing, or the footers) is made here.
     """
-    if workers < 1:
-        raise ConfigError(f"index: workers must be >= 1, got {workers}")
+    if workers < 1 or processes < 1:
+        raise ConfigError(f"index: workers and processes must be >= 1, got {workers} and {processes}")
     refuse_commands(expand_pattern(url))
     fetch = FetchConfig(concurrency=workers)
     source = Source(url, dict(storage_options or {}), image_column=image_column, label_column=label_column,
@@ -57,13 +62,15 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
     if checksums:
         from tqdm import tqdm
 
-        fetcher = Fetcher(fs, fetch)
-        try:
-            with tqdm(total=manifest.total_bytes, disable=not progress, file=sys.stderr, unit="B", unit_scale=True,
-                      desc="index") as bar:
-                manifest = with_checksums(fetcher, manifest, resolved.shard_urls, bar.update)
-        finally:
-            fetcher.close()
+        with tqdm(total=manifest.total_bytes, disable=not progress, file=sys.stderr, unit="B", unit_scale=True,
+                  desc="index") as bar:
+            context = ChecksumContext(manifest, resolved.shard_urls, dict(storage_options or {}), workers)
+            if engine == "local" and processes == 1:
+                crcs = checksum_units(context, None, bar.update)
+            else:
+                crcs = _checksum_tasks(context, bar.update, engine=engine, processes=processes,
+                                       ray_address=ray_address)
+        manifest = with_crcs(manifest, crcs)
     name, text = (MANIFEST_NAME, manifest.to_json().encode()) if resolved.delta_version is None else \
         (DELTA_INDEX, index_json(manifest.to_json(), resolved.delta_version))
     fs.pipe_file(posixpath.join(folder.rstrip("/"), name), text)
@@ -200,6 +207,54 @@ def _index_tasks(context: ShardsContext, paths: list[str], sizes: list[int], tic
     run_tasks(Job(index_one, context, "index", local=context.url.startswith("memory://")), tasks, engine=engine,
               processes=processes, ray_address=ray_address, on_result=on_result)
     return [done[p] for p in paths]
+
+
+@dataclass(frozen=True)
+class ChecksumContext:
+    """What every checksum task of an ``index --checksums`` needs: the source as described at
+    start (its manifest and the URL of each unit) and how to read it."""
+
+    manifest: Manifest
+    unit_urls: Sequence[str]
+    storage_options: dict
+    workers: int
+
+
+def checksum_units(context: ChecksumContext, task: UnitRange | None,
+                   tick: Callable[[int], Any] = lambda n: None) -> list[int]:
+    """The CRC-32 of each unit of ``task`` (all, for ``None``), read where the task runs."""
+    units = range(context.manifest.num_units) if task is None else range(task.start, task.stop)
+    fetcher = Fetcher.for_url(context.unit_urls[0], context.storage_options, FetchConfig(concurrency=context.workers))
+    try:
+        return unit_crcs(fetcher, context.manifest, context.unit_urls, units, tick)
+    finally:
+        fetcher.close()
+
+
+def _checksum_tasks(context: ChecksumContext, tick: Callable[[int], Any], *, engine: str, processes: int,
+                    ray_address: str | None) -> list[int]:
+    from gpupipe.prepare.engines import Job, run_tasks, unit_ranges
+
+    manifest = context.manifest
+    tasks = unit_ranges(manifest.num_units, manifest.kind)
+    done: dict[int, list[int]] = {}
+
+    def on_result(task: UnitRange, crcs: list[int]) -> None:
+        done[task.start] = crcs
+        tick(_bytes_of(manifest, task))
+
+    run_tasks(Job(checksum_units, context, "index", local=context.unit_urls[0].startswith("memory://")), tasks,
+              engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
+    return [crc for task in tasks for crc in done[task.start]]
+
+
+def _bytes_of(manifest: Manifest, task: UnitRange) -> int:
+    """Bytes a checksum task reads: its objects, or its row groups' column chunks."""
+    if manifest.objects is not None:
+        return int(manifest.objects.sizes[task.start:task.stop].sum())
+    table = manifest.parquet
+    assert table is not None, "tar shards are indexed by index(), not here"
+    return sum(b - a for g in range(task.start, task.stop) for a, b in table.byte_ranges(g))
 
 
 def _read_classes(fs, folder: str) -> tuple[str, ...]:

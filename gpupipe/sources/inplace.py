@@ -33,7 +33,7 @@ from gpupipe.formats.rowgroups import (
 from gpupipe.storage.fetch import Fetcher
 from gpupipe.storage.objects import fetch_objects
 
-__all__ = ["describe_folder", "parquet_paths", "describe_parquet_files", "with_checksums"]
+__all__ = ["describe_folder", "parquet_paths", "describe_parquet_files", "with_checksums", "unit_crcs", "with_crcs"]
 
 log = logging.getLogger(__name__)
 
@@ -121,26 +121,44 @@ def with_checksums(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str],
                    tick: Callable[[int], Any] = lambda n: None) -> Manifest:
     """The manifest with a CRC-32 per object or per row group (its fetched column chunks):
     every byte the stream will read, read once now."""
+    return with_crcs(manifest, unit_crcs(fetcher, manifest, urls, range(manifest.num_units), tick))
+
+
+def unit_crcs(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str], units: range,
+              tick: Callable[[int], Any] = lambda n: None) -> list[int]:
+    """The CRC-32 of each of ``units`` (objects or row groups of ``manifest``, whose URLs are
+    ``urls``): what :func:`with_checksums` stores, for a slice of the units — a task's."""
     if manifest.objects is not None:
-        t = manifest.objects
+        sizes = manifest.objects.sizes
         crcs = []
-        for got in fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(t.sizes[i])), "") for i in range(len(t))),
+        for got in fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(sizes[i])), "") for i in units),
                                  in_flight=fetcher.config.object_concurrency):
             if isinstance(got, StorageError):
                 raise got
             tick(len(got))
             crcs.append(zlib.crc32(got))
-        return replace(manifest, objects=replace(t, crc32=np.array(crcs, dtype=np.int64)))
+        return crcs
     table = manifest.parquet
     if table is None:
         raise ValueError("with_checksums: a tar manifest has its checksums already (gpupipe index writes them)")
-    group_crcs = [_group_crc(got, tick) for got in _group_bytes(fetcher, table, urls)]
-    return replace(manifest, parquet=replace(table, crc32=np.array(group_crcs, dtype=np.int64)))
+    return [_group_crc(got, tick) for got in _group_bytes(fetcher, table, urls, units)]
 
 
-def _group_bytes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str]) -> Iterator[list]:
-    counts = [len(table.byte_ranges(g)) for g in range(len(table))]
-    got = fetcher.read_many((ByteRange(urls[g], a, b), "") for g in range(len(table)) for a, b in table.byte_ranges(g))
+def with_crcs(manifest: Manifest, crcs: Sequence[int]) -> Manifest:
+    """The manifest with ``crcs`` (one per unit, in order) as its objects' or row groups' CRC-32."""
+    if len(crcs) != manifest.num_units:
+        raise ValueError(f"with_crcs: {len(crcs)} checksums for {manifest.num_units} units")
+    column = np.array(crcs, dtype=np.int64)
+    if manifest.objects is not None:
+        return replace(manifest, objects=replace(manifest.objects, crc32=column))
+    if manifest.parquet is None:
+        raise ValueError("with_crcs: a tar manifest has its checksums already (gpupipe index writes them)")
+    return replace(manifest, parquet=replace(manifest.parquet, crc32=column))
+
+
+def _group_bytes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str], groups: range) -> Iterator[list]:
+    counts = [len(table.byte_ranges(g)) for g in groups]
+    got = fetcher.read_many((ByteRange(urls[g], a, b), "") for g in groups for a, b in table.byte_ranges(g))
     for n in counts:
         yield [next(got) for _ in range(n)]
 

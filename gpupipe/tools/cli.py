@@ -145,7 +145,7 @@ def _index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-column", metavar="NAME", help="Parquet image column (default: detected)")
     p.add_argument("--label-column", metavar="NAME", help="Parquet label column (default: label/labels/cls/class/target)")
     p.add_argument("--labels", metavar="URL", help="labels file of a flat image folder (default: its labels.csv/.json)")
-    engine_arguments(p, "tar shards: where each shard is scanned")
+    engine_arguments(p, "where each tar shard is scanned, or with --checksums each 1,000 images or row group read")
     storage_arguments(p, what="the shards")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -156,7 +156,8 @@ def _index_run(args: argparse.Namespace) -> int:
     options = dict(args.storage_options)
     manifest = index_in_place(args.url, storage_options=options, workers=args.workers, checksums=args.checksums,
                               image_column=args.image_column, label_column=args.label_column, labels=args.labels,
-                              progress=not args.quiet) or index(args.url, storage_options=options,
+                              progress=not args.quiet, engine=args.engine, processes=args.processes,
+                              ray_address=args.ray_address) or index(args.url, storage_options=options,
                                                                 workers=args.workers, progress=not args.quiet,
                                                                 engine=args.engine, processes=args.processes,
                                                                 ray_address=args.ray_address)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpupipe.core.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
+from gpupipe.prepare.engines import UnitRange
 from gpupipe.tools.validate_child import Crash
 from gpupipe.tools.validate_read import Good, Problem
 
@@ -200,21 +201,9 @@ class ValidateContext:
     max_pixels: int | None
     batch_size: int
 
-
-@dataclass(frozen=True)
-class UnitRange:
-    """A task of a validate: units ``[start, stop)`` (tar shards, images or row groups)."""
-
-    start: int
-    stop: int
-
     @property
-    def name(self) -> str:
-        return f"units {self.start}-{self.stop - 1}"
-
-    def describe(self, context: ValidateContext) -> str:
-        urls = context.resolved.shard_urls
-        return f"from {urls[self.start]} to {urls[self.stop - 1]}"
+    def unit_urls(self) -> Any:
+        return self.resolved.shard_urls
 
 
 def validate_units(context: ValidateContext, task: UnitRange | None) -> Report:
@@ -247,16 +236,11 @@ def _check_units(context: ValidateContext, task: UnitRange | None, report: Repor
         close()
 
 
-_IMAGES_PER_TASK = 1000  # an image folder's objects per task (a shard or a row group is one)
-
-
 def _check_tasks(context: ValidateContext, report: Report, tick: Callable[[int], Any], *, engine: str,
                  processes: int, ray_address: str | None) -> None:
-    from gpupipe.prepare.engines import Job, run_tasks
+    from gpupipe.prepare.engines import Job, run_tasks, unit_ranges
 
-    n = len(context.resolved.shard_urls)
-    step = _IMAGES_PER_TASK if context.resolved.kind == "folder" else 1
-    tasks = [UnitRange(a, min(a + step, n)) for a in range(0, n, step)]
+    tasks = unit_ranges(len(context.resolved.shard_urls), context.resolved.kind)
     done: dict[int, Report] = {}
 
     def on_result(task: UnitRange, part: Report) -> None:

@@ -151,6 +151,51 @@ def test_a_task_that_raises_stops_the_job_naming_its_slice_and_leaves_no_shard_u
     assert _files(dst) == reference
 
 
+def _images_only(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` without its broken image (``index --checksums`` reads bytes, it does not decode)."""
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("broken.jpg"))
+    return dst
+
+
+def test_checksums_of_an_image_folder_as_tasks_give_the_index_of_one_process(src, tmp_path, monkeypatch):
+    from gpupipe.prepare import engines
+    from gpupipe.prepare.indexer import index_in_place
+
+    folder = _images_only(src, tmp_path / "imgs")
+    one = index_in_place(str(folder), checksums=True, progress=False)
+    assert one is not None and one.objects is not None and one.objects.crc32 is not None
+    expected = (folder / "index.json").read_bytes()
+    (folder / "index.json").unlink()
+    monkeypatch.setattr(engines, "IMAGES_PER_TASK", 7)  # 60 images: 9 tasks, the last short
+    index_in_place(str(folder), checksums=True, progress=False, processes=2)
+    assert (folder / "index.json").read_bytes() == expected
+    (folder / "c2" / "im011.jpg").write_bytes(b"other bytes")  # and the checksums are the bytes'
+    changed = index_in_place(str(folder), checksums=True, progress=False, processes=2)
+    assert changed is not None and changed.objects is not None
+    differ = np.flatnonzero(changed.objects.crc32 != one.objects.crc32)
+    assert [changed.objects.names[int(i)] for i in differ] == ["c2/im011.jpg"]
+
+
+def test_an_image_gone_before_its_checksum_task_stops_the_index_naming_the_task(src, tmp_path, monkeypatch):
+    from gpupipe.prepare import engines, indexer
+
+    folder = _images_only(src, tmp_path / "imgs")
+    real = indexer.resolve
+
+    def resolve_then_lose_one(*args, **kwargs):
+        resolved = real(*args, **kwargs)
+        (folder / "c1" / "im016.jpg").unlink()  # listed, then gone before it is read
+        return resolved
+
+    monkeypatch.setattr(indexer, "resolve", resolve_then_lose_one)
+    monkeypatch.setattr(engines, "IMAGES_PER_TASK", 10)
+    with pytest.raises(GpupipeError, match=r"index task units 20-29 \(from .+c1/im001.jpg to .+\) failed.*im016.jpg: FileNotFoundError"):
+        indexer.index_in_place(str(folder), checksums=True, progress=False, processes=2)
+    assert not (folder / "index.json").exists()
+
+
 def test_an_unreachable_ray_address_is_a_clear_error_in_seconds(src, tmp_path, monkeypatch, capsys):
     ray = pytest.importorskip("ray")
     monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
@@ -199,6 +244,13 @@ def test_ray_writes_the_bytes_the_local_engine_writes(src, reference, tmp_path):
         from gpupipe.prepare.indexer import index
 
         assert index(str(dst / "val"), engine="ray", progress=False).to_json().encode() == reference["val/index.json"]
+        from gpupipe.prepare.indexer import index_in_place
+
+        folder = _images_only(src, tmp_path / "imgs")
+        index_in_place(str(folder), checksums=True, progress=False)
+        local = (folder / "index.json").read_bytes()
+        index_in_place(str(folder), checksums=True, progress=False, engine="ray")
+        assert (folder / "index.json").read_bytes() == local and b"crc32" in local
         from gpupipe.tools.validate import validate
 
         here, there = validate(str(dst / "train"), decode="pil"), validate(str(dst / "train"), decode="pil", engine="ray")
