@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import s3util
@@ -146,3 +147,20 @@ def s3_auth_bucket(s3_bucket: s3util.S3Bucket) -> Iterator[s3util.S3Bucket]:
             yield dataclasses.replace(s3_bucket, key=key, secret=secret)
     finally:
         s3util.delete_iam_user(s3_bucket.endpoint, user)
+
+
+@pytest.fixture
+def train_steps() -> Callable[[Any], torch.Tensor]:
+    """Train a linear classifier on every batch of a loader (images 3x4x4, 2 classes) as a user's loop
+    does; the last loss. For the plugin tests: a plugin's data goes all the way to a gradient step."""
+    def train(loader: Any) -> torch.Tensor:
+        model = torch.nn.Linear(3 * 4 * 4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = torch.tensor(float("nan"))
+        for images, labels in loader:
+            loss = torch.nn.functional.cross_entropy(model(images.flatten(1).float() / 255), labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss
+    return train

@@ -39,14 +39,16 @@ import json
 import logging
 import posixpath
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from gpupipe.core.counts import UnitCounts
 from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.core.types import Sample, StringTable
+from gpupipe.formats.containers import Container, recognised, register_container
 from gpupipe.formats.imageheader import field_name, image_extensions
 from gpupipe.formats.tar import MAX_MEMBER_BYTES, safe_key, sample_fields
 
@@ -145,6 +147,20 @@ class ObjectTable:
     def __len__(self) -> int:
         return len(self.names)
 
+    def sample_counts(self) -> UnitCounts:
+        return UnitCounts.uniform(1, len(self.names))
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.names)
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    def with_crc32(self, crc32: Any) -> ObjectTable:
+        return replace(self, crc32=crc32)
+
     def __eq__(self, other: object) -> bool:  # (and so no __hash__: Python sets it to None)
         if not isinstance(other, ObjectTable):
             return NotImplemented
@@ -188,24 +204,23 @@ class FolderListing:
 
 
 def classify_listing(root: str, listing: Mapping[str, Mapping[str, Any]]) -> FolderListing:
-    """Which source a recursive listing ``{path: info}`` under ``root`` is: tar shards at
-    the top level win, then Parquet files (when there are no images), then images."""
+    """Which source a recursive listing ``{path: info}`` under ``root`` is: the first container
+    (:func:`~gpupipe.formats.containers.recognised`, by rank) its files are — tar shards at the
+    top level win, then images, then Parquet files — or ``empty``."""
     root = root.rstrip("/")
     files = {p: int(info.get("size") or 0) for p, info in listing.items() if info.get("type", "file") != "directory"}
-    rel = {p: p[len(root):].lstrip("/") for p in files}
-    if any("/" not in r and r.endswith(".tar") for r in rel.values()):
-        return FolderListing("tar", root, files)
+    found = recognised([p[len(root):].lstrip("/") for p in files])
+    return FolderListing(found.name if found is not None else "empty", root, files)
+
+
+def _holds_images(paths: Sequence[str]) -> bool:
     readable = image_extensions(readable=True)
-    images = any(extension(r) in readable for r in rel.values())
-    if not images and any(r.endswith(".parquet") and not _hidden(r) for r in rel.values()):
-        return FolderListing("parquet", root, files)
-    return FolderListing("folder" if images else "empty", root, files)
+    return any(extension(r) in readable for r in paths)
 
 
-def _hidden(rel: str) -> bool:
-    """Hidden (``.x``) or a Spark/Delta side file or folder (``_SUCCESS``, ``_delta_log``):
-    the files of a Parquet folder that are not data."""
-    return any(part.startswith((".", "_")) for part in rel.split("/"))
+FOLDER = register_container(Container(
+    "folder", "image folder", "image", "images", "images", reads="objects", rank=10, recognise=_holds_images,
+    table=ObjectTable, table_key="objects", units_per_task=1000))
 
 
 def parse_label_file(data: bytes, name: str) -> dict[str, int | str]:

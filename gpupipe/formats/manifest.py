@@ -41,6 +41,7 @@ from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.targetkinds import TARGET_KINDS
 from gpupipe.core.types import TarMember
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD
+from gpupipe.formats.containers import Container, UnitTable, container, container_of_table
 from gpupipe.formats.folder import ObjectTable
 from gpupipe.formats.rowgroups import RowGroupTable
 from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
@@ -50,8 +51,7 @@ __all__ = ["MANIFEST_NAME", "ShardEntry", "Manifest", "index_shard", "held_kinds
 MANIFEST_NAME = "index.json"
 FORMAT = "gpupipe-manifest"
 VERSION = 1  # tar shards; written unchanged, so older readers keep reading them
-VERSION_IN_PLACE = 2  # adds "kind": "folder" | "parquet"
-KINDS = ("tar", "folder", "parquet")
+VERSION_IN_PLACE = 2  # adds "kind": a container read in place ("folder", "parquet", a plugin's)
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,22 +114,24 @@ class ShardEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """Tar ``shards``; or, for a source read in place, ``objects`` (an image folder) or
-    ``parquet`` (row groups) with ``shards`` empty. The plan's units are the shards, the
-    objects or the row groups (:meth:`sample_counts`). ``targets``: the target kinds the
-    data holds (``None``: not recorded); for tar shards that record theirs, the kinds every
-    shard with samples holds."""
+    """Tar ``shards``; or, for a source read in place, its ``table`` of units (a
+    :class:`~gpupipe.formats.containers.UnitTable`: an image folder's :class:`ObjectTable`, Parquet's
+    :class:`RowGroupTable`, a plugin container's) with ``shards`` empty. The plan's units are the
+    shards or the table's rows (:meth:`sample_counts`). ``targets``: the target kinds the data
+    holds (``None``: not recorded); for tar shards that record theirs, the kinds every shard with
+    samples holds."""
 
     shards: tuple[ShardEntry, ...]
     classes: tuple[str, ...] = ()
-    objects: ObjectTable | None = None
-    parquet: RowGroupTable | None = None
+    table: UnitTable | None = None
     targets: tuple[str, ...] | None = None
     prepared: Mapping[str, Any] | None = field(default=None, compare=False)  # what ingest did (e.g. re-encoding)
 
     def __post_init__(self) -> None:
-        if (self.objects is not None) + (self.parquet is not None) + bool(self.shards) > 1:
-            raise ShardFormatError("a manifest describes tar shards, an image folder or Parquet files, not several")
+        if self.table is not None and self.shards:
+            raise ShardFormatError("a manifest describes tar shards or a source read in place, not both")
+        if self.table is not None:
+            container_of_table(self.table)  # a table of no registered container cannot be written or read
         if self.targets is not None:
             object.__setattr__(self, "targets", _kinds(self.targets, MANIFEST_NAME))
         if self.shards and all(s.targets is not None for s in self.shards):  # the shards' records decide
@@ -142,44 +144,49 @@ class Manifest:
         return [s.name for s in self.shards if s.num_samples and s.targets is not None and kind not in s.targets]
 
     @property
+    def container(self) -> Container:
+        """The kind of source: tar shards, or the container of the ``table``."""
+        return container("tar") if self.table is None else container_of_table(self.table)
+
+    @property
     def kind(self) -> str:
-        """``tar``, ``folder`` or ``parquet``."""
-        return "folder" if self.objects is not None else "parquet" if self.parquet is not None else "tar"
+        """The container's name: ``tar``, ``folder``, ``parquet`` or a plugin's."""
+        return self.container.name
+
+    @property
+    def objects(self) -> ObjectTable | None:
+        """An image folder's table (else ``None``)."""
+        return self.table if isinstance(self.table, ObjectTable) else None
+
+    @property
+    def parquet(self) -> RowGroupTable | None:
+        """Parquet's table of row groups (else ``None``)."""
+        return self.table if isinstance(self.table, RowGroupTable) else None
 
     @property
     def num_units(self) -> int:
-        """Shards, objects or row groups."""
-        return len(self.sample_counts())
+        """Shards, or the table's units (objects, row groups)."""
+        return len(self.shards) if self.table is None else len(self.table)
 
     @property
     def num_samples(self) -> int:
-        if self.objects is not None:
-            return len(self.objects)
-        if self.parquet is not None:
-            return int(self.parquet.rows.sum())
-        return sum(s.num_samples for s in self.shards)
+        return sum(s.num_samples for s in self.shards) if self.table is None else self.table.num_samples
 
     @property
     def total_bytes(self) -> int:
-        if self.objects is not None:
-            return int(self.objects.sizes.sum())
-        if self.parquet is not None:
-            return int(self.parquet.file_sizes.sum())
-        return sum(s.size for s in self.shards)
+        return sum(s.size for s in self.shards) if self.table is None else self.table.total_bytes
 
     def sample_counts(self) -> UnitCounts:
         """Samples per unit, in manifest order: what the epoch plan splits (compact: an image
         folder of 100M objects is one number, not 100M)."""
-        if self.objects is not None:
-            return UnitCounts.uniform(1, len(self.objects))
-        if self.parquet is not None:
-            return UnitCounts.of(self.parquet.rows)
+        if self.table is not None:
+            return self.table.sample_counts()
         return UnitCounts.of([s.num_samples for s in self.shards])
 
     def to_json(self) -> str:
         doc = {
             "format": FORMAT,
-            "version": VERSION if self.kind == "tar" else VERSION_IN_PLACE,
+            "version": VERSION if self.table is None else VERSION_IN_PLACE,
             "num_samples": self.num_samples,
             "classes": list(self.classes),
         }
@@ -187,10 +194,9 @@ class Manifest:
             doc["targets"] = list(self.targets)
         if self.prepared:
             doc["prepared"] = dict(self.prepared)
-        if self.objects is not None:
-            doc.update(kind="folder", objects=self.objects.to_dict())
-        elif self.parquet is not None:
-            doc.update(kind="parquet", parquet=self.parquet.to_dict())
+        if self.table is not None:
+            c = self.container
+            doc.update({"kind": c.name, str(c.table_key): self.table.to_dict()})
         else:
             doc["shards"] = [shard_entry_json(s) for s in self.shards]
         return json.dumps(doc, separators=(",", ":"))
@@ -203,15 +209,11 @@ class Manifest:
             if doc.get("format") != FORMAT or doc.get("version") not in (VERSION, VERSION_IN_PLACE):
                 raise ValueError(f"not a {FORMAT} v{VERSION} or v{VERSION_IN_PLACE} file (format={doc.get('format')!r}, "
                                  f"version={doc.get('version')!r}); a newer gpupipe wrote it, or rerun `gpupipe index`")
-            kind = doc.get("kind", "tar")
-            if kind not in KINDS:
-                raise ValueError(f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+            kind = container(doc.get("kind", "tar"))  # an unknown kind: ValueError naming the known
             targets = _kinds(doc["targets"], source) if "targets" in doc else None
-            if kind != "tar":
+            if kind.table is not None:
                 return cls(shards=(), classes=tuple(str(c) for c in doc.get("classes", [])),
-                           objects=ObjectTable.from_dict(doc["objects"]) if kind == "folder" else None,
-                           parquet=RowGroupTable.from_dict(doc["parquet"]) if kind == "parquet" else None,
-                           targets=targets)
+                           table=kind.table.from_dict(doc[kind.table_key]), targets=targets)
             shards = tuple(shard_entry_from_json(s) for s in doc["shards"])
             classes = tuple(str(c) for c in doc.get("classes", []))
         except ShardFormatError as exc:

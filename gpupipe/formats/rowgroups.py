@@ -41,14 +41,16 @@ import io
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from gpupipe.core.counts import UnitCounts
 from gpupipe.core.errors import ConfigError, MissingDependencyError, ShardFormatError, StorageError
 from gpupipe.core.types import Sample
+from gpupipe.formats.containers import Container, register_container
 from gpupipe.formats.folder import NameList, class_numbering, label_problem, read_only
 from gpupipe.formats.imageheader import field_name
 from gpupipe.formats.rowtargets import TARGET_COLUMNS, check_target_types, row_targets
@@ -145,6 +147,20 @@ class RowGroupTable:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def sample_counts(self) -> UnitCounts:
+        return UnitCounts.of(self.rows)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.rows.sum())
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.file_sizes.sum())
+
+    def with_crc32(self, crc32: Any) -> RowGroupTable:
+        return replace(self, crc32=crc32)
+
     def footer(self, f: int) -> tuple[int, bytes]:
         """``(start in the file, bytes)`` of file ``f``'s footer and trailer."""
         end = int(self.footer_sizes[:f + 1].sum())
@@ -197,6 +213,17 @@ def _ints(values) -> list[int]:
     if not isinstance(values, list) or not all(type(v) is int for v in values):
         raise ValueError("parquet tables hold lists of integers")
     return values
+
+
+def data_files(paths: Sequence[str]) -> list[str]:
+    """The Parquet files among ``paths`` (relative to a folder): hidden files and Spark/Delta side
+    files and folders (``.x``, ``_SUCCESS``, ``_delta_log``) left out."""
+    return [p for p in paths if p.endswith(".parquet") and not any(part.startswith((".", "_")) for part in p.split("/"))]
+
+
+PARQUET = register_container(Container(
+    "parquet", "Parquet", "row group", "row groups", ".parquet files", reads="whole", rank=20,
+    recognise=lambda paths: bool(data_files(paths)), table=RowGroupTable, table_key="parquet"))
 
 
 class Pieces(io.RawIOBase):

@@ -23,6 +23,7 @@ from typing import BinaryIO
 from gpupipe.core.checksum import crc32
 from gpupipe.core.errors import ShardFormatError
 from gpupipe.core.types import Sample, TarMember
+from gpupipe.formats.containers import Container, register_container
 
 __all__ = [
     "BLOCK",
@@ -283,6 +284,13 @@ def sample_crc32(key: str, fields: Mapping[str, bytes]) -> int:
     for ext, data in fields.items():
         crc = crc32(data, crc32(f"{key}.{ext}\0".encode("utf-8", "surrogateescape"), crc))
     return crc
+
+
+TAR = register_container(Container(
+    "tar", "tar shards", "shard", "shards", "tar shards", reads="ranges", rank=0,
+    recognise=lambda paths: any("/" not in p and p.endswith(".tar") for p in paths)))
+"""Tar shards at the top of a folder win over anything beside them; their ``index.json`` lists
+shard entries of its own (no ``table``), written by ``gpupipe ingest`` or ``gpupipe index``."""
 
 
 def safe_key(path: str) -> str:

@@ -546,8 +546,8 @@ def block_for(source: ResolvedSource, stream: StreamConfig, num_samples: int = 0
     blocks of 4: ~8 s and ~2 GB in every worker, extrapolated from 10M; in blocks of 24, 1.5 s and 0.3 GB)."""
     if stream.shuffle_block is not None:
         return stream.shuffle_block
-    kind = source.manifest.kind if source.manifest is not None else None
-    if kind != "tar" or (_remote(source) and stream.fetch.cache_dir is None):
+    reads = source.manifest.container.reads if source.manifest is not None else None
+    if reads != "ranges" or (_remote(source) and stream.fetch.cache_dir is None):
         return 0
     return default_block(num_samples)
 
@@ -571,10 +571,10 @@ def unit_sizes_for(source: ResolvedSource, stream: StreamConfig, spec: PlanSpec)
     if stream.unit_batches is not None:
         return stream.unit_batches, stream.unit_batches
     window = spec.chunk_batches
-    kind = source.manifest.kind if source.manifest is not None else None
-    if kind == "folder":
+    reads = source.manifest.container.reads if source.manifest is not None else None
+    if reads == "objects":
         return 1, 1
-    if kind == "parquet" or (_remote(source) and stream.fetch.cache_dir is None):
+    if reads == "whole" or (_remote(source) and stream.fetch.cache_dir is None):
         return window, window
     return 1, window
 
@@ -583,7 +583,7 @@ def _warn_short_reads(source: ResolvedSource, stream: StreamConfig, spec: PlanSp
     """Say so when tar shards on remote storage, without a block cache, will be read a sample or
     two per request: a unit of work smaller than a shuffled window reads only its own samples."""
     url = source.shard_urls[0] if source.shard_urls else ""
-    if (_remote(source) and source.manifest is not None and source.manifest.kind == "tar" and stream.shuffle
+    if (_remote(source) and source.manifest is not None and source.manifest.container.reads == "ranges" and stream.shuffle
             and stream.fetch.cache_dir is None and stream.unit_batches is not None
             and stream.unit_batches < spec.chunk_batches):
         log.warning("stream.unit_batches=%d of a window of %d batches: each unit reads its own samples from %s, "

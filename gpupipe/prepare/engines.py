@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupipe.core.errors import ConfigError, GpupipeError
+from gpupipe.formats.containers import container
 
 __all__ = ["ENGINES", "Job", "UnitRange", "unit_ranges", "run_tasks"]
 
@@ -67,13 +68,10 @@ class UnitRange:
         return f"from {urls[self.start]} to {urls[self.stop - 1]}"
 
 
-IMAGES_PER_TASK = 1000  # an image folder's objects per task (a shard or a row group is one)
-
-
 def unit_ranges(num_units: int, kind: str) -> list[UnitRange]:
-    """A source's ``num_units`` units of ``kind`` (``tar``, ``folder``, ``parquet``) cut into
-    tasks: :data:`IMAGES_PER_TASK` images a task, or one shard or row group."""
-    step = IMAGES_PER_TASK if kind == "folder" else 1
+    """A source's ``num_units`` units of container ``kind`` cut into tasks of its
+    ``units_per_task`` (1,000 images of a folder; one shard or row group)."""
+    step = container(kind).units_per_task
     return [UnitRange(a, min(a + step, num_units)) for a in range(0, num_units, step)]
 
 

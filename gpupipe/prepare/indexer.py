@@ -54,7 +54,7 @@ def index_in_place(url: str | list[str], *, storage_options: Mapping[str, Any] |
                     labels=labels, classes=None if classes is None else tuple(classes))
     resolved = resolve(source, fetch, use_index=False)
     manifest = resolved.manifest
-    if manifest is None or manifest.kind == "tar":
+    if manifest is None or manifest.table is None:  # tar shards: index() scans them
         return None
     assert isinstance(resolved.shard_urls, UnitURLs), "a source read in place names its units so"
     root = resolved.shard_urls.root
@@ -249,12 +249,13 @@ def _checksum_tasks(context: ChecksumContext, tick: Callable[[int], Any], *, eng
 
 
 def _bytes_of(manifest: Manifest, task: UnitRange) -> int:
-    """Bytes a checksum task reads: its objects, or its row groups' column chunks."""
+    """Bytes a checksum task reads: its objects, its row groups' column chunks, or for another
+    container its share of the whole."""
     if manifest.objects is not None:
         return int(manifest.objects.sizes[task.start:task.stop].sum())
-    table = manifest.parquet
-    assert table is not None, "tar shards are indexed by index(), not here"
-    return sum(b - a for g in range(task.start, task.stop) for a, b in table.byte_ranges(g))
+    if manifest.parquet is not None:
+        return sum(b - a for g in range(task.start, task.stop) for a, b in manifest.parquet.byte_ranges(g))
+    return manifest.total_bytes * (task.stop - task.start) // max(1, manifest.num_units)
 
 
 def _read_classes(fs, folder: str) -> tuple[str, ...]:

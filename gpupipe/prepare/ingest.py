@@ -402,7 +402,7 @@ def _resolve(fetcher: Fetcher, src: str, root: str, source: Source) -> ResolvedS
     """The source as the loader reads it in place, described afresh (an ``index.json`` in it is
     not trusted); tar shards, other files and a missing source are refused."""
     resolved = resolve(source, fetcher.config, use_index=False)
-    if resolved.kind != "tar":
+    if resolved.manifest is not None and resolved.manifest.table is not None:
         return resolved
     if any(ch in root for ch in "*?["):
         raise ConfigError(f"ingest: a glob source must match .parquet files only ({src!r}); "

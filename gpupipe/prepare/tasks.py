@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from gpupipe.core.errors import DecodeError, GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.folder import object_sample
 from gpupipe.formats.imageheader import image_extensions, probe
@@ -149,6 +149,10 @@ def plan_tasks(resolved: ResolvedSource, *, seed: int, shuffle: bool, shard_size
     ``shard_size``, numbered per split."""
     manifest = resolved.manifest
     assert manifest is not None, "a source read in place, which a manifest describes"
+    if manifest.objects is None and manifest.parquet is None:
+        where = resolved.shard_urls[0] if resolved.shard_urls else "this source"
+        raise ConfigError(f"ingest: reads image folders and Parquet files; {where} is of the "
+                          f"{manifest.container.title} container, which gpupipe reads in place only")
     rng = np.random.default_rng(seed)
     if manifest.objects is not None:
         table = manifest.objects

@@ -55,7 +55,7 @@ def with_targets(fetcher: Fetcher, resolved: ResolvedSource, source: Source, roo
     if m.parquet is not None:
         assert root is not None, "a Parquet source names its units from a root"
         table = with_target_columns(m.parquet, source.targets, root)
-        return replace(resolved, manifest=replace(m, parquet=table), targets=source.targets)
+        return replace(resolved, manifest=replace(m, table=table), targets=source.targets)
     if m.objects is None:
         return replace(resolved, targets=source.targets)
     assert root is not None, "an image folder names its units from a root"
@@ -64,7 +64,7 @@ def with_targets(fetcher: Fetcher, resolved: ResolvedSource, source: Source, roo
     coco = parse_coco(data, url, source.classes).aligned(list(m.objects.names), folder)
     t = m.objects
     objects = ObjectTable(t.names, t.sizes, np.full(len(t), -1, dtype=np.int64), t.crc32, t.with_extension)
-    return replace(resolved, manifest=replace(m, objects=objects, classes=coco.classes), targets=source.targets,
+    return replace(resolved, manifest=replace(m, table=objects, classes=coco.classes), targets=source.targets,
                    annotations=coco)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupipe.core.errors import ConfigError, StorageError
+from gpupipe.formats.containers import container
 
 __all__ = ["CLASSES_NAME", "agreed_classes", "check_class_names", "class_list", "class_lines", "describe"]
 
@@ -52,7 +53,7 @@ def agreed_classes(found: Mapping[str, Sequence[str]], declared: Sequence[str] |
 
     ``found`` maps a split name to the class list its index carries (``()``: the index
     lists none, which agrees with anything). ``urls`` (split → URL) makes the way out in
-    the message concrete; ``kinds`` (split → ``tar``, ``folder`` or ``parquet``: a
+    the message concrete; ``kinds`` (split → its container's name: a
     :attr:`~gpupipe.sources.source.ResolvedSource.kind`; tar where not given) keeps it true: a
     split read in place has no shards to re-ingest, and maybe no index.json to point at.
     Raises :class:`ConfigError` naming both lists where two differ.
@@ -73,7 +74,7 @@ def agreed_classes(found: Mapping[str, Sequence[str]], declared: Sequence[str] |
     for split in splits[1:]:
         first = splits[0]
         if known[split] != known[first]:
-            in_place = [s for s in (first, split) if kinds.get(s, "tar") != "tar"]
+            in_place = [s for s in (first, split) if container(kinds.get(s, "tar")).in_place]
             what = "indexes" if not in_place else f"splits ({' and '.join(in_place)} read in place)"
             message = (f"the {first} and {split} {what} list different classes: {first} {describe(known[first])}, "
                        f"{split} {describe(known[split])}{_first_difference(known[first], known[split])}; label "

@@ -16,21 +16,26 @@ from typing import Any
 
 import numpy as np
 
-from gpupipe.core.errors import StorageError
+from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
-from gpupipe.formats.folder import LABEL_FILES, FolderListing, folder_table, parse_label_file
+from gpupipe.formats.folder import FOLDER, LABEL_FILES, FolderListing, ObjectTable, folder_table, parse_label_file
 from gpupipe.formats.manifest import Manifest
 from gpupipe.formats.rowgroups import (
+    PARQUET,
     TAIL_BYTES,
     Pieces,
     RowGroupTable,
+    data_files,
     describe_parquet,
     footer_range,
     parquet_classes,
     read_columns,
     read_footer,
+    require_pyarrow,
 )
+from gpupipe.sources.resolved import UnitURLs
 from gpupipe.storage.fetch import Fetcher
+from gpupipe.storage.identity import ObjectVersion
 from gpupipe.storage.objects import fetch_objects
 
 __all__ = ["describe_folder", "parquet_paths", "describe_parquet_files", "with_checksums", "unit_crcs", "with_crcs"]
@@ -58,15 +63,50 @@ def describe_folder(fetcher: Fetcher, folder: str, listing: FolderListing, label
     if not len(table):
         seen = f"; not read: {rejected[0][0]} ({rejected[0][1]})" if rejected else ""
         raise StorageError(f"no images here (names ending in .jpg, .jpeg, .png, .webp, .bmp or .gif){seen}", url=folder)
-    return Manifest(shards=(), classes=classes, objects=table)
+    return Manifest(shards=(), classes=classes, table=table)
+
+
+def _describe_folder_source(fetcher: Fetcher, folder: str, listing: FolderListing, source: Any,
+                            skipped: list) -> Manifest:
+    """The image folder container's ``describe`` hook: its manifest from the listing."""
+    if source.targets and source.labels is not None:
+        raise ConfigError(f"source.labels: {folder} is read with COCO annotations (source.targets), which give "
+                          "its objects and classes; a labels file is for classification. Leave source.labels out.")
+    return describe_folder(fetcher, folder, listing, source.labels, source.classes, skipped,
+                           annotated=bool(source.targets))
+
+
+def _describe_parquet_source(fetcher: Fetcher, folder: str, listing: FolderListing, source: Any,
+                             skipped: list) -> Manifest:
+    """The Parquet container's ``describe`` hook: its manifest from the files' footers."""
+    paths, sizes = parquet_paths(listing)
+    return describe_parquet_files(fetcher, folder, paths, sizes, source.image_column, source.label_column,
+                                  source.classes)
+
+
+def _object_version(table: ObjectTable, i: int, vouched: str) -> ObjectVersion:
+    """An object is known by its CRC-32 when indexed with checksums, else by what described it."""
+    return ObjectVersion(vouched if table.crc32 is None else f"crc32:{int(table.crc32[i])}", int(table.sizes[i]))
+
+
+def _group_version(table: RowGroupTable, i: int, vouched: str) -> ObjectVersion:
+    """A row group has no size of its own: its CRC-32, else what described it and its file's size."""
+    if table.crc32 is not None:
+        return ObjectVersion(f"crc32:{int(table.crc32[i])}")
+    return ObjectVersion(vouched and f"{vouched};size={int(table.file_sizes[int(table.file[i])])}")
+
+
+def _parquet_urls(folder: str, table: RowGroupTable) -> UnitURLs:
+    require_pyarrow()  # here, not first in each worker: a clear error, and forked workers inherit it
+    return UnitURLs(folder, table.files, table.file)
 
 
 def parquet_paths(listing: FolderListing) -> tuple[list[str], list[int]]:
     """Names (relative to the root) and sizes of the Parquet files of a listing, sorted;
     hidden files and Spark/Delta side folders (``_delta_log``, ``_SUCCESS``) left out."""
-    rel = sorted((p[len(listing.root):].lstrip("/"), s) for p, s in listing.files.items() if p.endswith(".parquet"))
-    rel = [(r, s) for r, s in rel if not any(part.startswith((".", "_")) for part in r.split("/"))]
-    return [r for r, _ in rel], [s for _, s in rel]
+    rel = {p[len(listing.root):].lstrip("/"): s for p, s in listing.files.items()}
+    names = sorted(data_files(list(rel)))
+    return names, [rel[n] for n in names]
 
 
 def describe_parquet_files(fetcher: Fetcher, root: str, names: Sequence[str], sizes: Sequence[int],
@@ -80,7 +120,7 @@ def describe_parquet_files(fetcher: Fetcher, root: str, names: Sequence[str], si
     table, named = describe_parquet(names, sizes, footers, metas, image_column=image_column,
                                     label_column=label_column, root=root)
     strings = _string_classes(fetcher, table, urls, metas) if table.columns.string_labels else None
-    return Manifest(shards=(), classes=parquet_classes(table.columns, named, strings, classes, root), parquet=table)
+    return Manifest(shards=(), classes=parquet_classes(table.columns, named, strings, classes, root), table=table)
 
 
 def _footers(fetcher: Fetcher, urls: Sequence[str], sizes: Sequence[int]) -> list[tuple[int, bytes]]:
@@ -126,21 +166,29 @@ def with_checksums(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str],
 
 def unit_crcs(fetcher: Fetcher, manifest: Manifest, urls: Sequence[str], units: range,
               tick: Callable[[int], Any] = lambda n: None) -> list[int]:
-    """The CRC-32 of each of ``units`` (objects or row groups of ``manifest``, whose URLs are
-    ``urls``): what :func:`with_checksums` stores, for a slice of the units — a task's."""
-    if manifest.objects is not None:
-        sizes = manifest.objects.sizes
-        crcs = []
-        for got in fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(sizes[i])), "") for i in units),
-                                 in_flight=fetcher.config.object_concurrency):
-            if isinstance(got, StorageError):
-                raise got
-            tick(len(got))
-            crcs.append(zlib.crc32(got))
-        return crcs
-    table = manifest.parquet
-    if table is None:
+    """The CRC-32 of each of ``units`` (of the table of ``manifest``, whose URLs are ``urls``):
+    what :func:`with_checksums` stores, for a slice of the units — a task's. The container's
+    ``unit_crcs`` hook reads them."""
+    if manifest.table is None:
         raise ValueError("with_checksums: a tar manifest has its checksums already (gpupipe index writes them)")
+    crcs = manifest.container.needs("unit_crcs", "index --checksums")
+    return crcs(fetcher, manifest.table, urls, units, tick)
+
+
+def _object_crcs(fetcher: Fetcher, table: ObjectTable, urls: Sequence[str], units: range,
+                 tick: Callable[[int], Any]) -> list[int]:
+    crcs = []
+    for got in fetch_objects(fetcher, ((ByteRange(urls[i], 0, int(table.sizes[i])), "") for i in units),
+                             in_flight=fetcher.config.object_concurrency):
+        if isinstance(got, StorageError):
+            raise got
+        tick(len(got))
+        crcs.append(zlib.crc32(got))
+    return crcs
+
+
+def _group_crcs(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str], units: range,
+                tick: Callable[[int], Any]) -> list[int]:
     return [_group_crc(got, tick) for got in _group_bytes(fetcher, table, urls, units)]
 
 
@@ -148,12 +196,9 @@ def with_crcs(manifest: Manifest, crcs: Sequence[int]) -> Manifest:
     """The manifest with ``crcs`` (one per unit, in order) as its objects' or row groups' CRC-32."""
     if len(crcs) != manifest.num_units:
         raise ValueError(f"with_crcs: {len(crcs)} checksums for {manifest.num_units} units")
-    column = np.array(crcs, dtype=np.int64)
-    if manifest.objects is not None:
-        return replace(manifest, objects=replace(manifest.objects, crc32=column))
-    if manifest.parquet is None:
+    if manifest.table is None:
         raise ValueError("with_crcs: a tar manifest has its checksums already (gpupipe index writes them)")
-    return replace(manifest, parquet=replace(manifest.parquet, crc32=column))
+    return replace(manifest, table=manifest.table.with_crc32(np.array(crcs, dtype=np.int64)))
 
 
 def _group_bytes(fetcher: Fetcher, table: RowGroupTable, urls: Sequence[str], groups: range) -> Iterator[list]:
@@ -172,3 +217,10 @@ def _group_crc(parts: list, tick: Callable[[int], Any]) -> int:
             crc = zlib.crc32(block, crc)
             tick(len(block))
     return crc
+
+
+# What the rooms above ask these containers for (gpupipe.formats.containers): the built-ins' hooks of this room.
+FOLDER.hook(describe=_describe_folder_source, unit_urls=lambda folder, table: UnitURLs(folder, table.names),
+            unit_version=_object_version, unit_crcs=_object_crcs)
+PARQUET.hook(describe=_describe_parquet_source, unit_urls=_parquet_urls, unit_version=_group_version,
+             unit_crcs=_group_crcs)

@@ -27,9 +27,9 @@ import numpy as np
 from gpupipe.core.errors import ConfigError, ShardFormatError
 from gpupipe.core.types import ErrorPolicy, StringTable
 from gpupipe.formats.coco import CocoTable
-from gpupipe.formats.folder import NameList, ObjectTable
+from gpupipe.formats.folder import FOLDER, NameList, ObjectTable
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
-from gpupipe.formats.rowgroups import RowGroupTable
+from gpupipe.formats.rowgroups import PARQUET, RowGroupTable
 from gpupipe.sources.annotated import first_url
 from gpupipe.sources.resolved import ResolvedSource, Source, SourcePart
 from gpupipe.sources.source import resolve
@@ -184,20 +184,21 @@ def _joined_manifest(resolved: Sequence[ResolvedSource], classes: tuple[str, ...
     held = [m.targets for m in manifests]
     targets = None if any(t is None for t in held) else \
         tuple(k for k in (held[0] or ()) if all(k in (t or ()) for t in held))
-    if manifests[0].parquet is not None:
-        return Manifest(shards=(), classes=classes, parquet=_joined_row_groups(
-            [m.parquet for m in manifests if m.parquet is not None]), targets=targets)
-    if manifests[0].objects is None:  # tar shards
+    if manifests[0].table is None:  # tar shards
         return Manifest(shards=tuple(s for m in manifests for s in m.shards), classes=classes, targets=targets)
-    tables = [m.objects for m in manifests if m.objects is not None]
+    join = manifests[0].container.needs("join", "a mix of sources")  # one kind: checked before
+    return Manifest(shards=(), classes=classes, table=join([m.table for m in manifests]), targets=targets)
+
+
+def _joined_objects(tables: Sequence[ObjectTable]) -> ObjectTable:
+    """The objects of several image folders as one table, one folder's after another's."""
     starts = np.cumsum([0] + [len(t) for t in tables])[:-1]
     crcs = [t.crc32 for t in tables]
-    objects = ObjectTable(
+    return ObjectTable(
         NameList(n for t in tables for n in t.names), np.concatenate([t.sizes for t in tables]),
         np.concatenate([t.labels for t in tables]),
         None if any(c is None for c in crcs) else np.concatenate([c for c in crcs if c is not None]),
         np.concatenate([t.with_extension + s for t, s in zip(tables, starts)]))
-    return Manifest(shards=(), classes=classes, objects=objects, targets=targets)
 
 
 def _joined_row_groups(tables: Sequence[RowGroupTable]) -> RowGroupTable:
@@ -267,3 +268,7 @@ def relabel(parts: Sequence[SourcePart], sample_ids: np.ndarray, labels: np.ndar
     out = labels.copy()
     out[has] = np.concatenate(tables)[offsets[k[has]] + labels[has]]
     return out
+
+
+FOLDER.hook(join=_joined_objects)
+PARQUET.hook(join=_joined_row_groups)

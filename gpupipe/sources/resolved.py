@@ -127,7 +127,7 @@ class ResolvedSource:
 
     @property
     def kind(self) -> str:
-        """``tar``, ``folder`` or ``parquet``."""
+        """The container's name: ``tar``, ``folder``, ``parquet`` or a plugin's."""
         return "tar" if self.manifest is None else self.manifest.kind
 
     def unit_version(self, i: int) -> ObjectVersion:
@@ -140,13 +140,8 @@ class ResolvedSource:
         m, vouched = self.manifest, f"described:{self.identity}" if self.identity else ""
         if m is None:
             return ObjectVersion()
-        if m.objects is not None:
-            t = m.objects
-            return ObjectVersion(vouched if t.crc32 is None else f"crc32:{int(t.crc32[i])}", int(t.sizes[i]))
-        if m.parquet is not None:
-            g = m.parquet
-            if g.crc32 is not None:
-                return ObjectVersion(f"crc32:{int(g.crc32[i])}")
-            return ObjectVersion(vouched and f"{vouched};size={int(g.file_sizes[int(g.file[i])])}")
+        if m.table is not None:  # a container read in place: its own rule, else what described it vouches
+            rule = m.container.hooks.get("unit_version")
+            return ObjectVersion(vouched) if rule is None else rule(m.table, i, vouched)
         entry = m.shards[i]
         return ObjectVersion(f"sha256:{entry.sha256}" if entry.sha256 else vouched, entry.size)

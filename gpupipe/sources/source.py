@@ -41,12 +41,12 @@ import numpy as np
 
 from gpupipe.core.errors import ConfigError, ShardFormatError, StorageError, StorageNotFoundError
 from gpupipe.core.types import ErrorPolicy
+from gpupipe.formats.containers import container, containers
 from gpupipe.formats.delta import DELTA_INDEX, latest_version, parse_index, read_snapshot, split_version
 from gpupipe.formats.folder import FolderListing, classify_listing
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from gpupipe.formats.rowgroups import require_pyarrow
 from gpupipe.sources.annotated import check_targets, first_url, with_targets
-from gpupipe.sources.inplace import describe_folder, describe_parquet_files, parquet_paths
+from gpupipe.sources.inplace import describe_parquet_files
 from gpupipe.sources.resolved import ResolvedSource, Source, UnitURLs
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
 from gpupipe.storage.identity import RACY_S, digest_of, identity_of
@@ -115,12 +115,12 @@ def resolve(source: Source, fetch: FetchConfig | None = None, *, use_index: bool
     if on_error is not None:
         _empty_images(resolved, first_url(source.url), ErrorPolicy(on_error))
     m = resolved.manifest
-    if fetcher.config.cache_dir and m is not None and not resolved.identity and \
-            ((m.objects is not None and m.objects.crc32 is None) or (m.parquet is not None and m.parquet.crc32 is None)):
+    if fetcher.config.cache_dir and m is not None and not resolved.identity and m.table is not None and \
+            m.table.crc32 is None:
         log.info("%s: its %s are read past stream.fetch.cache_dir: no checksums in the index, and no identity of "
                  "the index (or of the files listed) to vouch for them — the storage gives none, or something was "
                  "written less than %g s ago. `gpupipe index --checksums` makes them cacheable.",
-                 first_url(source.url), "images" if m.objects is not None else "row groups", RACY_S)
+                 first_url(source.url), m.container.units, RACY_S)
     return resolved
 
 
@@ -163,13 +163,10 @@ def _resolve(fetcher: Fetcher, source: Source, urls: list[str], pinned: int | No
 
 
 def _with_manifest(folder: str, manifest: Manifest, source: Source, identity: str) -> ResolvedSource:
-    """``identity``: the version tag of what described the units (see :class:`ResolvedSource`)."""
-    if manifest.objects is not None:
-        return ResolvedSource(UnitURLs(folder, manifest.objects.names), manifest, source.storage_options,
-                              identity=identity)
-    if manifest.parquet is not None:
-        require_pyarrow()  # here, not first in each worker: a clear error, and forked workers inherit it
-        urls = UnitURLs(folder, manifest.parquet.files, manifest.parquet.file)
+    """``identity``: the version tag of what described the units (see :class:`ResolvedSource`).
+    A container read in place names its units' URLs (its ``unit_urls`` hook)."""
+    if manifest.table is not None:
+        urls = manifest.container.needs("unit_urls", f"reading {folder}")(folder, manifest.table)
         return ResolvedSource(urls, manifest, source.storage_options, identity=identity)
     return ResolvedSource(tuple(folder + s.name for s in manifest.shards), manifest, source.storage_options,
                           identity=identity)
@@ -178,7 +175,7 @@ def _with_manifest(folder: str, manifest: Manifest, source: Source, identity: st
 def _check_classes(manifest: Manifest, source: Source, where: str) -> None:
     """A source read in place whose index numbers classes otherwise than ``source.classes``
     asks for is refused (its labels would mean other classes)."""
-    if manifest.kind != "tar" and source.classes is not None and manifest.classes and \
+    if manifest.table is not None and source.classes is not None and manifest.classes and \
             tuple(manifest.classes) != tuple(source.classes):
         raise ConfigError(f"source.classes: {where}{MANIFEST_NAME} numbers {len(manifest.classes)} classes "
                           f"{list(manifest.classes[:4])}..., not as the {len(source.classes)} given "
@@ -192,34 +189,25 @@ def _listed_folder(fetcher: Fetcher, folder: str, source: Source, warn: bool = T
     version = latest_version(listing)
     if version is not None:  # a Delta table
         return _delta_source(fetcher, folder, source, version, warn)
-    if listing.kind == "tar":
-        return None
     if listing.kind == "empty":
         if not listing.files and not fetcher.call(folder, "exists"):
             raise StorageNotFoundError(_MISSING, url=folder)
-        raise StorageError(f"no tar shards, images or .parquet files here (and no {MANIFEST_NAME}); give the folder "
-                           "that holds them", url=folder)
-    if listing.kind == "parquet":
-        paths, sizes = parquet_paths(listing)
-        manifest = describe_parquet_files(fetcher, folder, paths, sizes, source.image_column, source.label_column,
-                                          source.classes)
-    else:
-        skipped: list[tuple[str, str]] = []
-        if source.targets and source.labels is not None:
-            raise ConfigError(f"source.labels: {folder} is read with COCO annotations (source.targets), which give "
-                              "its objects and classes; a labels file is for classification. Leave source.labels out.")
-        manifest = describe_folder(fetcher, folder, listing, source.labels, source.classes, skipped,
-                                   annotated=bool(source.targets))
-        _described_at_start(manifest, folder, warn)
-        return replace(_with_manifest(folder, manifest, source, identity), skipped=tuple(skipped))
+        kinds = [c.listed for c in containers() if c.recognise is not None]
+        what = " or ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
+        raise StorageError(f"no {what} here (and no {MANIFEST_NAME}); give the folder that holds them", url=folder)
+    kind = container(listing.kind)
+    if not kind.in_place:
+        return None
+    skipped: list[tuple[str, str]] = []
+    manifest = kind.needs("describe", f"reading {folder} in place")(fetcher, folder, listing, source, skipped)
     _described_at_start(manifest, folder, warn)
-    return _with_manifest(folder, manifest, source, identity)
+    return replace(_with_manifest(folder, manifest, source, identity), skipped=tuple(skipped))
 
 
 def _described_at_start(manifest: Manifest, where: str, warn: bool, index: str = MANIFEST_NAME) -> None:
     _warn_once(warn, where, "no %s for %s: described %d %s at start (every rank does, every time). `gpupipe index` "
                "writes one: a faster start, and CRC-32 checks with --checksums.", index, where, manifest.num_units,
-               "images" if manifest.kind == "folder" else "row groups")
+               manifest.container.units)
 
 
 def _warn_once(warn: bool, where: str, message: str, *args) -> None:
@@ -320,9 +308,9 @@ def _nothing_matches(fetcher: Fetcher, pattern: str) -> str:
         listing = None
     if listing is not None and not listing.files and folder and not fetcher.call(folder, "exists"):
         return f"no shards match this pattern: {folder}/ does not exist"
-    if listing is not None and listing.kind in ("folder", "parquet"):
-        what = "images" if listing.kind == "folder" else ".parquet files"
-        return (f"no shards match this pattern, but {folder}/ holds {what}: give the folder URL ({folder}/) to read "
+    kind = container(listing.kind) if listing is not None and listing.kind != "empty" else None
+    if kind is not None and kind.in_place:
+        return (f"no shards match this pattern, but {folder}/ holds {kind.listed}: give the folder URL ({folder}/) to read "
                 f"them in place, or run `gpupipe ingest {folder}/ DST` to make shards")
     return (f"no shards match this pattern (and no {MANIFEST_NAME} here); give tar shards, a folder of images or "
             ".parquet files, or make shards with `gpupipe ingest`")

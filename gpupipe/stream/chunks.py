@@ -39,7 +39,7 @@ from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
 from gpupipe.formats.imageheader import image_extensions
-from gpupipe.formats.tar import group_by_key, iter_members, sample_crc32
+from gpupipe.formats.tar import TAR, group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
 from gpupipe.plan import PlanSpec, Span, permutation, shuffle_buffer
 from gpupipe.plan_units import Unit, unit_spans
@@ -49,7 +49,7 @@ from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.buffers import BufferPool
 from gpupipe.storage.fetch import Fetcher, ObjectVersion
 from gpupipe.stream.batch import LABEL_EXTENSIONS, SampleTable, image_field, label_of
-from gpupipe.stream.readers import ReadSpan, object_spans, rowgroup_spans
+from gpupipe.stream.readers import ReadSpan
 from gpupipe.stream.settings import StreamConfig
 from gpupipe.stream.targets import SampleTargets, TargetColumns, member_fields, read_targets
 
@@ -225,8 +225,9 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
             planned.append((u, *unit_spans(spec, epoch, u)))
             yield from planned[-1][1]
 
-    tar = source.manifest.kind == "tar"
-    reader = _tar_fetched if tar else _READERS[source.manifest.kind]
+    kind = source.manifest.container
+    reader = kind.needs("read_spans", f"streaming {source.shard_urls[0] if source.shard_urls else 'a source'}")
+    scan, settle = kind.hooks.get("scan_unit"), kind.hooks.get("settle_span")  # tar's: see the end of the module
     read: Iterator = reader(fetcher, source, spans())
     while True:
         first = next(read, None)  # reading a unit's first span has put the unit in `planned`
@@ -234,13 +235,13 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
             return
         unit, unit_spans_, order = planned.popleft()
         got = [first] + [next(read) for _ in unit_spans_[1:]]
-        table = _scanned_unit(source, unit_spans_, got, first_ids, wanted) if tar else None
+        table = scan(source, unit_spans_, got, first_ids, wanted) if scan is not None else None
         if table is None:
             tables: list[SampleTable] = []
             for s, span in zip(unit_spans_, got):
                 url = source.shard_urls[s.shard]
-                if tar:
-                    span = _tar_read(fetcher, source, s, span, wanted)
+                if settle is not None:
+                    span = settle(fetcher, source, s, span, wanted)
                 # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
                 one = _deliver(span, url, int(first_ids(s.shard)) + s.start,
                                on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(quiet=True),
@@ -387,7 +388,10 @@ def _scanned_targets(got: ScannedSpan, wanted: _Wanted, url: str, base: int) -> 
     return columns
 
 
-_READERS = {"folder": object_spans, "parquet": rowgroup_spans}  # tar: _tar_fetched, then _scanned_unit
+# Tar shards: each span fetched as blocks (read_spans), a unit's spans scanned together (scan_unit), and
+# only when that fails each span read on its own (settle_span). The containers read in place register
+# their span readers in gpupipe.stream.readers.
+TAR.hook(read_spans=_tar_fetched, scan_unit=_scanned_unit, settle_span=_tar_read)
 
 
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,

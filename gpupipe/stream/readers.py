@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from gpupipe.core.checksum import crc32
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
-from gpupipe.formats.folder import object_sample
-from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
+from gpupipe.formats.folder import FOLDER, object_sample
+from gpupipe.formats.rowgroups import PARQUET, Pieces, read_footer, row_group_samples
 from gpupipe.plan import Span
 from gpupipe.storage.fetch import Fetcher, ObjectVersion
 from gpupipe.storage.objects import fetch_objects, read_object_fresh
@@ -248,3 +248,7 @@ def _samples(fetcher: Fetcher, table, classes: Sequence[str], url: str, g: int, 
     file = Pieces(int(table.file_sizes[f]), pieces, url, fallback=lambda a, b: _more(fetcher, url, a, b))
     samples, problems = row_group_samples(table, classes, g, meta, file)
     return _Group(g, samples, dict(problems))
+
+
+FOLDER.hook(read_spans=object_spans)
+PARQUET.hook(read_spans=rowgroup_spans)

@@ -161,7 +161,7 @@ def _index_run(args: argparse.Namespace) -> int:
                                                                 workers=args.workers, progress=not args.quiet,
                                                                 engine=args.engine, processes=args.processes,
                                                                 ray_address=args.ray_address)
-    units = {"tar": "shards", "folder": "images", "parquet": "row groups"}[manifest.kind]
+    units = manifest.container.units
     print(f"indexed {manifest.num_samples} samples in {manifest.num_units} {units} "
           f"({manifest.total_bytes / 2**20:.1f} MiB), {len(manifest.classes)} classes")
     return 0
@@ -196,7 +196,8 @@ def _inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
-    from gpupipe.tools.sourceinfo import KIND_NAMES, inspect, shuffle_lines, shuffle_mixing
+    from gpupipe.formats.containers import container
+    from gpupipe.tools.sourceinfo import inspect, shuffle_lines, shuffle_mixing
 
     info = inspect(args.url, storage_options=dict(args.storage_options), keys=args.keys)
     if args.shuffle:
@@ -208,20 +209,20 @@ def _inspect_run(args: argparse.Namespace) -> int:
         return 0
     unknown = "unknown (no index.json; run `gpupipe index`)"
     classes = info["classes"]
-    in_place = info["kind"] != "tar"
+    kind = container(info["kind"])
     print(f"url:      {info['url']}")
-    print(f"kind:     {KIND_NAMES[info['kind']]}" + (" (read in place)" if in_place else ""))
+    print(f"kind:     {kind.title}" + (" (read in place)" if kind.in_place else ""))
     print(_inspect_units(info))
     print(f"samples:  {info['samples'] if info['samples'] is not None else unknown}")
     print(f"bytes:    {_inspect_size(info['bytes']) if info['bytes'] is not None else unknown}")
     print(f"classes:  {len(classes)}" + (f" ({', '.join(classes[:5])}{', ...' if len(classes) > 5 else ''})" if classes else ""))
-    if info["kind"] == "parquet":
+    if "image_column" in info:  # Parquet
         print(f"columns:  image={info['image_column']}, label={info['label_column'] or 'none (labels are -1)'}")
     if info["fields"]:
         print(f"fields:   {', '.join(info['fields'])}")
     if info["targets"] is not None:
         print(f"targets:  {', '.join(info['targets']) or 'none'} (in every shard, says index.json)")
-    print("first objects:" if info["kind"] == "folder" else f"first keys ({info['first_shard']}):")
+    print("first objects:" if kind.reads == "objects" else f"first keys ({info['first_shard']}):")
     for key, targets in itertools.zip_longest(info["first_keys"], info["first_targets"]):
         print(f"  {key}" + (f"  {_inspect_targets(targets)}" if targets is not None else ""))
     if "shuffle" in info:
@@ -237,10 +238,10 @@ def _inspect_targets(targets: dict) -> str:
 
 def _inspect_units(info: dict) -> str:
     """``shards:   8``, ``units:    10 images`` or ``units:    4 row groups in 2 files``."""
-    if info["kind"] == "tar":
+    if "units" not in info:  # tar shards
         return f"shards:   {info['shards']}"
     n, unit = info["units"], info["unit"]
-    files = f" in {info['files']} file{'s' if info['files'] != 1 else ''}" if info["kind"] == "parquet" else ""
+    files = f" in {info['files']} file{'s' if info['files'] != 1 else ''}" if "image_column" in info else ""
     return f"units:    {n} {unit}{'s' if n != 1 else ''}{files}"
 
 

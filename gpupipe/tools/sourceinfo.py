@@ -23,15 +23,14 @@ from gpupipe.formats.tar import group_by_key, iter_members
 from gpupipe.sources.source import Source, resolve
 from gpupipe.storage.fetch import Fetcher, open_filesystem
 
-__all__ = ["KIND_NAMES", "inspect", "in_place_summary", "shuffle_mixing", "shuffle_lines", "SHUFFLE_BATCHES"]
+__all__ = ["inspect", "in_place_summary", "shuffle_mixing", "shuffle_lines", "SHUFFLE_BATCHES"]
 
-KIND_NAMES = {"tar": "tar shards", "folder": "image folder", "parquet": "Parquet"}
 _STREAM_BLOCK = 1 << 20
 SHUFFLE_BATCHES = 20  # --batches: enough for a mean within a point of its value on uniform data
 
 
 def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys: int = 5) -> dict[str, Any]:
-    """A JSON-able summary of a dataset: ``kind`` (``tar``, ``folder``, ``parquet``),
+    """A JSON-able summary of a dataset: ``kind`` (its container: ``tar``, ``folder``, ``parquet``, ...),
     ``manifest`` (bool), ``shards`` (units), ``samples`` and ``bytes`` (``None`` without a
     manifest), ``classes``, ``first_shard``, ``first_keys`` (up to ``keys``) and the
     ``fields`` of those samples; ``targets``: the target kinds ``index.json`` records every
@@ -53,7 +52,7 @@ def inspect(url: str, *, storage_options: Mapping[str, Any] | None = None, keys:
         "targets": list(manifest.targets) if manifest is not None and manifest.targets is not None else None,
         "first_targets": [],
     }
-    if resolved.kind != "tar":  # an image folder or Parquet read in place: its manifest says it all
+    if manifest is not None and manifest.table is not None:  # read in place: its manifest says it all
         return {**out, **in_place_summary(resolved, keys)}
     if not resolved.shard_urls or keys < 1:
         return out
@@ -104,7 +103,11 @@ def in_place_summary(resolved, keys: int) -> dict[str, Any]:
     manifest = resolved.manifest
     if manifest.objects is not None:
         return _folder(manifest.objects, resolved.shard_urls, keys)
-    return _parquet(manifest.parquet, resolved.shard_urls, keys)
+    if manifest.parquet is not None:
+        return _parquet(manifest.parquet, resolved.shard_urls, keys)
+    c = manifest.container  # another container: its units and the first unit's URL
+    return {"units": manifest.num_units, "unit": c.unit, "files": manifest.num_units,
+            "first_shard": resolved.shard_urls[0] if manifest.num_units else None, "first_keys": [], "fields": []}
 
 
 def _folder(table, urls, keys: int) -> dict[str, Any]:

@@ -258,22 +258,26 @@ def _check_tasks(context: ValidateContext, report: Report, tick: Callable[[int],
 
 
 def _refuse_empty(url, resolved) -> None:
-    if resolved.kind == "tar" and (not resolved.shard_urls or resolved.num_samples == 0):
+    if resolved.manifest is None or resolved.manifest.table is None:  # tar shards
+        if resolved.shard_urls and resolved.num_samples != 0:
+            return
         raise ConfigError(f"{url}: the dataset is empty: its index.json lists {len(resolved.shard_urls)} shard(s) and "
                           "no samples (an ingest that found no images?); ingest a folder of <class>/<image> files "
                           "again")
     if resolved.num_samples == 0:
-        raise ConfigError(f"{url}: the dataset is empty: {_units(resolved)} hold no rows; give Parquet files with "
-                          "images in them")
+        raise ConfigError(f"{url}: the dataset is empty: {_units(resolved)} hold no samples; give data with "
+                          "images in it")
 
 
 def _units(resolved) -> str:
     """What was read, in words: ``3 shard(s)``, ``1 image folder``, ``4 row group(s) in 2 Parquet file(s)``."""
-    if resolved.kind == "folder":
-        return "1 image folder"
-    if resolved.kind == "parquet":
-        return f"{len(resolved.shard_urls)} row group(s) in {len(resolved.manifest.parquet.files)} Parquet file(s)"
-    return f"{len(resolved.shard_urls)} shard(s)"
+    m = resolved.manifest
+    if m is None or m.table is None:
+        return f"{len(resolved.shard_urls)} shard(s)"
+    if m.parquet is not None:
+        return f"{len(resolved.shard_urls)} row group(s) in {len(m.parquet.files)} Parquet file(s)"
+    return f"1 {m.container.title}" if m.container.reads == "objects" else \
+        f"{len(resolved.shard_urls)} {m.container.unit}(s) of {m.container.title}"
 
 
 def write_quarantine(path: str, problems: Sequence[Problem]) -> None:

@@ -24,6 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
+from gpupipe.formats.containers import container
+from gpupipe.formats.folder import FOLDER
+from gpupipe.formats.rowgroups import PARQUET
+from gpupipe.formats.tar import TAR
 
 __all__ = ["Problem", "Good", "read_samples", "skipped_files"]
 
@@ -64,7 +68,8 @@ class Good:
 def read_samples(fetcher, resolved, units: range | None = None) -> Iterator[Good | Problem]:
     """Every sample of ``resolved`` (a :class:`~gpupipe.sources.source.ResolvedSource`) — of its
     ``units`` only (tar shards, images or row groups, by index), when given — in order."""
-    reader = {"tar": _read_shards, "folder": _read_objects, "parquet": _read_rowgroups}[resolved.kind]
+    kind = container(resolved.kind)
+    reader = kind.hooks.get("validate_read", _read_units)  # tar, folder, Parquet: their own below
     return reader(fetcher, resolved, range(len(resolved.shard_urls)) if units is None else units)
 
 
@@ -139,6 +144,21 @@ def _read_rowgroups(fetcher, resolved, units: range) -> Iterator[Good | Problem]
             yield _in_place_verdict(read, i, resolved.shard_urls[g], f"row {first + i}", first + i)
 
 
+def _read_units(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
+    """Another container read in place, through its stream reader (``read_spans``): one span a
+    unit, samples named ``<unit URL>#<i>``."""
+    from gpupipe.plan import Span
+
+    read_spans = resolved.manifest.container.needs("read_spans", "gpupipe validate")
+    counts = resolved.manifest.sample_counts()
+    spans = (Span(u, 0, counts[u]) for u in units)
+    for u, read in zip(units, read_spans(fetcher, resolved, spans)):
+        for i in range(len(read.samples)):
+            sample = read.samples[i]
+            key = sample.key if sample is not None else f"{i}"
+            yield _in_place_verdict(read, i, resolved.shard_urls[u], key, i)
+
+
 def _in_place_verdict(read, i: int, url: str, key: str, offset: int) -> Good | Problem:
     """Sample ``i`` of a reader's span as a Good (its image, empty or not: the header check
     names an empty one) or the Problem the reader found."""
@@ -175,3 +195,8 @@ def skipped_files(fetcher, resolved) -> list[tuple[str, str]]:
         return []
     finally:
         folder_log.disabled = was
+
+
+TAR.hook(validate_read=_read_shards)
+FOLDER.hook(validate_read=_read_objects)
+PARQUET.hook(validate_read=_read_rowgroups)

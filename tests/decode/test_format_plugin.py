@@ -110,7 +110,8 @@ def _check(batches) -> int:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_folder_of_npy_arrays_trains_through_gpu_loader_in_place_and_from_shards(folder, tmp_path, workers):
+def test_a_folder_of_npy_arrays_trains_through_gpu_loader_in_place_and_from_shards(folder, tmp_path, workers,
+                                                                                   train_steps):
     loader = GpuLoader(str(folder), batch_size=4, image_size=4, resize="fixed", decode="npy", device="cpu",
                        num_workers=workers, seed=1)
     assert _check(loader) == 12
@@ -119,14 +120,7 @@ def test_a_folder_of_npy_arrays_trains_through_gpu_loader_in_place_and_from_shar
     from_shards = GpuLoader(str(tmp_path / "shards"), batch_size=4, image_size=4, resize="fixed", decode="npy",
                             device="cpu", num_workers=workers, seed=1)
     assert _check(from_shards) == 12
-    model = torch.nn.Linear(3 * 4 * 4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for images, labels in from_shards:
-        loss = torch.nn.functional.cross_entropy(model(images.flatten(1).float() / 255), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert torch.isfinite(loss)
+    assert torch.isfinite(train_steps(from_shards))
 
 
 def test_the_gate_holds_for_a_plugin_format(folder, tmp_path):

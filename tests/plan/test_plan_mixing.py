@@ -102,16 +102,14 @@ def test_a_negative_block_is_refused():
 
 def test_the_default_block_grows_past_16m_samples_so_the_layout_stays_small():
     """An epoch's layout holds every block: the default keeps them at most MAX_BLOCKS (4M)."""
+    from gpupipe.formats.manifest import Manifest
     from gpupipe.loader.encoded import MAX_BLOCKS, block_for
     from gpupipe.sources.resolved import ResolvedSource
     from gpupipe.stream.settings import StreamConfig
 
-    class _Tar:
-        kind = "tar"
-
-    local = ResolvedSource(shard_urls=["/data/a.tar"], manifest=_Tar())  # type: ignore[arg-type]
+    local = ResolvedSource(shard_urls=["/data/a.tar"], manifest=Manifest(shards=()))  # tar shards
     assert block_for(local, StreamConfig(), 1_280_000) == DEFAULT_BLOCK
     assert block_for(local, StreamConfig(), 100_000_000) == 24 and 100_000_000 / 24 <= MAX_BLOCKS
     assert block_for(local, StreamConfig(shuffle_block=2), 100_000_000) == 2  # a setting is a setting
-    remote = ResolvedSource(shard_urls=["s3://b/a.tar"], manifest=_Tar())  # type: ignore[arg-type]
+    remote = ResolvedSource(shard_urls=["s3://b/a.tar"], manifest=Manifest(shards=()))
     assert block_for(remote, StreamConfig(), 1_000) == 0  # object storage without the cache: shards whole

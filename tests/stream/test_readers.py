@@ -283,7 +283,7 @@ def test_a_damaged_footer_in_the_index_fails_its_file_with_a_reason(table):
     broken = footer[:8] + b"\xee" * (len(footer) - 16) + footer[-8:]  # the trailer kept: parses as PAR1
     blob = broken + t.footer_blob[len(footer):]
     bad = dataclasses.replace(table, manifest=dataclasses.replace(
-        table.manifest, parquet=dataclasses.replace(t, footer_blob=blob)))
+        table.manifest, table=dataclasses.replace(t, footer_blob=blob)))
     reads = list(rowgroup_spans(fetcher(), bad, [Span(0, 0, 4), Span(3, 0, 1)]))
     assert ids(reads[0]) == [None] * 4 and ids(reads[1]) == [10]
     assert "damaged index.json" in str(reads[0].problems[0])

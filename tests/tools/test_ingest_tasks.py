@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from gpupipe.core.errors import ConfigError, GpupipeError
+from gpupipe.formats.folder import FOLDER
 from gpupipe.prepare import tasks as tasks_module
 from gpupipe.prepare.ingest import ingest
 from gpupipe.prepare.tasks import PARTS_DIR
@@ -160,7 +161,7 @@ def _images_only(src: Path, dst: Path) -> Path:
 
 
 def test_checksums_of_an_image_folder_as_tasks_give_the_index_of_one_process(src, tmp_path, monkeypatch):
-    from gpupipe.prepare import engines
+
     from gpupipe.prepare.indexer import index_in_place
 
     folder = _images_only(src, tmp_path / "imgs")
@@ -168,7 +169,7 @@ def test_checksums_of_an_image_folder_as_tasks_give_the_index_of_one_process(src
     assert one is not None and one.objects is not None and one.objects.crc32 is not None
     expected = (folder / "index.json").read_bytes()
     (folder / "index.json").unlink()
-    monkeypatch.setattr(engines, "IMAGES_PER_TASK", 7)  # 60 images: 9 tasks, the last short
+    monkeypatch.setattr(FOLDER, "units_per_task", 7)  # 60 images: 9 tasks, the last short
     index_in_place(str(folder), checksums=True, progress=False, processes=2)
     assert (folder / "index.json").read_bytes() == expected
     (folder / "c2" / "im011.jpg").write_bytes(b"other bytes")  # and the checksums are the bytes'
@@ -179,7 +180,7 @@ def test_checksums_of_an_image_folder_as_tasks_give_the_index_of_one_process(src
 
 
 def test_an_image_gone_before_its_checksum_task_stops_the_index_naming_the_task(src, tmp_path, monkeypatch):
-    from gpupipe.prepare import engines, indexer
+    from gpupipe.prepare import indexer
 
     folder = _images_only(src, tmp_path / "imgs")
     real = indexer.resolve
@@ -190,7 +191,7 @@ def test_an_image_gone_before_its_checksum_task_stops_the_index_naming_the_task(
         return resolved
 
     monkeypatch.setattr(indexer, "resolve", resolve_then_lose_one)
-    monkeypatch.setattr(engines, "IMAGES_PER_TASK", 10)
+    monkeypatch.setattr(FOLDER, "units_per_task", 10)
     with pytest.raises(GpupipeError, match=r"index task units 20-29 \(from .+c1/im001.jpg to .+\) failed.*im016.jpg: FileNotFoundError"):
         indexer.index_in_place(str(folder), checksums=True, progress=False, processes=2)
     assert not (folder / "index.json").exists()
