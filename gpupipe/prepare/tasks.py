@@ -30,13 +30,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from gpupipe.core.errors import ConfigError, DecodeError, GpupipeError, ShardFormatError, StorageError
+from gpupipe.core.errors import DecodeError, GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, Sample
 from gpupipe.formats.folder import object_sample
 from gpupipe.formats.imageheader import image_extensions, probe
 from gpupipe.formats.manifest import ShardEntry, shard_entry_from_json, shard_entry_json
 from gpupipe.formats.rowgroups import Pieces, read_footer, row_group_samples
 from gpupipe.formats.writer import ShardSink
+from gpupipe.plan import Span
 from gpupipe.prepare.reencode import Reencode, reencoded
 from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.fetch import FetchConfig, Fetcher, open_filesystem
@@ -89,7 +90,7 @@ class IngestTask:
 
     def describe(self, context: IngestContext) -> str:
         """Its slice of the plan, for people: how many inputs, the first and the last."""
-        return f"{len(self)} inputs of the plan, from {_input(context, self.refs[0])} to {_input(context, self.refs[-1])}"
+        return f"{len(self)} inputs of the plan, from {_input_name(context.resolved, self.refs[0])} to {_input_name(context.resolved, self.refs[-1])}"
 
 
 @dataclass
@@ -148,26 +149,19 @@ def plan_tasks(resolved: ResolvedSource, *, seed: int, shuffle: bool, shard_size
     its rows — split into train and val by :func:`in_val_split`, each split's cut into slices of
     ``shard_size``, numbered per split."""
     manifest = resolved.manifest
-    assert manifest is not None, "a source read in place, which a manifest describes"
-    if manifest.objects is None and manifest.parquet is None:
-        where = resolved.shard_urls[0] if resolved.shard_urls else "this source"
-        raise ConfigError(f"ingest: reads image folders and Parquet files; {where} is of the "
-                          f"{manifest.container.title} container, which gpupipe reads in place only")
+    assert manifest is not None and manifest.table is not None, "a source read in place, which a manifest describes"
     rng = np.random.default_rng(seed)
     if manifest.objects is not None:
         table = manifest.objects
         n = len(table)
         refs = rng.permutation(n) if shuffle else np.arange(n)
         names = [table.names[int(i)] for i in refs] if val_fraction else []
-    else:
-        assert manifest.parquet is not None, "a manifest read in place lists objects or row groups"
-        groups = manifest.parquet
-        order = rng.permutation(len(groups)) if shuffle else np.arange(len(groups))
-        counts = groups.rows[order].astype(np.int64)
+    else:  # Parquet row groups, or another container's units: (unit, sample in it), units permuted
+        order = rng.permutation(manifest.num_units) if shuffle else np.arange(manifest.num_units)
+        counts = manifest.sample_counts().array[order]
         refs = np.stack([np.repeat(order, counts), np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts,
                                                                                           counts)], axis=1)
-        names = [f"{groups.files[int(groups.file[g])]}#row{int(groups.first_row[g]) + int(r)}" for g, r in refs] \
-            if val_fraction else []
+        names = [_input_name(resolved, ref) for ref in refs] if val_fraction else []
     splits: list[tuple[str, np.ndarray]] = [("", refs)]
     if val_fraction:
         val = np.fromiter((in_val_split(k, seed, val_fraction) for k in names), dtype=bool, count=len(names))
@@ -193,6 +187,8 @@ def fingerprint(resolved: ResolvedSource, settings: Mapping[str, Any], tasks: Se
         blob, cuts = g.files.packed()
         digest.update(blob + np.ascontiguousarray(cuts).tobytes())
         digest.update(np.ascontiguousarray(g.file_sizes).tobytes() + np.ascontiguousarray(g.rows).tobytes())
+    elif manifest.table is not None:  # another container: its table as index.json holds it
+        digest.update(json.dumps(manifest.table.to_dict(), sort_keys=True, default=repr).encode())
     for t in tasks:
         digest.update(f"{t.split}\0{t.number}\0".encode())
         digest.update(np.ascontiguousarray(t.refs, dtype=np.int64).tobytes())
@@ -224,7 +220,8 @@ def run_task(context: IngestContext, task: IngestTask) -> TaskResult:
     try:
         assert resolved.manifest is not None, "plan_tasks planned it"
         items = _object_items(fetcher, resolved, task) if resolved.manifest.objects is not None \
-            else _row_items(fetcher, context, task)
+            else _row_items(fetcher, context, task) if resolved.manifest.parquet is not None \
+            else _unit_items(fetcher, context, task)
         result.changed, result.kept = _write_items(items, sink, max_pixels=context.max_pixels,
                                                    skipped=result.skipped, reencode=context.reencode)
     finally:
@@ -247,16 +244,20 @@ def part_name(split: str, number: int) -> str:
     return f"{split or 'all'}-{number:06d}.json"
 
 
-def _input(context: IngestContext, ref: Any) -> str:
-    """An input of the plan by its path under the source (a Parquet row: ``<file>#row<n>``)."""
-    manifest = context.resolved.manifest
+def _input_name(resolved: ResolvedSource, ref: Any) -> str:
+    """An input of the plan by its path under the source (a Parquet row: ``<file>#row<n>``; a sample
+    of another container: ``<unit>#<n>``, the unit's URL under the source's root)."""
+    manifest = resolved.manifest
     assert manifest is not None, "plan_tasks planned it"
     if manifest.objects is not None:
         return manifest.objects.names[int(ref)]
-    assert manifest.parquet is not None, "Parquet"
     g, r = int(ref[0]), int(ref[1])
     t = manifest.parquet
-    return f"{t.files[int(t.file[g])]}#row{int(t.first_row[g]) + r}"
+    if t is not None:
+        return f"{t.files[int(t.file[g])]}#row{int(t.first_row[g]) + r}"
+    url = resolved.shard_urls[g]
+    root = getattr(resolved.shard_urls, "root", "")
+    return f"{url[len(root):] if root and url.startswith(root) else url}#{r}"
 
 
 def _where(fetcher: Fetcher, url: str) -> str:
@@ -318,6 +319,30 @@ def _row_items(fetcher: Fetcher, context: IngestContext, task: IngestTask) -> It
         order = np.random.default_rng([context.seed, 1 + (task.split == "val"), task.number]).permutation(len(task))
     for g, r in task.refs[order].tolist():
         yield read_groups[g][r]
+
+
+def _unit_items(fetcher: Fetcher, context: IngestContext, task: IngestTask) -> Iterator[_Item]:
+    """The task's samples of another container read in place: each unit it draws from read whole by
+    the container's stream reader (``read_spans``), then its samples in an order drawn from the seed
+    and the task, as Parquet rows are."""
+    resolved = context.resolved
+    assert resolved.manifest is not None, "a source read in place"
+    read_spans = resolved.manifest.container.needs("read_spans", "ingest")
+    counts = resolved.manifest.sample_counts()
+
+    def read(u: int) -> list[_Item]:
+        where = _where(fetcher, resolved.shard_urls[u])
+        (got,) = read_spans(fetcher, resolved, [Span(u, 0, counts[u])])
+        return [_Item(f"{where}#{i}", None if i in got.problems else s,
+                      str(got.problems[i]) if i in got.problems else "") for i, s in enumerate(got.samples)]
+
+    units = list(dict.fromkeys(task.refs[:, 0].tolist()))  # each once, in order of first use
+    read_units = dict(zip(units, _ordered_map(read, units, fetcher.config.concurrency, fetcher.config.concurrency)))
+    order = np.arange(len(task))
+    if context.shuffle:
+        order = np.random.default_rng([context.seed, 1 + (task.split == "val"), task.number]).permutation(len(task))
+    for u, r in task.refs[order].tolist():
+        yield read_units[u][r]
 
 
 def _ordered_map(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, ahead: int) -> Iterator[_R]:

@@ -1,8 +1,9 @@
 """Proof by plugin for containers (issue 37): zip archives of images, registered from outside the
 package in one module (tests/sources/zip_container.py), are recognised in a folder listing, read in
 place and trained on through ``GpuLoader`` with 0 and 2 workers, indexed, inspected and validated —
-no edit inside gpupipe/. A damaged archive is a clear error or a counted skip; what the plugin does
-not give (checksums, a mix, ingest) is refused naming the container."""
+no edit inside gpupipe/. A damaged archive is a clear error or a counted skip; it is ingested into
+shards through its own reader; what the plugin does not give (checksums, a mix) is refused naming
+the container."""
 from __future__ import annotations
 
 import io
@@ -135,11 +136,29 @@ def test_a_damaged_archive_is_a_clear_error_or_a_counted_skip(zips):
     assert not any(k.startswith("ant/a.zip") for k in keys)
 
 
+def test_it_is_ingested_into_shards_through_its_own_reader(zips, tmp_path):
+    from gpupipe.prepare.ingest import ingest
+
+    report = ingest(str(zips), str(tmp_path / "shards"), shard_size=5, seed=2, val_fraction=0.25, progress=False)
+    assert report.num_samples == 12 and report.skipped == []
+    seen = {}
+    for split in ("train", "val"):
+        loader = GpuLoader(str(tmp_path / "shards" / split), batch_size=2, image_size=4, resize="fixed",
+                           decode="pil", device="cpu", drop_last=False)
+        seen.update(_seen(loader))
+    assert seen == _expected()  # every image once, its pixels and class, over the two splits
+    again = ingest(str(zips), str(tmp_path / "again"), shard_size=5, seed=2, val_fraction=0.25, processes=2,
+                   progress=False)
+    assert again.num_samples == 12
+    assert [p.read_bytes() for p in sorted((tmp_path / "again").rglob("*.tar"))] == \
+        [p.read_bytes() for p in sorted((tmp_path / "shards").rglob("*.tar"))]  # the same bytes from two processes
+
+
 def test_what_the_plugin_does_not_give_is_refused_naming_it(zips, tmp_path):
     from gpupipe.prepare.indexer import index_in_place
-    from gpupipe.prepare.ingest import ingest
 
     with pytest.raises(ConfigError, match=r"zip archives container \('zip'\) does not support it.*unit_crcs"):
         index_in_place(str(zips), checksums=True, progress=False)
-    with pytest.raises(ConfigError, match="zip archives container, which gpupipe reads in place only"):
-        ingest(str(zips), str(tmp_path / "out"), progress=False)
+    with pytest.raises(ConfigError, match=r"a mix of sources: the zip archives container \('zip'\).*'join'"):
+        GpuLoader([{"url": str(zips), "weight": 1}, {"url": str(zips), "weight": 1}], batch_size=4, image_size=4,
+                  resize="fixed", decode="pil", device="cpu")
