@@ -312,13 +312,7 @@ def _row_items(fetcher: Fetcher, context: IngestContext, task: IngestTask) -> It
         return [_Item(f"{_where(fetcher, url)}/{r}", s, problems[i].reason if i in problems else "")
                 for i, (r, s) in enumerate(zip(rows, samples))]
 
-    groups = list(dict.fromkeys(task.refs[:, 0].tolist()))  # each once, in order of first use
-    read_groups = dict(zip(groups, _ordered_map(read, groups, fetcher.config.concurrency, fetcher.config.concurrency)))
-    order = np.arange(len(task))
-    if context.shuffle:
-        order = np.random.default_rng([context.seed, 1 + (task.split == "val"), task.number]).permutation(len(task))
-    for g, r in task.refs[order].tolist():
-        yield read_groups[g][r]
+    return _drawn(fetcher, context, task, read)
 
 
 def _unit_items(fetcher: Fetcher, context: IngestContext, task: IngestTask) -> Iterator[_Item]:
@@ -336,6 +330,13 @@ def _unit_items(fetcher: Fetcher, context: IngestContext, task: IngestTask) -> I
         return [_Item(f"{where}#{i}", None if i in got.problems else s,
                       str(got.problems[i]) if i in got.problems else "") for i, s in enumerate(got.samples)]
 
+    return _drawn(fetcher, context, task, read)
+
+
+def _drawn(fetcher: Fetcher, context: IngestContext, task: IngestTask, read: Callable[[int], list[_Item]]
+           ) -> Iterator[_Item]:
+    """A task of (unit, sample) inputs: each unit it draws from read once (``read``: its items, in
+    order), then its samples in an order drawn from the seed and the task (a shard mixes its units)."""
     units = list(dict.fromkeys(task.refs[:, 0].tolist()))  # each once, in order of first use
     read_units = dict(zip(units, _ordered_map(read, units, fetcher.config.concurrency, fetcher.config.concurrency)))
     order = np.arange(len(task))
