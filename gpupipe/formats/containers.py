@@ -19,13 +19,33 @@ from typing import Any, Protocol, runtime_checkable
 from gpupipe.core.counts import UnitCounts
 from gpupipe.core.errors import ConfigError
 
-__all__ = ["Container", "UnitTable", "register_container", "unregister_container", "container", "containers", "container_of_table",
+__all__ = ["Container", "UnitTable", "HOOKS", "register_container", "unregister_container", "container", "containers", "container_of_table",
            "recognised", "READS"]
 
 READS = ("ranges", "objects", "whole")
 """How the plan may cut a container's units: ``ranges`` — any run of a unit's samples is read alone
 (a tar shard's byte range: blocks); ``objects`` — every unit is one sample (an image per object);
 ``whole`` — a unit is read whole (a Parquet row group is decoded whole)."""
+
+
+HOOKS = {
+    "describe": "(fetcher, folder URL, FolderListing, Source, skipped list) -> Manifest: a listing described "
+                "(append (path, why) of each file not read to skipped)  [sources]",
+    "unit_urls": "(folder URL, table) -> Sequence[str]: the URL of each unit  [sources]",
+    "unit_version": "(table, unit, vouched tag) -> ObjectVersion: what the block cache knows a unit by "
+                    "(default: the tag of what described it)  [sources]",
+    "unit_crcs": "(fetcher, table, unit URLs, range of units, tick) -> list[int]: CRC-32 of each, for "
+                 "`gpupipe index --checksums`  [sources]",
+    "join": "(tables) -> table: several sources' tables as one, for a mix  [sources]",
+    "read_spans": "(fetcher, ResolvedSource, iterable of Span) -> iterator of ReadSpan, one a span, in "
+                  "order: the stream's reader (and ingest's, validate's by default)  [stream]",
+    "scan_unit": "tar: a unit's fetched spans scanned together  [stream]",
+    "settle_span": "tar: a fetched span read as samples when the scan gave up  [stream]",
+    "validate_read": "(fetcher, ResolvedSource, range of units) -> iterator of Good | Problem  [tools]",
+}
+"""The behaviour a room above asks a container for, by name (the room in brackets). A container read
+in place needs ``describe``, ``unit_urls`` and ``read_spans``; the rest are optional, and a room that
+needs one a container lacks says so (:meth:`Container.needs`)."""
 
 
 @runtime_checkable
@@ -84,7 +104,10 @@ class Container:
         return self.table is not None
 
     def hook(self, **fns: Callable[..., Any]) -> Container:
-        """Register behaviour of a higher room under these names (e.g. ``read_spans=...``)."""
+        """Register behaviour of a higher room under these names (:data:`HOOKS`, e.g. ``read_spans=...``)."""
+        unknown = sorted(set(fns) - set(HOOKS))
+        if unknown:
+            raise ValueError(f"container {self.name!r}: unknown hook(s) {unknown} (known: {', '.join(HOOKS)})")
         self.hooks.update(fns)
         return self
 
@@ -98,17 +121,20 @@ class Container:
 
 
 _REGISTRY: dict[str, Container] = {}  # the built-ins register where each is written (imported by the package)
+_BY_TABLE: dict[type, Container] = {}  # container_of_table's answers, dropped when the registry changes
 
 
 def register_container(c: Container) -> Container:
     """Add ``c`` (a name already registered is replaced: a plugin may override a built-in)."""
     _REGISTRY[c.name] = c
+    _BY_TABLE.clear()
     return c
 
 
 def unregister_container(name: str) -> None:
     """Remove the container called ``name`` (a plugin's, when it is done with)."""
     _REGISTRY.pop(name, None)
+    _BY_TABLE.clear()
 
 
 def container(name: str) -> Container:
@@ -125,11 +151,15 @@ def containers() -> tuple[Container, ...]:
 
 
 def container_of_table(table: Any) -> Container:
-    """The container whose ``table`` class ``table`` is."""
-    for c in _REGISTRY.values():
-        if c.table is not None and isinstance(table, c.table):
-            return c
-    raise ValueError(f"no container registered for a table of type {type(table).__name__}")
+    """The container whose ``table`` class ``table`` is (asked once per span by the readers: kept
+    by type)."""
+    found = _BY_TABLE.get(type(table))
+    if found is None:
+        found = next((c for c in _REGISTRY.values() if c.table is not None and isinstance(table, c.table)), None)
+        if found is None:
+            raise ValueError(f"no container registered for a table of type {type(table).__name__}")
+        _BY_TABLE[type(table)] = found
+    return found
 
 
 def recognised(paths: Sequence[str]) -> Container | None:

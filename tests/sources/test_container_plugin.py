@@ -162,3 +162,13 @@ def test_what_the_plugin_does_not_give_is_refused_naming_it(zips, tmp_path):
     with pytest.raises(ConfigError, match=r"a mix of sources: the zip archives container \('zip'\).*'join'"):
         GpuLoader([{"url": str(zips), "weight": 1}, {"url": str(zips), "weight": 1}], batch_size=4, image_size=4,
                   resize="fixed", decode="pil", device="cpu")
+
+
+def test_a_misspelt_hook_or_an_unknown_kind_is_refused_by_name():
+    from gpupipe.formats.containers import HOOKS, container
+
+    with pytest.raises(ValueError, match=r"unknown hook\(s\) \['read_span'\] \(known: describe"):
+        zip_container.ZIP.hook(read_span=zip_container.read_spans)
+    assert "read_spans" in HOOKS and container("zip") is zip_container.ZIP
+    with pytest.raises(GpupipeError, match=r"not a valid manifest: unknown kind of source 'lance' \(known: "):
+        Manifest.from_json(json.dumps({"format": "gpupipe-manifest", "version": 2, "kind": "lance", "classes": []}))
