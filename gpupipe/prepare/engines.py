@@ -3,8 +3,9 @@
 ``name`` and ``describe(context)``; ``fn(context, task)`` does it and returns its result.
 
 * ``local``: in this process one after another (``processes=1``, the default: each task reads with
-  its own threads), or in ``processes`` forked processes at once. A destination only this process
-  can see (fsspec's ``memory://``) keeps them in this process.
+  its own threads), or in ``processes`` forked processes at once; a task whose process dies runs again
+  in a new one (up to 4 runs, as on Ray). A destination only this process can see (fsspec's
+  ``memory://``) keeps them in this process.
 * ``ray``: each task a Ray task (one CPU), on the cluster at ``address`` (``RAY_ADDRESS`` when not
   given; neither: a Ray instance started on this machine), or on the one this process joined already.
   The context goes to the object store once. A task whose worker process dies is retried by Ray
@@ -23,6 +24,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +97,7 @@ def run_tasks(job: Job, tasks: Sequence[Any], *, engine: str = "local", processe
             on_result(task, result)
 
 
-def _failed(job: Job, task: Any, exc: BaseException) -> GpupipeError:
+def _failed(job: Job, task: Any, exc: BaseException | str) -> GpupipeError:
     """The job's error for a task that raised: which task, which inputs, why."""
     return GpupipeError(f"{job.what} task {task.name} ({task.describe(job.context)}) failed, and the job with it: "
                         f"{exc}{'. ' + job.after_error if job.after_error else ''}")
@@ -110,27 +112,55 @@ def _in_child(task: Any) -> Any:
     return _JOB.fn(_JOB.context, task)
 
 
+_TRIES = 4  # runs of a task whose process dies (Ray's max_retries=3 is the same: 1 + 3)
+
+
 def _run_processes(job: Job, tasks: Sequence[Any], processes: int, on_result: OnResult) -> None:
+    """``tasks`` on ``processes`` forked processes. A process that dies (the OOM killer, a signal)
+    breaks its pool: the tasks that had not finished run again in a new one, each up to
+    :data:`_TRIES` times in all, as Ray retries a task whose worker died (a task's output appears
+    whole or not at all, so a run again writes the same bytes). A task that raises stops the job."""
     global _JOB
     _JOB = job  # forked into each process, not pickled once per task
+    runs = [0] * len(tasks)
+    left = list(range(len(tasks)))
     try:
-        with ProcessPoolExecutor(min(processes, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-            running: dict[Future, Any] = {pool.submit(_in_child, t): t for t in tasks}
-            try:
-                while running:
-                    done, _ = wait(running, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        task = running.pop(future)
-                        try:
-                            result = future.result()
-                        except Exception as exc:  # noqa: BLE001 — a task's error, or its process's death
-                            raise _failed(job, task, exc) from exc
-                        on_result(task, result)
-            finally:
-                for future in running:
-                    future.cancel()
+        while left:
+            for i in left:
+                runs[i] += 1
+            left = _run_pool(job, tasks, left, runs, processes, on_result)
+            if left:
+                log.warning("%s: a task's process died; %d unfinished task(s) run again in new processes",
+                            job.what, len(left))
     finally:
         _JOB = None
+
+
+def _run_pool(job: Job, tasks: Sequence[Any], todo: list[int], runs: list[int], processes: int,
+              on_result: OnResult) -> list[int]:
+    """Run tasks ``todo`` (indices) in one pool; the ones to run again when a process of it died."""
+    again: list[int] = []
+    with ProcessPoolExecutor(min(processes, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
+        running: dict[Future, int] = {pool.submit(_in_child, tasks[i]): i for i in todo}
+        try:
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = running.pop(future)
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool as exc:  # a process of the pool died: this task did not finish
+                        if runs[i] >= _TRIES:
+                            raise _failed(job, tasks[i], f"its process died {runs[i]} times ({exc})") from exc
+                        again.append(i)
+                        continue
+                    except Exception as exc:  # noqa: BLE001 — the task's own error
+                        raise _failed(job, tasks[i], exc) from exc
+                    on_result(tasks[i], result)
+        finally:
+            for future in running:
+                future.cancel()
+    return sorted(again)
 
 
 # -- Ray ----------------------------------------------------------------------------------------------

@@ -114,11 +114,11 @@ def test_a_job_killed_anywhere_finishes_on_a_rerun_with_the_uninterrupted_bytes(
     assert report.resumed == kept and "finished by an interrupted run" in report.summary()
     assert "taking over" in caplog.text  # the dead driver's lock
     assert _files(dst) == reference
-    # one task's process killed (two processes): the job stops naming it, a rerun finishes
+    # one task's process killed (two processes): its unfinished tasks run again in new processes, the
+    # job finishes with the uninterrupted bytes
     other = tmp_path / "other"
     code = _interrupted(src, other, 2, 2, kill_child=True)
-    assert code != 0
-    ingest(str(src), str(other), shard_size=SHARD, seed=3, val_fraction=0.2, progress=False)
+    assert code == 0
     assert _files(other) == reference
 
 
@@ -230,6 +230,27 @@ class _Numbered(int):
 
     def describe(self, context: str) -> str:
         return "a number"
+
+
+def _dies_always(context: str, task: int) -> int:
+    """A task whose process is killed whenever it runs task 1."""
+    if task == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task * task
+
+
+def test_a_task_whose_process_dies_runs_again_in_a_new_one_and_the_job_gives_up_naming_it(tmp_path, caplog):
+    from gpupipe.prepare.engines import Job, run_tasks
+
+    got: dict[int, int] = {}
+    run_tasks(Job(_dies_once, str(tmp_path), "test"), [_Numbered(i) for i in range(5)], processes=2,
+              on_result=lambda t, r: got.__setitem__(int(t), r))
+    assert got == {0: 0, 1: 1, 2: 4, 3: 9, 4: 16} and (tmp_path / "died-2").exists()
+    assert "a task's process died" in caplog.text
+    with pytest.raises(GpupipeError, match=r"test task task-1 \(a number\) failed, and the job with it: its process "
+                                           r"died 4 times"):
+        run_tasks(Job(_dies_always, str(tmp_path), "test"), [_Numbered(i) for i in range(3)], processes=2,
+                  on_result=lambda t, r: None)
 
 
 @pytest.mark.timeout(240)
