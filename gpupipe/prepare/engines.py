@@ -3,8 +3,10 @@
 ``name`` and ``describe(context)``; ``fn(context, task)`` does it and returns its result.
 
 * ``local``: in this process one after another (``processes=1``, the default: each task reads with
-  its own threads), or in ``processes`` forked processes at once; a task whose process dies runs again
-  in a new one (up to 4 runs, as on Ray). A destination only this process can see (fsspec's
+  its own threads), or in ``processes`` processes at once, forked from a fresh server process
+  (multiprocessing's ``forkserver``: the driver has threads — fsspec's, the fetcher's, tqdm's — and a
+  fork of a process with threads may inherit a lock held for ever); the job goes to each process
+  once. A task whose process dies runs again in a new one (up to 4 runs, as on Ray). A destination only this process can see (fsspec's
   ``memory://``) keeps them in this process.
 * ``ray``: each task a Ray task (one CPU), on the cluster at ``address`` (``RAY_ADDRESS`` when not
   given; neither: a Ray instance started on this machine), or on the one this process joined already.
@@ -104,11 +106,17 @@ def _failed(job: Job, task: Any, exc: BaseException | str) -> GpupipeError:
 
 
 # -- processes on this machine ----------------------------------------------------------------------
-_JOB: Job | None = None  # a forked process's job (set before the fork)
+_JOB: Job | None = None  # a task process's job (set once in each, by _set_job)
+_PRELOAD = ["gpupipe.prepare.tasks", "gpupipe.prepare.indexer"]  # imported once, by the fork server
+
+
+def _set_job(job: Job) -> None:
+    global _JOB
+    _JOB = job
 
 
 def _in_child(task: Any) -> Any:
-    assert _JOB is not None, "set before the processes forked"
+    assert _JOB is not None, "set when the process started"
     return _JOB.fn(_JOB.context, task)
 
 
@@ -116,31 +124,29 @@ _TRIES = 4  # runs of a task whose process dies (Ray's max_retries=3 is the same
 
 
 def _run_processes(job: Job, tasks: Sequence[Any], processes: int, on_result: OnResult) -> None:
-    """``tasks`` on ``processes`` forked processes. A process that dies (the OOM killer, a signal)
-    breaks its pool: the tasks that had not finished run again in a new one, each up to
+    """``tasks`` on ``processes`` processes of a fork server. A process that dies (the OOM killer, a
+    signal) breaks its pool: the tasks that had not finished run again in a new one, each up to
     :data:`_TRIES` times in all, as Ray retries a task whose worker died (a task's output appears
     whole or not at all, so a run again writes the same bytes). A task that raises stops the job."""
-    global _JOB
-    _JOB = job  # forked into each process, not pickled once per task
     runs = [0] * len(tasks)
     left = list(range(len(tasks)))
-    try:
-        while left:
-            for i in left:
-                runs[i] += 1
-            left = _run_pool(job, tasks, left, runs, processes, on_result)
-            if left:
-                log.warning("%s: a task's process died; %d unfinished task(s) run again in new processes",
-                            job.what, len(left))
-    finally:
-        _JOB = None
+    while left:
+        for i in left:
+            runs[i] += 1
+        left = _run_pool(job, tasks, left, runs, processes, on_result)
+        if left:
+            log.warning("%s: a task's process died; %d unfinished task(s) run again in new processes",
+                        job.what, len(left))
 
 
 def _run_pool(job: Job, tasks: Sequence[Any], todo: list[int], runs: list[int], processes: int,
               on_result: OnResult) -> list[int]:
     """Run tasks ``todo`` (indices) in one pool; the ones to run again when a process of it died."""
     again: list[int] = []
-    with ProcessPoolExecutor(min(processes, len(todo)), mp_context=multiprocessing.get_context("fork")) as pool:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)  # (read when the server starts: once per driver process)
+    with ProcessPoolExecutor(min(processes, len(todo)), mp_context=context, initializer=_set_job,
+                             initargs=(job,)) as pool:
         running: dict[Future, int] = {pool.submit(_in_child, tasks[i]): i for i in todo}
         try:
             while running:

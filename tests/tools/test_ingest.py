@@ -362,7 +362,7 @@ def test_ingest_to_and_from_s3(tmp_path, s3_bucket):
     assert report.num_samples == len(good) and report.num_shards == 3  # 21 inputs, 10 a task
     s3_bucket.fs().put(str(tmp_path / "src"), s3_bucket.url("src"), recursive=True)
     again = ingest(s3_bucket.url("src"), s3_bucket.url("out2"), shard_size=10, progress=False, processes=2,
-                   storage_options=opts)  # same protocol: the destination reuses them; tasks forked after s3fs ran
+                   storage_options=opts)  # same protocol: the destination reuses them; s3fs ran in the driver first
     assert again.num_samples == len(good) and len(again.skipped) == len(bad)
     fs = s3_bucket.fs()
     for shard in ("shard-000000.tar", "shard-000001.tar", "shard-000002.tar"):  # same keys and order from either source
