@@ -22,8 +22,6 @@ _CRC_PIECE = 1 << 17  # units per piece of a uniform count's CRC (1 MiB of int64
 class UnitCounts(Sequence[int]):
     """Samples per unit, in manifest order: ``uniform(value, n)`` or ``of(counts)``."""
 
-    __slots__ = ("_n", "_value", "_array", "__dict__")
-
     def __init__(self, n: int, value: int | None, array: np.ndarray | None) -> None:
         self._n, self._value, self._array = n, value, array
 

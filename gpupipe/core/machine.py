@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from gpupipe.core.types import World
 
 __all__ = ["default_num_workers", "warn_if_more_workers_than_cores", "limit_this_threads_intraop",
-           "this_threads_intraop", "fix_malloc_mmap_threshold"]
+           "this_threads_intraop", "fix_malloc_mmap_threshold", "usable_cores"]
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int]] = set()  # (num_workers, cores per rank) already warned about
@@ -53,6 +53,11 @@ def warn_if_more_workers_than_cores(num_workers: int, world: World, *, decode_on
     log.warning("gpupipe: num_workers=%d, but this process may use %d cores (%s)%s: the workers take turns on "
                 "them with decoding and the training step, so a pass gets no faster, and often slower. Leave "
                 "num_workers unset: the default picks %d here (%s).", num_workers, cores, how, share, default, why)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; all of the machine's where that is not told)."""
+    return _cores()[0]
 
 
 def _cores() -> tuple[int, str]:

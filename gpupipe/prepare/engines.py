@@ -6,8 +6,8 @@
   its own threads), or in ``processes`` processes at once, forked from a fresh server process
   (multiprocessing's ``forkserver``: the driver has threads — fsspec's, the fetcher's, tqdm's — and a
   fork of a process with threads may inherit a lock held for ever); the job goes to each process
-  once. A task whose process dies runs again in a new one (up to 4 runs, as on Ray). A destination only this process can see (fsspec's
-  ``memory://``) keeps them in this process.
+  once. A task whose process dies runs again in a new one (up to 4 runs, as on Ray). A destination
+  only this process can see (fsspec's ``memory://``) keeps them in this process.
 * ``ray``: each task a Ray task (one CPU), on the cluster at ``address`` (``RAY_ADDRESS`` when not
   given; neither: a Ray instance started on this machine), or on the one this process joined already.
   The context goes to the object store once. A task whose worker process dies is retried by Ray
@@ -33,7 +33,7 @@ from typing import Any
 from gpupipe.core.errors import ConfigError, GpupipeError
 from gpupipe.formats.containers import container
 
-__all__ = ["ENGINES", "Job", "UnitRange", "unit_ranges", "run_tasks"]
+__all__ = ["ENGINES", "Job", "UnitRange", "unit_ranges", "run_tasks", "results_in_order"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,22 @@ def run_tasks(job: Job, tasks: Sequence[Any], *, engine: str = "local", processe
             except GpupipeError as exc:
                 raise _failed(job, task, exc) from exc
             on_result(task, result)
+
+
+def results_in_order(job: Job, tasks: Sequence[Any], *, engine: str = "local", processes: int = 1,
+                     ray_address: str | None = None,
+                     tick: Callable[[Any, Any], Any] = lambda task, result: None) -> list[Any]:
+    """:func:`run_tasks`, the results in the order of ``tasks`` (``tick(task, result)`` as each
+    finishes, for a progress bar)."""
+    at = {id(task): i for i, task in enumerate(tasks)}
+    done: dict[int, Any] = {}
+
+    def on_result(task: Any, result: Any) -> None:
+        done[at[id(task)]] = result
+        tick(task, result)
+
+    run_tasks(job, tasks, engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
+    return [done[i] for i in range(len(tasks))]
 
 
 def _failed(job: Job, task: Any, exc: BaseException | str) -> GpupipeError:

@@ -21,7 +21,7 @@ from gpupipe.core.errors import ConfigError, StorageError
 from gpupipe.core.types import ByteRange
 from gpupipe.formats.delta import DELTA_INDEX, index_json
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest, ShardEntry, index_shard
-from gpupipe.prepare.engines import UnitRange
+from gpupipe.prepare.engines import Job, UnitRange, results_in_order, unit_ranges
 from gpupipe.sources.classes import CLASSES_NAME, class_lines
 from gpupipe.sources.inplace import unit_crcs, with_crcs
 from gpupipe.sources.source import Source, UnitURLs, expand_pattern, resolve
@@ -195,18 +195,9 @@ def index_one(context: ShardsContext, task: ShardTask) -> ShardEntry:
 
 def _index_tasks(context: ShardsContext, paths: list[str], sizes: list[int], tick: Callable[[int], Any], *,
                  engine: str, processes: int, ray_address: str | None) -> list[ShardEntry]:
-    from gpupipe.prepare.engines import Job, run_tasks
-
-    tasks = [ShardTask(p, z) for p, z in zip(paths, sizes)]
-    done: dict[str, ShardEntry] = {}
-
-    def on_result(task: ShardTask, entry: ShardEntry) -> None:
-        done[task.path] = entry
-        tick(task.size)
-
-    run_tasks(Job(index_one, context, "index", local=context.url.startswith("memory://")), tasks, engine=engine,
-              processes=processes, ray_address=ray_address, on_result=on_result)
-    return [done[p] for p in paths]
+    return results_in_order(Job(index_one, context, "index", local=context.url.startswith("memory://")),
+                            [ShardTask(p, z) for p, z in zip(paths, sizes)], engine=engine, processes=processes,
+                            ray_address=ray_address, tick=lambda task, entry: tick(task.size))
 
 
 @dataclass(frozen=True)
@@ -233,19 +224,11 @@ def checksum_units(context: ChecksumContext, task: UnitRange | None,
 
 def _checksum_tasks(context: ChecksumContext, tick: Callable[[int], Any], *, engine: str, processes: int,
                     ray_address: str | None) -> list[int]:
-    from gpupipe.prepare.engines import Job, run_tasks, unit_ranges
-
     manifest = context.manifest
-    tasks = unit_ranges(manifest.num_units, manifest.kind)
-    done: dict[int, list[int]] = {}
-
-    def on_result(task: UnitRange, crcs: list[int]) -> None:
-        done[task.start] = crcs
-        tick(_bytes_of(manifest, task))
-
-    run_tasks(Job(checksum_units, context, "index", local=context.unit_urls[0].startswith("memory://")), tasks,
-              engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
-    return [crc for task in tasks for crc in done[task.start]]
+    parts = results_in_order(Job(checksum_units, context, "index", local=context.unit_urls[0].startswith("memory://")),
+                             unit_ranges(manifest.num_units, manifest.kind), engine=engine, processes=processes,
+                             ray_address=ray_address, tick=lambda task, crcs: tick(_bytes_of(manifest, task)))
+    return [crc for crcs in parts for crc in crcs]
 
 
 def _bytes_of(manifest: Manifest, task: UnitRange) -> int:

@@ -90,7 +90,8 @@ class IngestTask:
 
     def describe(self, context: IngestContext) -> str:
         """Its slice of the plan, for people: how many inputs, the first and the last."""
-        return f"{len(self)} inputs of the plan, from {_input_name(context.resolved, self.refs[0])} to {_input_name(context.resolved, self.refs[-1])}"
+        first, last = (_input_name(context.resolved, ref) for ref in (self.refs[0], self.refs[-1]))
+        return f"{len(self)} inputs of the plan, from {first} to {last}"
 
 
 @dataclass

@@ -88,9 +88,9 @@ def engine_arguments(p: argparse.ArgumentParser, what: str, processes: str = "1"
 def _processes(text: str) -> int:
     """``--processes``: a count, or ``cores`` for the cores this process may use."""
     if text == "cores":
-        import os
+        from gpupipe.core.machine import usable_cores
 
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return usable_cores()
     try:
         n = int(text)
     except ValueError:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpupipe.core.errors import ConfigError, DecodeError
 from gpupipe.formats.imageheader import MAX_PIXELS
-from gpupipe.prepare.engines import UnitRange
+from gpupipe.prepare.engines import Job, UnitRange, results_in_order, unit_ranges
 from gpupipe.tools.validate_child import Crash
 from gpupipe.tools.validate_read import Good, Problem
 
@@ -238,19 +238,11 @@ def _check_units(context: ValidateContext, task: UnitRange | None, report: Repor
 
 def _check_tasks(context: ValidateContext, report: Report, tick: Callable[[int], Any], *, engine: str,
                  processes: int, ray_address: str | None) -> None:
-    from gpupipe.prepare.engines import Job, run_tasks, unit_ranges
-
-    tasks = unit_ranges(len(context.resolved.shard_urls), context.resolved.kind)
-    done: dict[int, Report] = {}
-
-    def on_result(task: UnitRange, part: Report) -> None:
-        done[task.start] = part
-        tick(part.checked)
-
-    run_tasks(Job(validate_units, context, "validate", local=context.resolved.shard_urls[0].startswith("memory://")),
-              tasks, engine=engine, processes=processes, ray_address=ray_address, on_result=on_result)
-    for task in tasks:
-        part = done[task.start]
+    parts = results_in_order(
+        Job(validate_units, context, "validate", local=context.resolved.shard_urls[0].startswith("memory://")),
+        unit_ranges(len(context.resolved.shard_urls), context.resolved.kind), engine=engine, processes=processes,
+        ray_address=ray_address, tick=lambda task, part: tick(part.checked))
+    for part in parts:
         report.checked += part.checked
         report.problems += part.problems
         report.crashes += part.crashes

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.formats.containers import container
-from gpupipe.formats.folder import FOLDER
 from gpupipe.formats.rowgroups import PARQUET
 from gpupipe.formats.tar import TAR
 
@@ -120,17 +119,6 @@ def _sample_verdict(sample, url: str, entry, index: int) -> Good | Problem:
 
 # ------------------------------------------------------------------------- read in place
 
-def _read_objects(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
-    """An image folder through the loader's object reader: one span per object."""
-    from gpupipe.plan import Span
-    from gpupipe.stream.readers import object_spans
-
-    table = resolved.manifest.objects
-    spans = (Span(i, 0, 1) for i in units)
-    for i, read in zip(units, object_spans(fetcher, resolved, spans)):
-        yield _in_place_verdict(read, 0, resolved.shard_urls[i], table.key(i), 0)
-
-
 def _read_rowgroups(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
     """Parquet through the loader's row-group reader: one span per row group."""
     from gpupipe.plan import Span
@@ -145,8 +133,10 @@ def _read_rowgroups(fetcher, resolved, units: range) -> Iterator[Good | Problem]
 
 
 def _read_units(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
-    """Another container read in place, through its stream reader (``read_spans``): one span a
-    unit, samples named ``<unit URL>#<i>``."""
+    """A container read in place through its stream reader (``read_spans``: an image folder's reads
+    each object, a plugin's its units): one span a unit, each sample by its key (``#<i>`` where the
+    reader gave none)."""
+    import gpupipe.stream.readers  # noqa: F401  (registers the built-in readers; it imports torch: here, not at the top)
     from gpupipe.plan import Span
 
     read_spans = resolved.manifest.container.needs("read_spans", "gpupipe validate")
@@ -155,7 +145,7 @@ def _read_units(fetcher, resolved, units: range) -> Iterator[Good | Problem]:
     for u, read in zip(units, read_spans(fetcher, resolved, spans)):
         for i in range(len(read.samples)):
             sample = read.samples[i]
-            key = sample.key if sample is not None else f"{i}"
+            key = sample.key if sample is not None else f"#{i}"
             yield _in_place_verdict(read, i, resolved.shard_urls[u], key, i)
 
 
@@ -198,5 +188,4 @@ def skipped_files(fetcher, resolved) -> list[tuple[str, str]]:
 
 
 TAR.hook(validate_read=_read_shards)
-FOLDER.hook(validate_read=_read_objects)
-PARQUET.hook(validate_read=_read_rowgroups)
+PARQUET.hook(validate_read=_read_rowgroups)  # rows named by file and row; an image folder reads by _read_units

@@ -229,12 +229,9 @@ def _timed(opened: _Opened, spec: RunSpec, batches: int) -> dict:
 
 
 def _cores() -> int:
-    import os
+    from gpupipe.core.machine import usable_cores
 
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _warm(opened: _Opened, spec: RunSpec) -> None:
