@@ -39,6 +39,7 @@ def start_workers(loader: DataLoader):
     finally:
         gc.unfreeze()
     _no_async_worker_errors(it)
+    _no_shared_lock_for_the_dead(it)
     return it
 
 
@@ -59,6 +60,29 @@ def _no_async_worker_errors(it) -> None:
             it._worker_pids_set = False
     except (ImportError, AttributeError, RuntimeError, ValueError):
         pass  # another torch: its handler stays; the error is then torch's own
+
+
+def _no_shared_lock_for_the_dead(it) -> None:
+    """Let torch's liveness check mark a dead worker unavailable without the shared done event.
+
+    After 5 s without data torch marks each dead worker unavailable, and that asks the workers'
+    shared done event whether it is set — taking a lock the workers take too. A worker killed
+    while holding it (SIGKILL inside its own ``done_event.is_set()``) leaves it held for ever, and
+    the training process hung there (seen once in CI, in
+    tests/reliability/test_reliability_processes.py). For a dead worker only the bookkeeping is
+    done here (nothing can be sent to it anyway); torch then raises its error about the death,
+    which the loader names as a :class:`~gpupipe.core.errors.WorkerError`."""
+    mark = getattr(it, "_mark_worker_as_unavailable", None)
+    if mark is None or not hasattr(it, "_workers") or not hasattr(it, "_workers_status"):
+        return  # another torch: its own way
+
+    def unavailable(worker_id: int, shutdown: bool = False) -> None:
+        if not shutdown and it._workers[worker_id].exitcode not in (None, 0):  # (lists torch renews each pass)
+            it._workers_status[worker_id] = False
+            return
+        mark(worker_id, shutdown)
+
+    it._mark_worker_as_unavailable = unavailable
 
 
 def dead_workers(it, wait_s: float = 0.0) -> list:

@@ -65,6 +65,34 @@ def test_killed_worker_is_named_with_its_shards_and_nothing_is_left(tmp_path):
     assert not children() - before  # no orphan, no zombie
 
 
+@pytest.mark.timeout(90)
+def test_a_worker_dead_holding_the_workers_shared_lock_is_named_not_waited_for(tmp_path):
+    """torch's liveness check asked the workers' shared done event about a dead worker, taking a lock
+    the workers take too: a worker killed inside its own ``is_set()`` left it held, and the training
+    process waited for ever (seen once in CI). Here a process dies holding that lock, then a worker
+    is killed: the death is named within torch's 5 s check, not waited for."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, [400, 300])
+    loader = EncodedLoader(url, batch_size=4, num_workers=2, rank=0, world_size=1,
+                           stream=StreamConfig(shuffle_buffer=64))
+    before = children()
+    it = iter(loader)
+    next(it)
+    workers = sorted(children() - before)
+    lock = loader._workers.loader._iterator._workers_done_event._cond  # what is_set() takes, in every process
+    holder = os.fork()
+    if holder == 0:  # dies holding it, as a worker SIGKILLed inside done_event.is_set()
+        lock.acquire()
+        os._exit(0)
+    os.waitpid(holder, 0)
+    os.kill(workers[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=f"pid {workers[1]}, killed by SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 30
+
+
 def test_breaking_early_keeps_the_workers_for_the_next_pass_and_close_or_the_loader_going_stops_them(tmp_path):
     """Stream workers outlive a pass (gpupipe.stream.ticket): a pass broken off leaves them idle for
     the next one; ``close()`` stops them at once, and so does dropping the loader."""
