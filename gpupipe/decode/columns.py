@@ -30,7 +30,7 @@ def crop_key(config: DecodeConfig, epoch: int) -> tuple:
 def annotate(batch, config: DecodeConfig):
     """``batch`` with its images' headers probed and, under ``random_resized_crop``, its crop
     boxes drawn (in a DataLoader worker, for the decoder with ``config``)."""
-    headers = probe_batch(batch.images(), config.max_pixels)
+    headers = probe_batch(batch.images(), config.max_pixels, _padded(batch))
     crops = None
     if config.resize is ResizeMode.RANDOM_CROP:
         crops = (crop_key(config, batch.epoch),
@@ -44,7 +44,13 @@ def probed(batch, max_pixels: int | None) -> ProbedHeaders:
     carried = getattr(batch, "probed", None)
     if carried is not None and carried.max_pixels == max_pixels and len(carried) == len(batch):
         return carried
-    return probe_batch(batch.images(), max_pixels)
+    return probe_batch(batch.images(), max_pixels, _padded(batch))
+
+
+def _padded(batch) -> tuple[np.ndarray, np.ndarray] | None:
+    """A padded batch's (B, stride) rows and image sizes (:func:`~gpupipe.formats.headers.probe_batch`)."""
+    rows = batch.padded_rows() if hasattr(batch, "padded_rows") else None
+    return None if rows is None else (rows, batch.image_sizes())
 
 
 def keyed_crops(batch, config: DecodeConfig) -> np.ndarray | None:

@@ -353,13 +353,12 @@ def _encoded(batch, src: np.ndarray | None) -> tuple[np.ndarray | list[np.ndarra
     the batch's (B, stride) array when it is packed padded (one array for the whole batch: no
     per-row work here or in DALI's feed), else a numpy view per image; and the sizes, int32."""
     sizes = batch.image_sizes()
-    data = batch.data.numpy()
-    if batch.stride:
-        rows = data[:len(batch) * batch.stride].reshape(len(batch), batch.stride)
+    rows = batch.padded_rows()
+    if rows is not None:
         if src is None:
             return rows, sizes.astype(np.int32)
         return rows[src], sizes[src].astype(np.int32)
-    starts = batch.offsets.numpy()[:-1]
+    starts, data = batch.offsets.numpy()[:-1], batch.data.numpy()
     if src is not None:
         starts, sizes = starts[src], sizes[src]
     return [data[a:a + z] for a, z in zip(starts.tolist(), sizes.tolist())], sizes.astype(np.int32)

@@ -96,17 +96,46 @@ def _remember(data, header: ImageHeader, max_pixels: int | None) -> None:
     known[bytes(data[:header.scan])] = header
 
 
-def probe_batch(images: Sequence, max_pixels: int | None) -> ProbedHeaders:
+def _known_rows(rows: np.ndarray, sizes: np.ndarray, max_pixels: int | None) -> list[ImageHeader | None]:
+    """:func:`_known_jpeg` of every image of a padded batch at once: row i of ``rows`` (B, stride)
+    starts with image i, ``sizes[i]`` bytes. The markers are compared as arrays, and each header
+    is looked up by its bytes, cut from the rows in one copy (no Python call per image)."""
+    n = len(sizes)
+    found: list[ImageHeader | None] = [None] * n
+    if n == 0 or rows.shape[1] < 4:
+        return found
+    at = np.arange(n)
+    last = np.maximum(sizes, 2)
+    ends = (sizes >= 4) & (rows[:, 0] == 0xFF) & (rows[:, 1] == 0xD8) & (rows[at, last - 2] == 0xFF) \
+        & (rows[at, last - 1] == 0xD9)
+    for (limit, length), known in list(_PASSED.items()):  # (a copy: another thread may add a key)
+        if limit != max_pixels or length > rows.shape[1]:
+            continue
+        wanted = np.flatnonzero(ends & (length <= sizes - 2))
+        if not len(wanted):
+            continue
+        heads = np.ascontiguousarray(rows[wanted, :length]).view(f"V{length}").ravel().tolist()
+        for i, head in zip(wanted.tolist(), heads):
+            header = known.get(head)
+            if header is not None and found[i] is None:
+                found[i] = header
+    return found
+
+
+def probe_batch(images: Sequence, max_pixels: int | None, padded: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> ProbedHeaders:
     """Probe every image of ``images`` (bytes-like, one per image): magic bytes, header,
     ``max_pixels`` and completeness, as :func:`~gpupipe.formats.imageheader.probe` and
     :func:`~gpupipe.formats.imageheader.check_complete` do one image at a time (a JPEG whose
-    header was seen before byte for byte is answered from memory: ~1 us)."""
+    header was seen before byte for byte is answered from memory: ~1 us; ~0.2 us when the batch
+    is also given ``padded``, as its (B, stride) rows and sizes: :func:`_known_rows`)."""
+    known = _known_rows(*padded, max_pixels) if padded is not None else None
     index = np.empty(len(images), dtype=np.int32)
     table: list[ImageHeader] = []
     seen: dict[int, int] = {}  # id of a header object -> its place in the table
     reasons: dict[int, str] = {}
     for i, data in enumerate(images):
-        header = _known_jpeg(data, max_pixels)
+        header = known[i] if known is not None else _known_jpeg(data, max_pixels)
         if header is None:
             try:
                 header = probe(data, max_pixels=max_pixels)

@@ -217,12 +217,18 @@ def _crcs(span: Segments, sample: np.ndarray, names: np.ndarray, length: np.ndar
     name is exactly that here) and the data at ``start``, member by member in rank order."""
     names = np.ascontiguousarray(names)
     flat, width = names.reshape(-1).data, names.shape[1]
-    dseg, dat, whole = span.locate(start, size)
-    views = [p.data for p in span.parts]
+    heads = range(0, len(sample) * width, width)
     out = [0] * n
     small = zlib.crc32
-    for s, h, k, dk, d, z, w in zip(sample.tolist(), range(0, len(sample) * width, width), length.tolist(),
-                                    dseg.tolist(), dat.tolist(), size.tolist(), whole.tolist()):
+    if len(span.parts) == 1 and (size < _SMALL).all():  # one buffer (a unit read whole), small members
+        view = span.parts[0].data
+        for s, h, k, d, z in zip(sample.tolist(), heads, (length + 1).tolist(), start.tolist(), (start + size).tolist()):
+            out[s] = small(view[d:z], small(flat[h:h + k], out[s]))
+        return np.array(out, dtype=np.uint32)
+    dseg, dat, whole = span.locate(start, size)
+    views = [p.data for p in span.parts]
+    for s, h, k, dk, d, z, w in zip(sample.tolist(), heads, length.tolist(), dseg.tolist(), dat.tolist(),
+                                    size.tolist(), whole.tolist()):
         crc = small(flat[h:h + k + 1], out[s])
         if not w:
             for piece in span.pieces(int(span.edges[dk]) + d, z):

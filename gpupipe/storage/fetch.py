@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -565,6 +565,61 @@ class Fetcher:
             return
         yield from self._read_pooled(ranges, reuse)
 
+    @property
+    def gathers(self) -> bool:
+        """Whether :meth:`gather` reads here: local files without a cache."""
+        return self._pool_buffers is not None
+
+    def gather(self, urls: Sequence[str], starts: Sequence[int], stops: Sequence[int]) -> np.ndarray | None:
+        """Bytes ``[starts[i], stops[i])`` of the local file at ``urls[i]``, for every ``i``, end to
+        end in one reused buffer, read now in this thread: copied from the file mapped where this
+        fetcher maps files, else one system call a range — a shuffled unit of work is hundreds of
+        short ranges, and :meth:`read_many` costs a request, a block and a future each. ``None``
+        when this fetcher does not read local files without a cache (:attr:`gathers`) or when any
+        range cannot be read so (a file gone or shorter, a network file system): the caller reads
+        them with :meth:`read_many`, which retries and names what fails. The buffer goes back to
+        its pool once nothing holds a view of it."""
+        if self._pool_buffers is None or not urls:
+            return None
+        sizes = [b - a for a, b in zip(starts, stops)]
+        total = sum(sizes)
+        if min(sizes) < 0:
+            return None
+        out = BufferPool.shared(1 << max(20, (total - 1).bit_length()), 3).take(total)
+        try:
+            if self._maps is not None:
+                files: dict[str, np.ndarray] = {}
+                parts = []
+                for url, a, b in zip(urls, starts, stops):
+                    whole = files.get(url)
+                    if whole is None or b > len(whole):
+                        whole = files[url] = self._mapping(url, b)
+                    parts.append(whole[a:b])
+                np.concatenate(parts, out=out)
+            else:
+                at = 0
+                for url, a, n in zip(urls, starts, sizes):
+                    if os.preadv(self._open(url), [out[at:at + n].data], a) != n:
+                        return None
+                    at += n
+        except (OSError, ValueError, _NotMapped):
+            return None
+        with self._lock:
+            self.stats.requests += len(sizes)
+            self.stats.bytes += total
+        return out
+
+    def _open(self, url: str) -> int:
+        """A descriptor of the local file at ``url``, kept open for the next short read of it (the
+        last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened)."""
+        fd = self._files.pop(url, None)
+        if fd is None:
+            fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
+            while len(self._files) >= _FILES_OPEN:
+                os.close(self._files.popitem(last=False)[1])
+        self._files[url] = fd
+        return fd
+
     def _read_mapped(self, ranges: Iterable[tuple[ByteRange, Version]]) -> Iterator[list[Any] | StorageError]:
         """:meth:`read_many` of mapped local files: a view per range, no thread, no future; a range
         that cannot be had so (past the end, a file gone) goes the pooled way, with its retries
@@ -626,27 +681,25 @@ class Fetcher:
             return _Done(None, exc)
 
     def _read_short(self, url: str, start: int, stop: int) -> np.ndarray:
-        """Bytes ``[start, stop)`` of a local file, which stays open for the next short read of it
-        (the last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened),
-        into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes).
+        """Bytes ``[start, stop)`` of a local file (:meth:`_open`), into an uninitialised buffer (a ``bytearray`` is zeroed first: one more pass over the bytes).
         (A fetcher that maps files reads here only what the mapping could not give: read, not mapped.)"""
-        fd = self._files.pop(url, None)
-        if fd is None:
-            fd = os.open(self.fs._strip_protocol(url), os.O_RDONLY)
-            while len(self._files) >= _FILES_OPEN:
-                os.close(self._files.popitem(last=False)[1])
-        self._files[url] = fd
         out = np.empty(stop - start, dtype=np.uint8)
-        got = os.preadv(fd, [out.data], start)
+        got = os.preadv(self._open(url), [out.data], start)
         self.count_read(got)
         if got != stop - start:
             raise _ShortRead(f"got {got} of {stop - start} bytes for range [{start}, {stop})")
         return out
 
     def _mapped(self, url: str, start: int, stop: int) -> np.ndarray:
-        """Bytes ``[start, stop)`` of a local file as a view of it mapped whole (the last
-        ``_FILES_MAPPED`` files; mapped again when the range is past the end, should it have grown).
+        """Bytes ``[start, stop)`` of a local file as a view of it mapped whole (:meth:`_mapping`).
         A view keeps its mapping alive; one dropped here is unmapped when its last view goes."""
+        whole = self._mapping(url, stop)
+        self.count_read(stop - start)
+        return whole[start:stop]
+
+    def _mapping(self, url: str, stop: int) -> np.ndarray:
+        """The local file at ``url`` mapped whole, at least ``stop`` bytes of it (the last
+        ``_FILES_MAPPED`` files; mapped again when ``stop`` is past the end, should it have grown)."""
         assert self._maps is not None, "a fetcher that maps files"
         whole, known = self._maps.pop(url, (None, ()))
         if whole is None or stop > len(whole):
@@ -662,9 +715,8 @@ class Fetcher:
                 self._maps.popitem(last=False)
         self._maps[url] = whole, known
         if stop > len(whole):
-            raise _ShortRead(f"got {max(0, len(whole) - start)} of {stop - start} bytes for range [{start}, {stop})")
-        self.count_read(stop - start)
-        return whole[start:stop]
+            raise _ShortRead(f"got {len(whole)} of the {stop} bytes asked for")
+        return whole
 
     def forget_changed_files(self) -> int:
         """Unmap the mapped files changed on disk since they were mapped (another inode, size or

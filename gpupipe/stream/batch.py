@@ -125,6 +125,13 @@ class EncodedBatch:
         sizes = self.sizes.tolist() if self.sizes is not None else [b - a for a, b in zip(starts, starts[1:])]
         return [view[a:a + z] for a, z in zip(starts, sizes)]
 
+    def padded_rows(self) -> np.ndarray | None:
+        """(B, stride) uint8: row i is image i and bytes of no meaning, for a batch packed padded;
+        else None."""
+        if not self.stride:
+            return None
+        return self.data.numpy()[:len(self) * self.stride].reshape(len(self), self.stride)
+
     def image_sizes(self) -> np.ndarray:
         """(B,) int64: each image's size in bytes."""
         return self.sizes.numpy() if self.sizes is not None else np.diff(self.offsets.numpy())

@@ -227,7 +227,31 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
 
     kind = source.manifest.container
     reader = kind.needs("read_spans", f"streaming {source.shard_urls[0] if source.shard_urls else 'a source'}")
-    scan, settle = kind.hooks.get("scan_unit"), kind.hooks.get("settle_span")  # tar's: see the end of the module
+    # tar's: see the end of the module
+    scan, settle, gather = (kind.hooks.get(h) for h in ("scan_unit", "settle_span", "read_unit"))
+
+    def settled(unit_spans_: list[Span], got: list) -> SampleTable:
+        tables: list[SampleTable] = []
+        for s, span in zip(unit_spans_, got):
+            url = source.shard_urls[s.shard]
+            if settle is not None:
+                span = settle(fetcher, source, s, span, wanted)
+            # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
+            one = _deliver(span, url, int(first_ids(s.shard)) + s.start,
+                           on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(quiet=True),
+                           wanted)
+            tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
+        return SampleTable.concat(tables)
+
+    if scan is not None and gather is not None and fetcher.gathers:  # local files: a unit's bytes in one read
+        for unit in units:
+            unit_spans_, order = unit_spans(spec, epoch, unit)
+            joined = gather(fetcher, source, unit_spans_)
+            table = scan(source, unit_spans_, [[joined]], first_ids, wanted) if joined is not None else None
+            if table is None:
+                table = settled(unit_spans_, list(reader(fetcher, source, unit_spans_)))
+            yield unit, _relabeled(table.take(order), source.parts)
+        return
     read: Iterator = reader(fetcher, source, spans())
     while True:
         first = next(read, None)  # reading a unit's first span has put the unit in `planned`
@@ -237,17 +261,7 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
         got = [first] + [next(read) for _ in unit_spans_[1:]]
         table = scan(source, unit_spans_, got, first_ids, wanted) if scan is not None else None
         if table is None:
-            tables: list[SampleTable] = []
-            for s, span in zip(unit_spans_, got):
-                url = source.shard_urls[s.shard]
-                if settle is not None:
-                    span = settle(fetcher, source, s, span, wanted)
-                # padding repeats samples delivered elsewhere: a bad one is not counted (or raised) again
-                one = _deliver(span, url, int(first_ids(s.shard)) + s.start,
-                               on_error if s.valid else ErrorPolicy.SKIP, skips if s.valid else SkipLog(quiet=True),
-                               wanted)
-                tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
-            table = SampleTable.concat(tables)
+            table = settled(unit_spans_, got)
         yield unit, _relabeled(table.take(order), source.parts)
 
 
@@ -281,6 +295,17 @@ def _tar_fetched(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]
             yield ByteRange(source.shard_urls[s.shard], int(offsets[s.start]), int(offsets[s.stop])), version
 
     yield from fetcher.read_many(ranges(), reuse=True)
+
+
+def _tar_gathered(fetcher: Fetcher, source: ResolvedSource, spans: Sequence[Span]) -> np.ndarray | None:
+    """Tar shards of local files: the bytes of a unit's spans end to end (:meth:`Fetcher.gather`),
+    or ``None`` (then they are read span by span)."""
+    assert source.manifest is not None, "iter_units checked it"
+    entries = source.manifest.shards
+    urls = [source.shard_urls[s.shard] for s in spans]
+    starts = [int(entries[s.shard].offsets[s.start]) for s in spans]
+    stops = [int(entries[s.shard].offsets[s.stop]) for s in spans]
+    return fetcher.gather(urls, starts, stops)
 
 
 def _tar_read(fetcher: Fetcher, source: ResolvedSource, s: Span, blocks: list[bytes] | GpupipeError,
@@ -388,10 +413,11 @@ def _scanned_targets(got: ScannedSpan, wanted: _Wanted, url: str, base: int) -> 
     return columns
 
 
-# Tar shards: each span fetched as blocks (read_spans), a unit's spans scanned together (scan_unit), and
-# only when that fails each span read on its own (settle_span). The containers read in place register
+# Tar shards: each span fetched as blocks (read_spans) — of local files a unit's spans in one read
+# (read_unit) — a unit's spans scanned together (scan_unit), and only when that fails each span read
+# on its own (settle_span). The containers read in place register
 # their span readers in gpupipe.stream.readers.
-TAR.hook(read_spans=_tar_fetched, scan_unit=_scanned_unit, settle_span=_tar_read)
+TAR.hook(read_spans=_tar_fetched, read_unit=_tar_gathered, scan_unit=_scanned_unit, settle_span=_tar_read)
 
 
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,

@@ -66,11 +66,25 @@ def _encode(images: list[tuple[str, bytes]], **kw):
     return pack(samples, [True] * len(samples), epoch=3, **kw)
 
 
+def _padded(images: list[bytes], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The images as a padded batch's rows (B, stride) and sizes, garbage past each image: an
+    EOI marker, a header's start, random bytes."""
+    rng = np.random.default_rng(seed)
+    sizes = np.array([len(d) for d in images], dtype=np.int64)
+    rows = rng.integers(0, 256, (len(images), int(sizes.max()) + 8), dtype=np.uint8)
+    rows[:, -8:-4], rows[:, -4:] = (0xFF, 0xD9, 0xFF, 0xD9), (0xFF, 0xD8, 0xFF, 0xE0)
+    for i, d in enumerate(images):
+        rows[i, :len(d)] = np.frombuffer(d, dtype=np.uint8)
+    return rows, sizes
+
+
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("max_pixels", [None, 2000])
-def test_probe_batch_says_what_probing_each_image_alone_says(max_pixels):
+def test_probe_batch_says_what_probing_each_image_alone_says(max_pixels, padded):
     images = [d for _, d in _batch_images()]
+    rows = _padded(images) if padded else None
     for _ in range(2):  # the second time, good JPEG headers come from memory
-        got = probe_batch(images, max_pixels)
+        got = probe_batch(images, max_pixels, rows)
         for i, data in enumerate(images):
             header, reason = _one_by_one(data, max_pixels)
             assert got.reasons.get(i) == reason, i
@@ -87,11 +101,13 @@ def test_a_remembered_header_never_answers_for_another_file(seed, cut, tail):
     clean = base_jpegs(seed % 3, 12)[int(rng.integers(12))]
     _, mutated = mutate(clean, rng)
     others = [mutated, clean[:max(4, len(clean) - cut)] + tail, clean + tail, clean[:len(clean) // 2] + clean[-2:]]
-    got = probe_batch([clean, *others], None)
-    for i, data in enumerate([clean, *others]):
-        header, reason = _one_by_one(data, None)
-        assert got.reasons.get(i) == reason
-        assert _all_fields(got.headers()[i]) == header
+    probe_batch([clean], None)  # remembered
+    for padded in (None, _padded([clean, *others], seed)):  # one image at a time, or the batch's rows at once
+        got = probe_batch([clean, *others], None, padded)
+        for i, data in enumerate([clean, *others]):
+            header, reason = _one_by_one(data, None)
+            assert got.reasons.get(i) == reason
+            assert _all_fields(got.headers()[i]) == header
 
 
 def test_padded_pack_holds_the_same_images_and_chooses_its_layout():

@@ -3,6 +3,7 @@ nothing can see it any more, so bytes already handed out are never overwritten."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gpupipe.storage.buffers import BufferPool, read_into
 
@@ -141,3 +142,36 @@ def test_files_on_a_network_file_system_are_read_not_mapped(tmp_path, monkeypatc
     assert got == [(bytes(range(256)) * 8)[a:a + 100] for a in (0, 700)]
     assert f._maps is None  # read as before, and never mapped after
     f.close()
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_gather_reads_ranges_end_to_end_or_leaves_them_to_read_many(tmp_path, mapped):
+    """gather (a unit of work's spans of local files in one read): the ranges' bytes end to end in
+    one buffer, the same from mapped files as read; a buffer held is never handed out again; a
+    missing file, a range past a file's end or a fetcher with a cache gives None (the spans are
+    then read by read_many, which names what fails)."""
+    import fsspec
+
+    from gpupipe.storage.fetch import FetchConfig, Fetcher
+
+    data = {i: bytes(np.random.default_rng(i).integers(0, 256, 5000 + i, dtype=np.uint8)) for i in range(3)}
+    for i, d in data.items():
+        (tmp_path / f"f{i}").write_bytes(d)
+    f = Fetcher(fsspec.filesystem("file"), FetchConfig(retries=1, backoff_s=0.001), map_files=mapped)
+    assert f.gathers
+    urls = [str(tmp_path / f"f{i % 3}") for i in range(12)]
+    starts = [(311 * i) % 4000 for i in range(12)]
+    stops = [a + 1 + 37 * i for i, a in enumerate(starts)]
+    first = f.gather(urls, starts, stops)
+    assert first is not None
+    want = b"".join(data[i % 3][a:b] for i, (a, b) in enumerate(zip(starts, stops)))
+    assert bytes(first) == want
+    assert (f.stats.requests, f.stats.bytes) == (12, len(want))
+    again = f.gather(urls[::-1], starts[::-1], stops[::-1])  # `first` is held: another buffer
+    assert again is not None and not np.shares_memory(first, again) and bytes(first) == want
+    assert f.gather([urls[0], str(tmp_path / "nope")], [0, 0], [10, 10]) is None
+    assert f.gather([urls[1]], [4990], [5002]) is None  # f1 has 5001 bytes
+    assert f.gather([], [], []) is None
+    f.close()
+    cached = Fetcher(fsspec.filesystem("file"), FetchConfig(cache_dir=str(tmp_path / "cache")), map_files=mapped)
+    assert not cached.gathers and cached.gather(urls, starts, stops) is None
