@@ -689,9 +689,11 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     unit, offset, _ = _locate(spec, epoch, p)
     new = np.ones(len(p), dtype=bool)  # a span starts at a new shard, a gap, or where padding starts or ends
     new[1:] = (unit[1:] != unit[:-1]) | (offset[1:] != offset[:-1] + 1) | (valid[1:] != valid[:-1])
-    firsts = np.flatnonzero(new).tolist()
-    return [Span(shard=int(unit[a]), start=int(offset[a]), stop=int(offset[a]) + (b - a), valid=bool(valid[a]))
-            for a, b in zip(firsts, firsts[1:] + [len(p)])]
+    firsts = np.flatnonzero(new)
+    starts = offset[firsts]
+    stops = starts + np.diff(np.append(firsts, len(p)))
+    return [Span(u, a, b, v) for u, a, b, v in zip(unit[firsts].tolist(), starts.tolist(), stops.tolist(),
+                                                  valid[firsts].tolist())]
 
 
 _ORDERS: list = []  # ((spec, epoch, chunk start, size), order) of the latest chunks, matched by identity

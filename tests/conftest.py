@@ -49,6 +49,17 @@ import_torchvision()  # once, before any test module imports it (tvshim.py says 
 # ---------------------------------------------------------------- devices
 
 
+@pytest.fixture(autouse=True)
+def _scan_memo_per_test() -> Iterator[None]:
+    """Each test starts with this process's memo of scanned local shards empty
+    (gpupipe.stream.memo): a test that counts scans, or damages a shard another test read, sees its
+    own reads only. Tests of the memo itself read a source more than once."""
+    from gpupipe.stream.memo import SCANNED
+
+    SCANNED.clear()
+    yield
+
+
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
 def device(request) -> torch.device:

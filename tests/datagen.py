@@ -17,9 +17,10 @@ def payload(sample_id: int) -> bytes:
 
 
 def write_dataset(url: str, counts: list[int], *, storage_options: dict | None = None, manifest: bool = True,
-                  image: Callable[[int], bytes] = payload, num_classes: int = 10) -> list[str]:
+                  image: Callable[[int], bytes] = payload, num_classes: int = 10, checksums: bool = False) -> list[str]:
     """Write shards ``part-NNNN.tar`` with ``counts[i]`` samples each under ``url``; sample ids
-    run 0..N-1 in shard order, label = id % num_classes, image bytes ``image(id)``. Returns the shard URLs."""
+    run 0..N-1 in shard order, label = id % num_classes, image bytes ``image(id)``; ``checksums``:
+    the manifest holds each sample's CRC-32. Returns the shard URLs."""
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     root = root.rstrip("/")
     fs.makedirs(root, exist_ok=True)
@@ -33,7 +34,8 @@ def write_dataset(url: str, counts: list[int], *, storage_options: dict | None =
         w.close()
         name = f"part-{i:04d}.tar"
         fs.pipe_file(f"{root}/{name}", buf.getvalue())
-        entries.append(ShardEntry(name, n, len(buf.getvalue()), hashlib.sha256(buf.getvalue()).hexdigest(), tuple(w.offsets)))
+        entries.append(ShardEntry(name, n, len(buf.getvalue()), hashlib.sha256(buf.getvalue()).hexdigest(), tuple(w.offsets),
+                                  tuple(w.crcs) if checksums else None))
         urls.append(f"{url.rstrip('/')}/{name}")
     if manifest:
         fs.pipe_file(f"{root}/{MANIFEST_NAME}", Manifest(tuple(entries)).to_json().encode())

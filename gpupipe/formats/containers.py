@@ -39,7 +39,7 @@ HOOKS = {
     "join": "(tables) -> table: several sources' tables as one, for a mix  [sources]",
     "read_spans": "(fetcher, ResolvedSource, iterable of Span) -> iterator of ReadSpan, one a span, in "
                   "order: the stream's reader (and ingest's, validate's by default)  [stream]",
-    "read_unit": "tar: a unit's spans of local files read end to end into one buffer, or None  [stream]",
+    "read_unit": "tar: a unit's samples of local files from one read (or None: read span by span)  [stream]",
     "scan_unit": "tar: a unit's fetched spans scanned together  [stream]",
     "settle_span": "tar: a fetched span read as samples when the scan gave up  [stream]",
     "validate_read": "(fetcher, ResolvedSource, range of units) -> iterator of Good | Problem  [tools]",

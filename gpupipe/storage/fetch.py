@@ -609,6 +609,17 @@ class Fetcher:
             self.stats.bytes += total
         return out
 
+    def identity(self, url: str) -> tuple[int, int, int] | None:
+        """The local file at ``url`` as it is now: (inode, size, modification time in ns), or
+        ``None`` when it cannot be told (gone, not local)."""
+        if self._pool_buffers is None:
+            return None
+        try:
+            st = os.stat(self.fs._strip_protocol(url))
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
     def _open(self, url: str) -> int:
         """A descriptor of the local file at ``url``, kept open for the next short read of it (the
         last ``_FILES_OPEN`` files; a file replaced meanwhile is read as it was when opened)."""

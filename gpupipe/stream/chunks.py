@@ -28,6 +28,7 @@ A placeholder has no boxes and an empty mask.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,7 @@ from gpupipe.sources.source import ResolvedSource
 from gpupipe.storage.buffers import BufferPool
 from gpupipe.storage.fetch import Fetcher, ObjectVersion
 from gpupipe.stream.batch import LABEL_EXTENSIONS, SampleTable, image_field, label_of
+from gpupipe.stream.memo import SCANNED
 from gpupipe.stream.readers import ReadSpan
 from gpupipe.stream.settings import StreamConfig
 from gpupipe.stream.targets import SampleTargets, TargetColumns, member_fields, read_targets
@@ -243,11 +245,10 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
             tables.append(one if s.valid else replace(one, valid=np.zeros(len(one), dtype=bool)))
         return SampleTable.concat(tables)
 
-    if scan is not None and gather is not None and fetcher.gathers:  # local files: a unit's bytes in one read
+    if gather is not None and fetcher.gathers:  # local files: a unit's bytes in one read
         for unit in units:
             unit_spans_, order = unit_spans(spec, epoch, unit)
-            joined = gather(fetcher, source, unit_spans_)
-            table = scan(source, unit_spans_, [[joined]], first_ids, wanted) if joined is not None else None
+            table = gather(fetcher, source, unit_spans_, first_ids, wanted)
             if table is None:
                 table = settled(unit_spans_, list(reader(fetcher, source, unit_spans_)))
             yield unit, _relabeled(table.take(order), source.parts)
@@ -297,17 +298,6 @@ def _tar_fetched(fetcher: Fetcher, source: ResolvedSource, spans: Iterable[Span]
     yield from fetcher.read_many(ranges(), reuse=True)
 
 
-def _tar_gathered(fetcher: Fetcher, source: ResolvedSource, spans: Sequence[Span]) -> np.ndarray | None:
-    """Tar shards of local files: the bytes of a unit's spans end to end (:meth:`Fetcher.gather`),
-    or ``None`` (then they are read span by span)."""
-    assert source.manifest is not None, "iter_units checked it"
-    entries = source.manifest.shards
-    urls = [source.shard_urls[s.shard] for s in spans]
-    starts = [int(entries[s.shard].offsets[s.start]) for s in spans]
-    stops = [int(entries[s.shard].offsets[s.stop]) for s in spans]
-    return fetcher.gather(urls, starts, stops)
-
-
 def _tar_read(fetcher: Fetcher, source: ResolvedSource, s: Span, blocks: list[bytes] | GpupipeError,
               wanted: _Wanted) -> ReadSpan:
     """The samples of one tar span from its bytes: scanned whole when it takes the plain layout,
@@ -326,35 +316,132 @@ def _tar_read(fetcher: Fetcher, source: ResolvedSource, s: Span, blocks: list[by
 _JOIN_SEGMENTS = 16  # a unit's spans joined into one buffer before the scan above this many
 
 
+@dataclass(frozen=True)
+class _UnitLayout:
+    """A unit's samples as the manifest has them, in span order: each one's ``shard`` and
+    ``index`` in it, its ``size`` in bytes and its CRC-32 (``crcs``: None when no shard has them)."""
+
+    shard: np.ndarray
+    index: np.ndarray
+    size: np.ndarray
+    crcs: np.ndarray | None
+    valid: np.ndarray
+    at: np.ndarray  # each sample's first byte in its shard
+    lengths: np.ndarray  # samples per span
+
+    @classmethod
+    def of(cls, source: ResolvedSource, spans: Sequence[Span]) -> _UnitLayout | None:
+        """``None`` when some of the shards have checksums and some not (each span is then
+        checked on its own)."""
+        assert source.manifest is not None, "iter_units checked it"
+        entries = source.manifest.shards
+        lengths = np.array([len(s) for s in spans])
+        shard = np.repeat([s.shard for s in spans], lengths)
+        index = np.arange(len(shard)) + np.repeat([s.start for s in spans] - np.cumsum(lengths) + lengths, lengths)
+        shards = np.unique(shard).tolist()
+        checked = [entries[k].crc32 is not None for k in shards]
+        if any(checked) != all(checked):
+            return None
+        at, sizes = np.empty(len(shard), np.int64), np.empty(len(shard), np.int64)
+        crcs = np.empty(len(shard), np.int64) if all(checked) else None
+        for k in shards:
+            mine, entry = shard == k, entries[k]
+            at[mine] = entry.offsets[index[mine]]
+            sizes[mine] = entry.offsets[index[mine] + 1] - at[mine]
+            if crcs is not None and entry.crc32 is not None:
+                crcs[mine] = entry.crc32[index[mine]]
+        return cls(shard, index, sizes, crcs, np.repeat([s.valid for s in spans], lengths), at, lengths)
+
+    def byte_ranges(self) -> tuple[list[int], list[int], list[int]]:
+        """Each span's shard, first byte and end in it."""
+        last = np.cumsum(self.lengths) - 1
+        first = last - self.lengths + 1
+        return self.shard[first].tolist(), self.at[first].tolist(), (self.at[last] + self.size[last]).tolist()
+
+    @property
+    def starts(self) -> np.ndarray:
+        """``n + 1`` offsets: each sample's start in the unit's bytes end to end, then their end."""
+        return np.concatenate([[0], np.cumsum(self.size)])
+
+
 def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[list[bytes] | GpupipeError],
                   first_ids: Callable[[Any], Any], wanted: _Wanted) -> SampleTable | None:
     """The samples of a unit's tar spans, in span order, from one scan of their bytes side by side
     (a span's bytes are exactly its samples, so together they are a run of whole samples); ``None``
     when a read failed or the scan does not take them all (each span is then read on its own)."""
-    assert source.manifest is not None, "iter_units checked it"
-    if any(isinstance(g, GpupipeError) for g in got):
+    layout = _UnitLayout.of(source, spans)
+    if layout is None or any(isinstance(g, GpupipeError) for g in got):
         return None
-    entries = source.manifest.shards
-    lengths = np.array([len(s) for s in spans])
-    shard = np.repeat([s.shard for s in spans], lengths)  # each sample's shard and index in it
-    index = np.arange(len(shard)) + np.repeat([s.start for s in spans] - np.cumsum(lengths) + lengths, lengths)
-    shards = np.unique(shard).tolist()
-    checked = [entries[k].crc32 is not None for k in shards]
-    if any(checked) != all(checked):
-        return None  # some shards with checksums, some without: each span is checked on its own
-    sizes, crcs = np.empty(len(shard), np.int64), np.empty(len(shard), np.int64) if all(checked) else None
-    for k in shards:
-        mine, entry = shard == k, entries[k]
-        sizes[mine] = entry.offsets[index[mine] + 1] - entry.offsets[index[mine]]
-        if crcs is not None and entry.crc32 is not None:
-            crcs[mine] = entry.crc32[index[mine]]
     segments: list[Any] = [block for blocks in got if not isinstance(blocks, GpupipeError) for block in blocks]
     if len(segments) > _JOIN_SEGMENTS:  # many short spans (blocks of shards): one copy beats a gather per span
         segments = [_joined(segments)]
-    table = _scanned(segments, np.concatenate([[0], np.cumsum(sizes)]), crcs, wanted, source.shard_urls[spans[0].shard])
+    return _scanned_layout(source, spans, segments, layout, first_ids, wanted)
+
+
+def _scanned_layout(source: ResolvedSource, spans: Sequence[Span], segments: list, layout: _UnitLayout,
+                    first_ids: Callable[[Any], Any], wanted: _Wanted) -> SampleTable | None:
+    table = _scanned(segments, layout.starts, layout.crcs, wanted, source.shard_urls[spans[0].shard])
     if table is None:
         return None
-    return replace(table, sample_ids=first_ids(shard) + index, valid=np.repeat([s.valid for s in spans], lengths))
+    return replace(table, sample_ids=first_ids(layout.shard) + layout.index, valid=layout.valid)
+
+
+def _tar_unit(fetcher: Fetcher, source: ResolvedSource, spans: Sequence[Span], first_ids: Callable[[Any], Any],
+              wanted: _Wanted) -> SampleTable | None:
+    """Tar shards of local files: a unit's samples from one read of its spans' bytes end to end
+    (:meth:`Fetcher.gather`), scanned — or, where every sample was scanned before in files
+    unchanged since, taken where the scan found them (:mod:`gpupipe.stream.memo`). ``None`` when
+    the read or the scan fails: each span is then read on its own."""
+    assert source.manifest is not None, "iter_units checked it"
+    layout = _UnitLayout.of(source, spans)
+    if layout is None:
+        return None
+    entries, urls = source.manifest.shards, source.shard_urls
+    shards = np.unique(layout.shard).tolist()
+    before = {k: _identity(fetcher, source, k) for k in shards}
+    known = SCANNED.known(urls, layout.index, layout.shard) if not wanted.kinds else None
+    span_shards, span_starts, span_stops = layout.byte_ranges()
+    joined = fetcher.gather([urls[k] for k in span_shards], span_starts, span_stops)
+    if joined is None:
+        return None
+    steady = all(before[k] is not None and before[k] == _identity(fetcher, source, k) for k in shards)
+    starts = layout.starts[:-1]
+    if known is not None and steady and all(known[0][k] == before[k] for k in shards):
+        _, image_at, size, labels, keys = known
+        return SampleTable(buffers=(joined,), buffer=np.zeros(len(size), np.int64), start=starts + image_at,
+                           size=size, labels=labels, sample_ids=first_ids(layout.shard) + layout.index, keys=keys,
+                           valid=layout.valid)
+    table = _scanned_layout(source, spans, [joined], layout, first_ids, wanted)
+    if table is not None and steady and not wanted.kinds and not table.buffer.any():
+        for k in shards:
+            mine = np.flatnonzero(layout.shard == k)
+            SCANNED.remember(urls[k], before[k], len(entries[k].offsets) - 1, layout.index[mine],  # type: ignore[arg-type]
+                             table.start[mine] - starts[mine], table.size[mine], table.labels[mine],
+                             [table.keys[i] for i in mine.tolist()])
+    return table
+
+
+def _identity(fetcher: Fetcher, source: ResolvedSource, k: int) -> tuple | None:
+    """Shard ``k`` as its local file is now, and as the manifest lays it out (its samples'
+    offsets): what :data:`SCANNED`'s answers about it hold for."""
+    assert source.manifest is not None, "iter_units checked it"
+    now = fetcher.identity(source.shard_urls[k])
+    if now is None:
+        return None
+    return (*now, _digest(source.manifest.shards[k].offsets))
+
+
+_DIGESTS: dict[int, tuple[np.ndarray, int]] = {}  # id of a manifest's offsets array -> (it, its CRC-32)
+
+
+def _digest(offsets: np.ndarray) -> int:
+    """CRC-32 of a shard's sample offsets (its layout in the manifest), worked out once per array."""
+    hit = _DIGESTS.get(id(offsets))
+    if hit is None or hit[0] is not offsets:
+        if len(_DIGESTS) >= 1 << 14:
+            _DIGESTS.clear()
+        hit = _DIGESTS[id(offsets)] = offsets, zlib.crc32(np.ascontiguousarray(offsets, dtype=np.int64).data)
+    return hit[1]
 
 
 def _joined(segments: Sequence) -> np.ndarray:
@@ -413,11 +500,11 @@ def _scanned_targets(got: ScannedSpan, wanted: _Wanted, url: str, base: int) -> 
     return columns
 
 
-# Tar shards: each span fetched as blocks (read_spans) — of local files a unit's spans in one read
-# (read_unit) — a unit's spans scanned together (scan_unit), and only when that fails each span read
-# on its own (settle_span). The containers read in place register
+# Tar shards: each span fetched as blocks (read_spans) and a unit's spans scanned together (scan_unit) —
+# of local files a unit's spans read in one piece and scanned, or found as scanned before (read_unit) —
+# and only when that fails each span read on its own (settle_span). The containers read in place register
 # their span readers in gpupipe.stream.readers.
-TAR.hook(read_spans=_tar_fetched, read_unit=_tar_gathered, scan_unit=_scanned_unit, settle_span=_tar_read)
+TAR.hook(read_spans=_tar_fetched, read_unit=_tar_unit, scan_unit=_scanned_unit, settle_span=_tar_read)
 
 
 def iter_whole_shards(fetcher: Fetcher, shard_urls: Sequence[str], *, seed: int, epoch: int, shuffle: bool,

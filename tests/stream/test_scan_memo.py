@@ -1,0 +1,103 @@
+"""Issue 34: what the tar scan found in a local shard is remembered while the file stays as it was
+(:mod:`gpupipe.stream.memo`). A later pass over the same samples is not scanned and delivers what
+a scan delivers — in this process and in stream workers; a shard written in place or replaced
+since is scanned again, so a sample damaged meanwhile is found as before, never delivered."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from datagen import ids_of, write_dataset
+
+from gpupipe.core.errors import GpupipeError
+from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
+from gpupipe.loader.encoded import EncodedLoader, StreamConfig
+from gpupipe.stream import chunks
+from gpupipe.stream.memo import SCANNED, ScanMemo
+
+
+def loader(path, workers: int = 0, **kw) -> EncodedLoader:
+    return EncodedLoader(str(path), batch_size=8, seed=3, drop_last=False, num_workers=workers,
+                         stream=StreamConfig(shuffle_buffer=32, unit_batches=2), **kw)
+
+
+def delivered(ld: EncodedLoader, epoch: int) -> list[tuple]:
+    ld.set_epoch(epoch)
+    return [(b.keys, b.labels.tolist(), b.sample_ids.tolist(), b.valid.tolist(), ids_of(b)) for b in ld]
+
+
+@pytest.fixture
+def counted(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = chunks.scan_span
+    monkeypatch.setattr(chunks, "scan_span", lambda *a, **k: calls.append(len(a[1]) - 1) or real(*a, **k))
+    return calls
+
+
+def test_a_pass_over_samples_scanned_before_is_not_scanned_and_delivers_the_same(tmp_path, counted):
+    write_dataset(str(tmp_path / "ds"), [40, 40, 17])
+    ld = loader(tmp_path / "ds")
+    first = delivered(ld, 0)
+    scanned = sum(counted)
+    assert scanned == 97 and len(SCANNED) == 97
+    assert delivered(ld, 0) == first and delivered(ld, 1) != first  # (another epoch, another order)
+    assert sum(counted) == scanned  # both passes from the memo
+    remembered = delivered(ld, 1)
+    SCANNED.clear()
+    assert delivered(ld, 1) == remembered and sum(counted) == 2 * scanned  # scanned again: the same
+
+
+def test_stream_workers_remember_for_their_next_pass(tmp_path):
+    write_dataset(str(tmp_path / "ds"), [40, 40, 17])
+    fresh = [delivered(loader(tmp_path / "ds"), e) for e in (0, 1)]
+    SCANNED.clear()
+    ld = loader(tmp_path / "ds", workers=2)  # persistent workers: the second and third passes find their memo
+    assert [delivered(ld, e) for e in (0, 1, 0)] == fresh + fresh[:1]
+    ld.close()
+
+
+@pytest.mark.parametrize("how", ["in place", "replaced"])
+def test_a_shard_changed_since_its_scan_is_scanned_again(tmp_path, counted, how):
+    """One image byte of a sample flipped after the first pass (the same size: only the file's
+    modification time or inode says so): the next pass scans that shard again and finds the
+    sample's checksum wrong, as it would without a memo."""
+    path = tmp_path / "ds"
+    write_dataset(str(path), [40, 40], checksums=True)
+    ld = loader(path)
+    first = delivered(ld, 0)
+    entry = Manifest.from_json((path / MANIFEST_NAME).read_text()).shards[1]
+    shard = path / entry.name
+    data = bytearray(shard.read_bytes())
+    data[int(entry.offsets[7]) + 512 + 10] ^= 0x40  # in the first member's data (its header is 512 bytes)
+    if how == "in place":
+        with open(shard, "r+b") as f:
+            f.write(bytes(data))
+    else:
+        (tmp_path / "new.tar").write_bytes(bytes(data))
+        os.replace(tmp_path / "new.tar", shard)
+    before = sum(counted)
+    with pytest.raises(GpupipeError, match="part-0001.tar"):
+        delivered(ld, 0)
+    assert sum(counted) > before
+    skipping = loader(path, on_error="skip")
+    got = delivered(skipping, 0)
+    assert skipping.stats.skipped == 1
+    assert [ids for *_, ids in got] == [[i for i in ids if i != 47] for *_, ids in first]
+
+
+def test_the_memo_keeps_at_most_its_limit_and_forgets_a_file_seen_otherwise():
+    memo = ScanMemo(limit=10)
+    one = np.arange(3)
+    memo.remember("a", (1, 2, 3, 4), 6, one, one, one + 10, one, ["a0", "a1", "a2"])
+    assert memo.known(["a"], one, np.zeros(3, np.int64)) is not None
+    assert memo.known(["a"], np.arange(4), np.zeros(4, np.int64)) is None  # sample 3 not scanned yet
+    memo.remember("b", (5, 6, 7, 8), 5, one, one, one, one, ["b0", "b1", "bb2"])
+    assert len(memo) == 5 and memo.known(["a"], one, np.zeros(3, np.int64)) is None  # 6 + 5 > 10: "a" went
+    identities, at, size, label, keys = memo.known(["b"], one[::-1].copy(), np.zeros(3, np.int64))
+    assert identities == {0: (5, 6, 7, 8)} and keys == ["bb2", "b1", "b0"] and size.tolist() == [2, 1, 0]
+    memo.remember("b", (5, 6, 7, 9), 5, one[:1], one[:1], one[:1], one[:1], ["b0"])  # the file seen otherwise
+    assert memo.known(["b"], one[:2], np.zeros(2, np.int64)) is None
+    assert memo.known(["b"], one[:1], np.zeros(1, np.int64))[0] == {0: (5, 6, 7, 9)}
+    memo.remember("c", (1, 1, 1, 1), 11, one, one, one, one, ["c0", "c1", "c2"])  # more than the limit
+    assert memo.known(["c"], one, np.zeros(3, np.int64)) is None
