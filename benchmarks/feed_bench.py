@@ -1,11 +1,12 @@
 """How close gpupipe's decode feed comes to DALI's own pipeline on the same shards (issue 34).
 
     python benchmarks/feed_bench.py --root .bench/tiny-6000 [--size 32] [--images 6000]
-        [--workers 0,1] [--rounds 5] [--writer ingest|tarwriter] [--threads 2]
+        [--workers 0,1] [--rounds 5] [--seconds 2] [--writer ingest|tarwriter] [--threads 2]
 
 Makes (once) ``--images`` dead-leaves JPEGs of ``--size``² px in shards of 1,000, written by
 ``gpupipe ingest`` or by webdataset's ``TarWriter`` (pax headers, then ``gpupipe index``), then
-times, in rounds that alternate the loaders (medians, so the ratio holds on a noisy machine),
+times, in rounds that alternate the loaders (each turn whole epochs for ``--seconds``; medians, so
+the ratio holds on a noisy machine),
 decode only, batch 256, shuffled, DALI's CPU decoder with ``--threads`` threads on both sides:
 
 * gpupipe: ``GpuLoader(shards, decode="dali", device="cpu", resize="none")`` with 0 and 1 stream workers;
@@ -114,11 +115,16 @@ def dali_run(shards: str, threads: int, batch: int, tmp: str, device: str):
     return run
 
 
-def timed(run) -> dict:
+def timed(run, seconds: float) -> dict:
+    """``run`` (one epoch) again until ``seconds`` have passed: an epoch of tiny images is ~0.1 s,
+    where the CPU clock's 10 ms ticks and DALI's two batches run ahead during the other loader's
+    turn (free at the start of its own) each moved a one-epoch round by ~10 %."""
     from gpupipe.tools.bench.measure import children_cpu, thread_cpu
 
     before, c0, t0 = thread_cpu(), children_cpu(), time.perf_counter()
-    n = run()
+    n = 0
+    while not n or time.perf_counter() - t0 < seconds:
+        n += run()
     wall, after, c1 = time.perf_counter() - t0, thread_cpu(), children_cpu()  # workers alive or done
     return {"img_s": n / wall, "outside_us": 1e6 * (after["outside"] - before["outside"]) / n,
             "native_us": 1e6 * (after["native"] - before["native"]) / n, "workers_us": 1e6 * (c1 - c0) / n}
@@ -134,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=2.0, help="each loader's turn in a round: whole epochs, at least this long")
     ap.add_argument("--device", default="cpu", help="cpu (DALI's CPU decoder on both sides) or cuda (mixed)")
     args = ap.parse_args(argv)
     shards = make_data(args.root, args.images, args.size, args.writer)
@@ -147,13 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[dict]] = {name: [] for name in runs}
         for _ in range(args.rounds):
             for name, run in runs.items():
-                results[name].append(timed(run))
+                results[name].append(timed(run, args.seconds))
     dali = statistics.median(r["img_s"] for r in results["dali"])
     print(f"{args.images} JPEGs {args.size}x{args.size} ({args.writer}), batch {args.batch}, "
           f"{args.threads} DALI threads, {args.device}, median of {args.rounds}")
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"  {name:14s} {med['img_s']:9.0f} img/s  {med['img_s'] / dali:5.2f} of DALI   CPU us/sample: "
+        lo, hi = min(r["img_s"] for r in rs), max(r["img_s"] for r in rs)
+        print(f"  {name:14s} {med['img_s']:9.0f} img/s ({lo:.0f}-{hi:.0f})  {med['img_s'] / dali:5.2f} of DALI   CPU us/sample: "
               f"outside native {med['outside_us']:6.1f}  native {med['native_us']:6.1f}  "
               f"workers {med['workers_us']:6.1f}")
     return 0
