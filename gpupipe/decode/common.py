@@ -63,6 +63,8 @@ class Checked:
     _upright: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     def good(self) -> list[int]:
+        if self.reasons.count(None) == len(self.reasons):  # (in C: the usual batch has no bad image)
+            return list(range(len(self.reasons)))
         return [i for i, r in enumerate(self.reasons) if r is None]
 
     def upright(self) -> tuple[np.ndarray, np.ndarray]:
@@ -80,6 +82,8 @@ class Checked:
 
     def good_mask(self) -> np.ndarray:
         """(B,) bool: the images not found bad so far."""
+        if self.reasons.count(None) == len(self.reasons):
+            return np.ones(len(self.reasons), dtype=bool)
         return np.fromiter((r is None for r in self.reasons), dtype=bool, count=len(self.reasons))
 
 
@@ -91,7 +95,15 @@ def check_batch(batch, max_pixels: int | None) -> Checked:
     reasons: list[str | None] = [None] * len(headers)
     for i, reason in headers.reasons.items():
         reasons[i] = reason
-    return Checked(headers.headers(), reasons, torch.logical_not(batch.valid).tolist(), headers)
+    return Checked(headers.headers(), reasons, _flags(batch.valid, invert=True), headers)
+
+
+def _flags(valid: torch.Tensor, invert: bool = False) -> list[bool]:
+    """A bool tensor's values as a list (numpy on the CPU: torch's ops cost ~10x more a call)."""
+    if valid.device.type == "cpu":
+        values = valid.numpy()
+        return (~values if invert else values).tolist()
+    return (torch.logical_not(valid) if invert else valid).tolist()
 
 
 def record_bad(checked: Checked, i: int, reason: str, policy: ErrorPolicy, stats, key: str) -> None:
@@ -171,6 +183,8 @@ def account(stats, batch, started: float) -> None:
 def replacements(reasons: Sequence[str | None]) -> dict[int, int | None]:
     """For each bad index, the next good index in the batch (cyclically), or None if
     none is good: deterministic, and the batch keeps its shape."""
+    if reasons.count(None) == len(reasons):
+        return {}
     good = [i for i, r in enumerate(reasons) if r is None]
     out: dict[int, int | None] = {}
     for i, r in enumerate(reasons):
@@ -198,14 +212,19 @@ class StandIn:
         """Keep a copy (the batch goes on to be augmented, perhaps in place). On the CPU numpy
         copies it: torch's ``clone`` of one 250x250 image spread over intra-op threads that wait
         for cores the decoder's threads hold, 19 ms of the decode thread a batch on 2 cores."""
-        copy = torch.from_numpy(pixels.numpy().copy()) if pixels.device.type == "cpu" else pixels.clone()
-        self.pixels, self.label, self.targets = copy, label.clone(), targets
+        copy = _copied(pixels)
+        self.pixels, self.label, self.targets = copy, _copied(label), targets
 
     def take(self, shape, key: str) -> tuple[torch.Tensor, torch.Tensor]:
         if self.pixels is None or self.label is None or tuple(self.pixels.shape) != tuple(shape):
             raise DecodeError(f"no image of the batch holding {key!r} could be decoded, and no earlier image of "
                               "this size can stand in for them; check the data with `gpupipe validate`")
         return self.pixels, self.label
+
+
+def _copied(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t``: numpy's on the CPU (no intra-op threads to wait for), else torch's."""
+    return torch.from_numpy(t.numpy().copy()) if t.device.type == "cpu" else t.clone()
 
 
 def assemble(pixels: Mapping[int, np.ndarray | torch.Tensor], checked: Checked, batch, device: torch.device,
@@ -234,7 +253,7 @@ def finish(out: torch.Tensor, checked: Checked, batch, stand_in: StandIn, target
     """
     if targets is not None:
         targets.settle(checked)
-    labels, valid = batch.labels.clone(), batch.valid.clone()
+    labels, valid = _copied(batch.labels), _copied(batch.valid)
     good = checked.good()
     if good:
         stand_in.keep(out[good[-1]], labels[good[-1]], None if targets is None else targets.row(good[-1]))
