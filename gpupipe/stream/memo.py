@@ -28,7 +28,7 @@ __all__ = ["ScanMemo", "SCANNED"]
 
 Identity = tuple  # the file's (inode, size, mtime ns) and its manifest layout (gpupipe.stream.chunks)
 
-_LIMIT = 1 << 23  # samples remembered per process (~20 bytes each and the key): the oldest shards go first
+_LIMIT = 1 << 22  # samples remembered per process (~17 bytes each and the key): the oldest shards go first
 
 
 @dataclass
@@ -45,7 +45,7 @@ class _Shard:
 
     @classmethod
     def empty(cls, identity: Identity, n: int) -> _Shard:
-        return cls(identity, np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64),
+        return cls(identity, np.zeros(n, bool), np.zeros(n, np.int32), np.zeros(n, np.int32),
                    np.zeros(n, np.int64), np.zeros(n, "S1"))
 
 
@@ -92,7 +92,10 @@ class ScanMemo:
     def remember(self, url: str, identity: Identity, samples: int, index: np.ndarray, image_at: np.ndarray,
                  size: np.ndarray, label: np.ndarray, keys: list[str]) -> None:
         """What the scan found for samples ``index`` of the shard at ``url`` (``samples`` in all),
-        read while the file had ``identity``."""
+        read while the file had ``identity``. (A sample whose image lies 2 GiB or more into it is
+        not remembered.)"""
+        if len(index) and max(int(image_at.max()), int(size.max())) >= 1 << 31:
+            return
         with self._lock:
             entry = self._shards.get(url)
             if entry is None or entry.identity != identity or len(entry.known) != samples:
