@@ -143,13 +143,18 @@ def _run_processes(job: Job, tasks: Sequence[Any], processes: int, on_result: On
     """``tasks`` on ``processes`` processes of a fork server. A process that dies (the OOM killer, a
     signal) breaks its pool: the tasks that had not finished run again in a new one, each up to
     :data:`_TRIES` times in all, as Ray retries a task whose worker died (a task's output appears
-    whole or not at all, so a run again writes the same bytes). A task that raises stops the job."""
+    whole or not at all, so a run again writes the same bytes). A broken pool fails every task it
+    had not finished, so a task's last run is in a pool of its own: the task the job names is the
+    one whose process died, not one that ran beside it. A task that raises stops the job."""
     runs = [0] * len(tasks)
     left = list(range(len(tasks)))
     while left:
         for i in left:
             runs[i] += 1
-        left = _run_pool(job, tasks, left, runs, processes, on_result)
+        if any(runs[i] >= _TRIES for i in left):
+            left = [j for i in left for j in _run_pool(job, tasks, [i], runs, 1, on_result)]
+        else:
+            left = _run_pool(job, tasks, left, runs, processes, on_result)
         if left:
             log.warning("%s: a task's process died; %d unfinished task(s) run again in new processes",
                         job.what, len(left))
