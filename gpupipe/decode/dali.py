@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 _ROI_MODES = (ResizeMode.SHORTER, ResizeMode.RANDOM_CROP)  # decode the window around the box only
 TORCH_RESIZES_ON_CPU = True  # gpupipe.decode.resize; benchmarks switch it off to time DALI's own resize
+AHEAD = 2  # batches fed to DALI before the oldest one's outputs are taken (decode_stream)
 
 
 class DaliDecoder:
@@ -203,28 +205,35 @@ class DaliDecoder:
         return next(self.decode_stream([batch]))
 
     def decode_stream(self, batches: Iterable) -> Iterator[DecodedBatch]:
-        """Decode ``batches`` in order, feeding DALI one batch ahead: batch i+1 is checked and
-        fed (and DALI's threads decode it) before batch i's outputs are taken, so the decoder
-        never waits for this thread's Python. A pass broken off leaves nothing in flight."""
-        pending: _Job | None = None
+        """Decode ``batches`` in order, feeding DALI :data:`AHEAD` batches ahead: batches i+1 and
+        i+2 are checked and fed (DALI's threads decode them in order) before batch i's outputs are
+        taken, so the decoder never waits for this thread's Python. A pass broken off leaves
+        nothing in flight."""
+        pending: deque[_Job] = deque()
         try:
             for batch in batches:
-                job = self._start(batch)
-                done, pending = pending, job
-                if done is not None:
-                    result = self._finish(done)
-                    if job.pipe is not None and not job.pipe.ok:  # DALI failed on ``done``: feed ``job`` again
-                        job.pipe = self._submit(*job.fed)  # now, before a later batch is fed after it
-                    yield result
-            if pending is not None:
-                done, pending = pending, None
-                yield self._finish(done)
+                pending.append(self._start(batch))
+                if len(pending) > AHEAD:
+                    yield self._finish_first(pending)
+            while pending:
+                yield self._finish_first(pending)
         finally:
-            if pending is not None and pending.pipe is not None and pending.pipe.ok:
-                try:  # take what was fed, so that the next pass does not find it
-                    self._take(pending.pipe)
-                except RuntimeError:
-                    self._pipes.clear()
+            for job in pending:  # take what was fed, in order, so that the next pass does not find it
+                if job.pipe is not None and job.pipe.ok:
+                    try:
+                        self._take(job.pipe)
+                    except RuntimeError:
+                        self._pipes.clear()
+                        break
+
+    def _finish_first(self, pending: deque[_Job]) -> DecodedBatch:
+        """The oldest job's batch; if DALI failed on it (its pipeline is rebuilt), the jobs fed
+        after it are fed again, in order, before a later batch is fed after them."""
+        result = self._finish(pending.popleft())
+        for job in pending:
+            if job.pipe is not None and not job.pipe.ok:
+                job.pipe = self._submit(*job.fed)
+        return result
 
     def _start(self, batch) -> _Job:
         """Everything before the decoder's outputs: the columns' verdicts (``on_error`` applied),

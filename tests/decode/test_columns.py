@@ -244,9 +244,10 @@ def _damaged_png(seed: int) -> bytes:
 
 
 def test_fed_ahead_is_batch_by_batch_also_when_dali_fails_in_between(tmp_path, device):
-    """Four batches decoded one ahead (batch i+1 fed before batch i is taken) give what each
-    decoded alone gives — with DALI failing on batch 1 (its pipeline is rebuilt while batch 2
-    was fed to the old one) — and a pass broken off leaves nothing for a later decode to find.
+    """Four batches decoded ahead (batches i+1 and i+2 fed before batch i is taken) give what
+    each decoded alone gives — with DALI failing on batch 1 (its pipeline is rebuilt while
+    batches 2 and 3 were fed to the old one) — and a pass broken off leaves nothing for a later
+    decode to find.
     In a child process: a native decoder's failure must not take the suite with it."""
     pytest.importorskip("nvidia.dali", reason="needs nvidia-dali")
     natural = corpus.natural_jpegs(12, (40, 30))
