@@ -207,13 +207,14 @@ class DaliDecoder:
     def decode_stream(self, batches: Iterable) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, feeding DALI :data:`AHEAD` batches ahead: batches i+1 and
         i+2 are checked and fed (DALI's threads decode them in order) before batch i's outputs are
-        taken, so the decoder never waits for this thread's Python. A pass broken off leaves
-        nothing in flight."""
+        taken, so the decoder never waits for this thread's Python — but the first batch, which
+        nothing is ahead of yet, comes out as soon as it is decoded (a pass's first batch does not
+        wait for the next two to be read). A pass broken off leaves nothing in flight."""
         pending: deque[_Job] = deque()
         try:
-            for batch in batches:
+            for k, batch in enumerate(batches):
                 pending.append(self._start(batch))
-                if len(pending) > AHEAD:
+                if len(pending) > min(AHEAD, k):
                     yield self._finish_first(pending)
             while pending:
                 yield self._finish_first(pending)
