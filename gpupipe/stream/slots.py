@@ -115,7 +115,7 @@ class SlotBoard:
         if storage is None or generation != item.generation:
             raise GpupipeError(f"a batch arrived in slot {item.slot} (storage {item.generation}) whose storage never "
                                f"did (kept: {generation}): a gpupipe bug, please report it")
-        return _attached(item.batch, storage)
+        return _attached(item.batch, storage, item.where)
 
     def reclaim(self, pass_id: int) -> int:
         """At the start of pass ``pass_id``, after torch has dropped what the last pass left in
@@ -182,7 +182,7 @@ class SlotTaker:
         assert storage is not None, "a batch in a slot was packed in its storage"
         generation = self.generations[i]
         ship = None if int(self.mapped[slot]) == generation else torch.empty(0, dtype=torch.uint8).set_(storage)
-        return SlotBatch(self.board, slot, generation, ship, _detached(batch, storage.data_ptr()))
+        return SlotBatch(self.board, slot, generation, ship, *_detached(batch, storage.data_ptr()))
 
 
 @dataclass(frozen=True)
@@ -199,13 +199,15 @@ class _View:
 class SlotBatch:
     """A batch on its way from a worker: in slot ``slot`` of board ``board``, whose storage
     (generation ``generation``) comes along as ``storage`` the first time, else is kept by the
-    training process already; ``batch`` is the batch with its tensors in the slot as :class:`_View`."""
+    training process already; ``batch`` is the batch with its tensors in the slot as :class:`_View`,
+    at ``where`` (:func:`_detached`)."""
 
     board: int
     slot: int
     generation: int
     storage: torch.Tensor | None
     batch: Any
+    where: tuple = ()
 
     def pin_memory(self) -> Any:
         """torch's pinning thread, in the training process: the batch again, pinned."""
@@ -215,30 +217,33 @@ class SlotBatch:
         return board.receive(self).pin_memory()
 
 
-def _detached(obj: Any, base: int) -> Any:
+def _detached(obj: Any, base: int) -> tuple[Any, tuple]:
     """``obj`` (a dataclass) with every tensor in the storage at ``base``, its own fields' too,
-    replaced by its :class:`_View`."""
+    replaced by its :class:`_View`; and where they were: ``(field name, where inside it or None)``
+    for each field changed (:func:`_attached` visits those only)."""
     changes: dict[str, Any] = {}
+    where: list[tuple[str, tuple | None]] = []
     for f in fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == base:
             changes[f.name] = _View(int(value.storage_offset()), value.dtype, tuple(value.shape), tuple(value.stride()))
+            where.append((f.name, None))
         elif is_dataclass(value) and not isinstance(value, type):
-            inner = _detached(value, base)
-            if inner is not value:
+            inner, inside = _detached(value, base)
+            if inside:
                 changes[f.name] = inner
-    return replace(obj, **changes) if changes else obj
+                where.append((f.name, inside))
+    return (replace(obj, **changes) if changes else obj), tuple(where)
 
 
-def _attached(obj: Any, storage: torch.UntypedStorage) -> Any:
-    """``obj`` with each :class:`_View` made a tensor of ``storage`` again (the inverse of :func:`_detached`)."""
+def _attached(obj: Any, storage: torch.UntypedStorage, where: tuple) -> Any:
+    """``obj`` with each :class:`_View` that :func:`_detached` put at ``where`` made a tensor of
+    ``storage`` again."""
     changes: dict[str, Any] = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, _View):
-            changes[f.name] = torch.empty(0, dtype=value.dtype).set_(storage, value.offset, value.shape, value.stride)
-        elif is_dataclass(value) and not isinstance(value, type):
-            inner = _attached(value, storage)
-            if inner is not value:
-                changes[f.name] = inner
+    for name, inside in where:
+        value = getattr(obj, name)
+        if inside is None:
+            changes[name] = torch.empty(0, dtype=value.dtype).set_(storage, value.offset, value.shape, value.stride)
+        else:
+            changes[name] = _attached(value, storage, inside)
     return replace(obj, **changes) if changes else obj
