@@ -30,7 +30,8 @@ def crop_key(config: DecodeConfig, epoch: int) -> tuple:
 def annotate(batch, config: DecodeConfig):
     """``batch`` with its images' headers probed and, under ``random_resized_crop``, its crop
     boxes drawn (in a DataLoader worker, for the decoder with ``config``)."""
-    headers = probe_batch(batch.images(), config.max_pixels, _padded(batch))
+    padded = _padded(batch)
+    headers = probe_batch(None if padded is not None else batch.images(), config.max_pixels, padded)
     crops = None
     if config.resize is ResizeMode.RANDOM_CROP:
         crops = (crop_key(config, batch.epoch),
@@ -44,7 +45,8 @@ def probed(batch, max_pixels: int | None) -> ProbedHeaders:
     carried = getattr(batch, "probed", None)
     if carried is not None and carried.max_pixels == max_pixels and len(carried) == len(batch):
         return carried
-    return probe_batch(batch.images(), max_pixels, _padded(batch))
+    padded = _padded(batch)
+    return probe_batch(None if padded is not None else batch.images(), max_pixels, padded)
 
 
 def _padded(batch) -> tuple[np.ndarray, np.ndarray] | None:

@@ -309,13 +309,43 @@ def pack_table(table: SampleTable, *, epoch: int = 0, chunk: int = -1, batch: in
     columns[1, :n], columns[2, :n], columns[3, :n] = table.labels, table.sample_ids, table.size
     valid.numpy()[:] = table.valid
     data = buffer[head:head + images]
-    _copy(buffer.numpy().data[head:], table.buffers, table.buffer, table.start, table.size, columns[0, :n])
+    if stride:
+        _copy_rows(buffer.numpy()[head:head + images].reshape(n, stride), table)
+    else:
+        _copy(buffer.numpy().data[head:], table.buffers, table.buffer, table.start, table.size, columns[0, :n])
     targets = None if t is None else _pack_targets(t, table.buffers, buffer, meta, head, images)
     return EncodedBatch(
         data=data, offsets=meta[0], labels=meta[1, :n], sample_ids=meta[2, :n], valid=valid,
         keys=tuple(table.keys), epoch=epoch, chunk=chunk, batch=batch, targets=targets, sizes=meta[3, :n],
         stride=stride, slot=slot,
     )
+
+
+_ROWS_AT_ONCE = 8 << 10  # rows up to this long are copied whole in one numpy gather (below)
+
+
+def _copy_rows(rows: np.ndarray, table: SampleTable) -> None:
+    """Image ``i`` of ``table`` to the start of ``rows[i]`` (B, stride). Short rows whose images
+    all lie in one buffer, each with a row's length of bytes after its start, are copied whole in
+    one gather of the buffer's windows (the bytes past an image are of no meaning: a row's tail
+    may hold what followed the image where it was read); the others one by one."""
+    n, stride = rows.shape
+    has = table.size > 0
+    if stride <= _ROWS_AT_ONCE and has.any():
+        k = int(table.buffer[has][0])
+        source = np.frombuffer(table.buffers[k], dtype=np.uint8)
+        whole = has & (table.buffer == k) & (table.start + stride <= len(source))
+        if (whole | ~has).all():
+            windows = np.lib.stride_tricks.sliding_window_view(source, stride)
+            rows[has] = windows[table.start[has]]
+            return
+        if whole.sum() > n // 2:
+            rows[whole] = np.lib.stride_tricks.sliding_window_view(source, stride)[table.start[whole]]
+            rest = np.flatnonzero(~whole & has)
+            _copy(rows.reshape(-1).data, table.buffers, table.buffer[rest], table.start[rest], table.size[rest],
+                  rest * stride)
+            return
+    _copy(rows.reshape(-1).data, table.buffers, table.buffer, table.start, table.size, np.arange(n) * stride)
 
 
 def _copy(view: memoryview, buffers: tuple, buffer: np.ndarray, start: np.ndarray, size: np.ndarray,
