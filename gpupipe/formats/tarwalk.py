@@ -226,7 +226,8 @@ def _header_sizes(h: np.ndarray) -> np.ndarray | None:
 def _checksums_match(h: np.ndarray, stored: np.ndarray) -> bool:
     """Every header's checksum, summed as unsigned bytes or (some old tars) as signed ones."""
     field = h[:, 148:156]
-    unsigned = h.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20
+    # (summed in 32 bits: at most 512 * 255, and numpy sums uint8 into uint32 ~2x faster than into int64)
+    unsigned = h.sum(axis=1, dtype=np.uint32).astype(np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20
     odd = stored != unsigned
     if not odd.any():
         return True
