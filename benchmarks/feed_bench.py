@@ -10,7 +10,8 @@ the ratio holds on a noisy machine),
 decode only, batch 256, shuffled, DALI's CPU decoder with ``--threads`` threads on both sides:
 
 * gpupipe: ``GpuLoader(shards, decode="dali", device="cpu", resize="none")`` with 0 and 1 stream workers;
-* DALI's own pipeline: ``fn.readers.webdataset`` → ``fn.decoders.image`` (prefetch 2).
+* DALI's own pipeline: ``fn.readers.webdataset`` → ``fn.decoders.image`` (prefetch 2);
+* with ``--rows``, DALI's decoder alone fed padded rows made beforehand (:func:`rows_run`).
 
 Beside images/s it prints the training process's CPU per sample outside the native decoder:
 ``utime + stime`` of this process's threads but DALI's own (named ``[DALI]...``), per sample
@@ -115,6 +116,59 @@ def dali_run(shards: str, threads: int, batch: int, tmp: str, device: str):
     return run
 
 
+def rows_run(shards: str, threads: int, batch: int, device: str):
+    """DALI's decoder alone, fed as gpupipe feeds it — each batch a padded (B, stride) array and
+    two batches ahead — from batches made before the clock starts (the shards' JPEGs in file
+    order): what the feed could reach with no stream and no hand-over at all."""
+    import tarfile
+
+    from nvidia.dali import fn, pipeline_def, types
+
+    images = []
+    for path in sorted(glob.glob(os.path.join(shards, "*.tar"))):
+        with tarfile.open(path) as tar:
+            images += [np.frombuffer(tar.extractfile(m).read(), np.uint8)  # type: ignore[union-attr]
+                       for m in tar.getmembers() if m.name.endswith((".jpg", ".jpeg"))]
+    batches = []
+    for k in range(len(images) // batch):
+        chunk = images[k * batch:(k + 1) * batch]
+        rows = np.zeros((batch, max(len(d) for d in chunk)), np.uint8)
+        for i, d in enumerate(chunk):
+            rows[i, :len(d)] = d
+        batches.append(rows)
+    gpu = device.startswith("cuda")
+
+    @pipeline_def(batch_size=batch, num_threads=threads, prefetch_queue_depth=1,  # type: ignore[call-overload]
+                  device_id=0 if gpu else None)
+    def pipe():
+        enc = fn.external_source(name="enc", dtype=types.DALIDataType.UINT8, no_copy=True)
+        if gpu:  # cut to size on a GPU, as gpupipe does
+            enc = fn.slice(enc, 0, fn.external_source(name="size", dtype=types.DALIDataType.INT32), axes=[0])
+        return fn.decoders.image(enc, device="mixed" if gpu else "cpu", output_type=types.DALIImageType.RGB)
+
+    p = pipe()
+    p.build()
+    sizes = [np.array([[len(d)] for d in images[k * batch:(k + 1) * batch]], np.int32) for k in range(len(batches))]
+
+    def run() -> int:
+        n, fed = 0, 0
+        for rows, size in zip(batches, sizes):
+            p.feed_input("enc", rows)
+            if gpu:
+                p.feed_input("size", size)
+            p.schedule_run()
+            fed += 1
+            if fed > 2:
+                p.outputs()
+                fed, n = fed - 1, n + batch
+        for _ in range(fed):
+            p.outputs()
+            n += batch
+        return n
+
+    return run
+
+
 def timed(run, seconds: float) -> dict:
     """``run`` (one epoch) again until ``seconds`` have passed: an epoch of tiny images is ~0.1 s,
     where the CPU clock's 10 ms ticks and DALI's two batches run ahead during the other loader's
@@ -140,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rows", action="store_true", help="also DALI's decoder alone, fed padded rows made beforehand "
+                    "(rows_run: the feed's ceiling without a stream)")
     ap.add_argument("--seconds", type=float, default=2.0, help="each loader's turn in a round: whole epochs, at least this long")
     ap.add_argument("--device", default="cpu", help="cpu (DALI's CPU decoder on both sides) or cuda (mixed)")
     args = ap.parse_args(argv)
@@ -147,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs["dali"] = dali_run(shards, args.threads, args.batch, tmp, args.device)
+        if args.rows:
+            runs["dali rows"] = rows_run(shards, args.threads, args.batch, args.device)
         for w in (int(v) for v in args.workers.split(",")):
             runs[f"gpupipe w={w}"] = gpupipe_run(shards, w, args.threads, args.batch, args.device)
         for run in runs.values():
