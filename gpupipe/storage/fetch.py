@@ -611,11 +611,19 @@ class Fetcher:
 
     def identity(self, url: str) -> tuple[int, int, int] | None:
         """The local file at ``url`` as it is now: (inode, size, modification time in ns), or
-        ``None`` when it cannot be told (gone, not local)."""
+        ``None`` when it cannot be told (gone, not local) or when what this fetcher reads of it is
+        another file: one mapped or opened before the path was given to a new file (a mapping or an
+        open descriptor keeps reading the file it was made of)."""
         if self._pool_buffers is None:
             return None
         try:
             st = os.stat(self.fs._strip_protocol(url))
+            held = self._maps.get(url) if self._maps is not None else None
+            if held is not None and held[1] and held[1][0] != st.st_ino:
+                return None
+            fd = self._files.get(url)
+            if fd is not None and os.fstat(fd).st_ino != st.st_ino:
+                return None
         except OSError:
             return None
         return st.st_ino, st.st_size, st.st_mtime_ns

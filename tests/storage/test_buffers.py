@@ -175,3 +175,35 @@ def test_a_gather_reads_ranges_end_to_end_or_leaves_them_to_read_many(tmp_path, 
     f.close()
     cached = Fetcher(fsspec.filesystem("file"), FetchConfig(cache_dir=str(tmp_path / "cache")), map_files=mapped)
     assert not cached.gathers and cached.gather(urls, starts, stops) is None
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_file_replaced_while_held_has_no_identity_until_let_go(tmp_path, mapped):
+    """identity() says what a gather reads: a file mapped or opened before its path was given to a
+    new file is still read as the old one, so the path's identity is not its (None, and the scan
+    memo neither trusts nor records it); written in place, the new modification time tells."""
+    import os
+
+    import fsspec
+
+    from gpupipe.storage.fetch import Fetcher
+
+    path = tmp_path / "f"
+    path.write_bytes(b"a" * 4000)
+    f = Fetcher(fsspec.filesystem("file"), map_files=mapped)
+    url = str(path)
+    first = f.identity(url)
+    assert first is not None and bytes(f.gather([url], [0], [10])) == b"a" * 10
+    assert f.identity(url) == first
+    (tmp_path / "new").write_bytes(b"b" * 4000)
+    os.replace(tmp_path / "new", path)
+    assert f.identity(url) is None  # still reading the old file
+    assert bytes(f.gather([url], [0], [10])) == b"a" * 10
+    f.close()
+    fresh = Fetcher(fsspec.filesystem("file"), map_files=mapped)
+    now = fresh.identity(url)
+    assert now is not None and now != first and bytes(fresh.gather([url], [0], [10])) == b"b" * 10
+    with open(path, "r+b") as out:  # in place: the same inode, a new modification time
+        out.write(b"c" * 10)
+    assert fresh.identity(url) not in (None, now)
+    fresh.close()
