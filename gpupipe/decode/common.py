@@ -95,15 +95,12 @@ def check_batch(batch, max_pixels: int | None) -> Checked:
     reasons: list[str | None] = [None] * len(headers)
     for i, reason in headers.reasons.items():
         reasons[i] = reason
-    return Checked(headers.headers(), reasons, _flags(batch.valid, invert=True), headers)
+    return Checked(headers.headers(), reasons, _not(batch.valid), headers)
 
 
-def _flags(valid: torch.Tensor, invert: bool = False) -> list[bool]:
-    """A bool tensor's values as a list (numpy on the CPU: torch's ops cost ~10x more a call)."""
-    if valid.device.type == "cpu":
-        values = valid.numpy()
-        return (~values if invert else values).tolist()
-    return (torch.logical_not(valid) if invert else valid).tolist()
+def _not(valid: torch.Tensor) -> list[bool]:
+    """The negation of a bool tensor, as a list (numpy on the CPU: torch's op costs ~10x more a call)."""
+    return (~valid.numpy()).tolist() if valid.device.type == "cpu" else torch.logical_not(valid).tolist()
 
 
 def record_bad(checked: Checked, i: int, reason: str, policy: ErrorPolicy, stats, key: str) -> None:

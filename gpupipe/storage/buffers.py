@@ -39,6 +39,13 @@ class BufferPool:
             pool.keep = max(pool.keep, keep)
             return pool
 
+    @classmethod
+    def take_sized(cls, n: int, keep: int, least: int = 1) -> np.ndarray:
+        """``n`` bytes from this process's pool of the power-of-two size class that holds them (at
+        least ``least`` bytes a buffer), keeping ``keep`` buffers there: buffers of any size
+        reused without a pool per size."""
+        return cls.shared(max(least, 1 << (n - 1).bit_length()), keep).take(n)
+
     def take(self, n: int) -> np.ndarray:
         """A uint8 array of ``n`` bytes (contents undefined)."""
         if n > self.size:

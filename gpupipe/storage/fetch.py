@@ -585,7 +585,7 @@ class Fetcher:
         total = sum(sizes)
         if min(sizes) < 0:
             return None
-        out = BufferPool.shared(1 << max(20, (total - 1).bit_length()), 3).take(total)
+        out = BufferPool.take_sized(total, 3, least=1 << 20)
         try:
             if self._maps is not None:
                 files: dict[str, np.ndarray] = {}

@@ -325,27 +325,21 @@ _ROWS_AT_ONCE = 8 << 10  # rows up to this long are copied whole in one numpy ga
 
 
 def _copy_rows(rows: np.ndarray, table: SampleTable) -> None:
-    """Image ``i`` of ``table`` to the start of ``rows[i]`` (B, stride). Short rows whose images
-    all lie in one buffer, each with a row's length of bytes after its start, are copied whole in
-    one gather of the buffer's windows (the bytes past an image are of no meaning: a row's tail
+    """Image ``i`` of ``table`` to the start of ``rows[i]`` (B, stride). Short rows whose image lies
+    in the buffer of the first image with a row's length of bytes after its start are copied whole
+    in one gather of the buffer's windows (the bytes past an image are of no meaning: a row's tail
     may hold what followed the image where it was read); the others one by one."""
     n, stride = rows.shape
     has = table.size > 0
+    rest = np.arange(n)
     if stride <= _ROWS_AT_ONCE and has.any():
         k = int(table.buffer[has][0])
         source = np.frombuffer(table.buffers[k], dtype=np.uint8)
         whole = has & (table.buffer == k) & (table.start + stride <= len(source))
-        if (whole | ~has).all():
-            windows = np.lib.stride_tricks.sliding_window_view(source, stride)
-            rows[has] = windows[table.start[has]]
-            return
-        if whole.sum() > n // 2:
+        if whole.any():
             rows[whole] = np.lib.stride_tricks.sliding_window_view(source, stride)[table.start[whole]]
-            rest = np.flatnonzero(~whole & has)
-            _copy(rows.reshape(-1).data, table.buffers, table.buffer[rest], table.start[rest], table.size[rest],
-                  rest * stride)
-            return
-    _copy(rows.reshape(-1).data, table.buffers, table.buffer, table.start, table.size, np.arange(n) * stride)
+        rest = np.flatnonzero(has & ~whole)
+    _copy(rows.reshape(-1).data, table.buffers, table.buffer[rest], table.start[rest], table.size[rest], rest * stride)
 
 
 def _copy(view: memoryview, buffers: tuple, buffer: np.ndarray, start: np.ndarray, size: np.ndarray,
@@ -397,5 +391,5 @@ def _batch_buffer(n: int) -> np.ndarray:
     ~3 us of page faults per sample (docs/benchmarks.md, "Host path (issue 28)")."""
     if n < _POOL_MIN:
         return np.empty(n, dtype=np.uint8)
-    return BufferPool.shared(1 << (n - 1).bit_length(), _POOL_KEEP).take(n)
+    return BufferPool.take_sized(n, _POOL_KEEP)
 

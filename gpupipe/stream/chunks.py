@@ -451,7 +451,7 @@ def _joined(segments: Sequence) -> np.ndarray:
     0.38 into a reused one."""
     parts = [np.frombuffer(x, dtype=np.uint8) for x in segments]
     n = sum(len(p) for p in parts)
-    out = BufferPool.shared(1 << max(20, (n - 1).bit_length()), 2).take(n)
+    out = BufferPool.take_sized(n, 2, least=1 << 20)
     return np.concatenate(parts, out=out)
 
 

@@ -39,10 +39,10 @@ def children(pid: int | None = None) -> set[int]:
     return out
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
-def test_killed_worker_is_named_with_its_shards_and_nothing_is_left(tmp_path):
-    url = str(tmp_path / "ds")
-    write_dataset(url, [400, 0, 300, 500])
+def _two_workers_running(url: str, counts: list[int]):
+    """A dataset of ``counts`` at ``url`` and a pass of a 2-worker loader over it, its first batch
+    taken: (loader, the pass's iterator, this process's children before, the two workers' pids)."""
+    write_dataset(url, counts)
     loader = EncodedLoader(url, batch_size=4, num_workers=2, rank=0, world_size=1,
                            stream=StreamConfig(shuffle_buffer=64))
     before = children()
@@ -50,6 +50,13 @@ def test_killed_worker_is_named_with_its_shards_and_nothing_is_left(tmp_path):
     next(it)
     workers = sorted(children() - before)
     assert len(workers) == 2
+    return loader, it, before, workers
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_killed_worker_is_named_with_its_shards_and_nothing_is_left(tmp_path):
+    url = str(tmp_path / "ds")
+    loader, it, before, workers = _two_workers_running(url, [400, 0, 300, 500])
     threading.Timer(0.05, os.kill, (workers[1], signal.SIGKILL)).start()
     t0 = time.monotonic()
     with pytest.raises(WorkerError) as info:
@@ -71,14 +78,7 @@ def test_a_worker_dead_holding_the_workers_shared_lock_is_named_not_waited_for(t
     the workers take too: a worker killed inside its own ``is_set()`` left it held, and the training
     process waited for ever (seen once in CI). Here a process dies holding that lock, then a worker
     is killed: the death is named within torch's 5 s check, not waited for."""
-    url = str(tmp_path / "ds")
-    write_dataset(url, [400, 300])
-    loader = EncodedLoader(url, batch_size=4, num_workers=2, rank=0, world_size=1,
-                           stream=StreamConfig(shuffle_buffer=64))
-    before = children()
-    it = iter(loader)
-    next(it)
-    workers = sorted(children() - before)
+    loader, it, _, workers = _two_workers_running(str(tmp_path / "ds"), [400, 300])
     lock = loader._workers.loader._iterator._workers_done_event._cond  # what is_set() takes, in every process
     holder = os.fork()
     if holder == 0:  # dies holding it, as a worker SIGKILLed inside done_event.is_set()

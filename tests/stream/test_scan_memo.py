@@ -52,7 +52,7 @@ def test_stream_workers_remember_for_their_next_pass(tmp_path):
     write_dataset(str(tmp_path / "ds"), [40, 40, 17])
     fresh = [delivered(loader(tmp_path / "ds"), e) for e in (0, 1)]
     SCANNED.clear()
-    ld = loader(tmp_path / "ds", workers=2)  # persistent workers: the second and third passes find their memo
+    ld = loader(tmp_path / "ds", workers=2)  # persistent workers: later passes from their own memo, as fresh scans
     assert [delivered(ld, e) for e in (0, 1, 0)] == fresh + fresh[:1]
     ld.close()
 
