@@ -94,6 +94,8 @@ __all__ = [
     "rank_chunks",
     "worker_chunks",
     "chunk_spans",
+    "chunk_runs",
+    "Runs",
     "chunk_size",
     "chunk_order",
     "chunk_sample_ids",
@@ -249,6 +251,30 @@ class Span:
 
     def __len__(self) -> int:
         return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Spans as columns (int64 ``shard``, ``start``, ``stop``; bool ``valid``): what a reader
+    that works on whole units takes, with no Python object per span (a shuffled unit is
+    hundreds of them)."""
+
+    shard: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    valid: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def spans(self) -> list[Span]:
+        return [Span(u, a, b, v) for u, a, b, v in zip(self.shard.tolist(), self.start.tolist(), self.stop.tolist(),
+                                                      self.valid.tolist())]
+
+    @classmethod
+    def of(cls, spans: Sequence[Span]) -> Runs:
+        return cls(np.array([s.shard for s in spans], np.int64), np.array([s.start for s in spans], np.int64),
+                   np.array([s.stop for s in spans], np.int64), np.array([s.valid for s in spans], bool))
 
 
 @dataclass(frozen=True)
@@ -675,10 +701,16 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     first unconsumed one: the shuffle window is the whole chunk) — or only its positions
     ``within`` (indices into the chunk's positions, ascending), a span per run of them that
     is a run of samples of one shard."""
+    return chunk_runs(spec, epoch, chunk, within).spans()
+
+
+def chunk_runs(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | None = None) -> Runs:
+    """:func:`chunk_spans` as columns."""
     _check_epoch(spec, epoch)
     length = spec.length
     if length == 0:
-        return []
+        empty = np.zeros(0, np.int64)
+        return Runs(empty, empty, empty, np.zeros(0, bool))
     pos = np.arange(chunk.start, chunk.start + chunk_size(spec, chunk), dtype=np.int64)
     if within is not None:
         pos = pos[within]
@@ -691,9 +723,8 @@ def chunk_spans(spec: PlanSpec, epoch: int, chunk: Chunk, within: np.ndarray | N
     new[1:] = (unit[1:] != unit[:-1]) | (offset[1:] != offset[:-1] + 1) | (valid[1:] != valid[:-1])
     firsts = np.flatnonzero(new)
     starts = offset[firsts]
-    stops = starts + np.diff(np.append(firsts, len(p)))
-    return [Span(u, a, b, v) for u, a, b, v in zip(unit[firsts].tolist(), starts.tolist(), stops.tolist(),
-                                                  valid[firsts].tolist())]
+    return Runs(unit[firsts].astype(np.int64, copy=False), starts, starts + np.diff(np.append(firsts, len(p))),
+                valid[firsts])
 
 
 _ORDERS: list = []  # ((spec, epoch, chunk start, size), order) of the latest chunks, matched by identity

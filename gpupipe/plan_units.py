@@ -24,9 +24,9 @@ from typing import TypeVar
 import numpy as np
 
 from gpupipe.core.errors import PlanError
-from gpupipe.plan import Chunk, PlanSpec, Progress, Span, chunk_order, chunk_spans, rank_chunks
+from gpupipe.plan import Chunk, PlanSpec, Progress, Runs, Span, chunk_order, chunk_runs, rank_chunks
 
-__all__ = ["Unit", "cut_units", "rank_units", "worker_units", "unit_spans", "unit_sample_ids"]
+__all__ = ["Unit", "cut_units", "rank_units", "worker_units", "unit_spans", "unit_runs", "unit_sample_ids"]
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,16 @@ def unit_spans(spec: PlanSpec, epoch: int, unit: Unit) -> tuple[list[Span], np.n
     """The shard spans holding the unit's samples, in sequence order (one per run of
     consecutive samples of one shard, padding apart), and the delivery order: indices into
     the spans' samples taken one after another."""
+    runs, order = unit_runs(spec, epoch, unit)
+    return runs.spans(), order
+
+
+def unit_runs(spec: PlanSpec, epoch: int, unit: Unit) -> tuple[Runs, np.ndarray]:
+    """:func:`unit_spans` with the spans as columns."""
     b = spec.batch_size
     window = chunk_order(spec, epoch, unit.chunk)[unit.first_batch * b:(unit.first_batch + unit.num_batches) * b]
     within = np.sort(window)
-    return chunk_spans(spec, epoch, unit.chunk, within), np.searchsorted(within, window)
+    return chunk_runs(spec, epoch, unit.chunk, within), np.searchsorted(within, window)
 
 
 def unit_sample_ids(spec: PlanSpec, epoch: int, unit: Unit) -> tuple[np.ndarray, np.ndarray]:

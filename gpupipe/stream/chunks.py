@@ -42,8 +42,8 @@ from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
 from gpupipe.formats.imageheader import image_extensions
 from gpupipe.formats.tar import TAR, group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
-from gpupipe.plan import PlanSpec, Span, permutation, shuffle_buffer
-from gpupipe.plan_units import Unit, unit_spans
+from gpupipe.plan import PlanSpec, Runs, Span, permutation, shuffle_buffer
+from gpupipe.plan_units import Unit, unit_runs, unit_spans
 from gpupipe.sources.mixed import relabel
 from gpupipe.sources.resolved import SourcePart
 from gpupipe.sources.source import ResolvedSource
@@ -247,9 +247,10 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
 
     if gather is not None and fetcher.gathers:  # local files: a unit's bytes in one read
         for unit in units:
-            unit_spans_, order = unit_spans(spec, epoch, unit)
-            table = gather(fetcher, source, unit_spans_, first_ids, wanted)
+            runs, order = unit_runs(spec, epoch, unit)
+            table = gather(fetcher, source, runs, first_ids, wanted) if len(runs) else None
             if table is None:
+                unit_spans_ = runs.spans()
                 table = settled(unit_spans_, list(reader(fetcher, source, unit_spans_)))
             yield unit, _relabeled(table.take(order), source.parts)
         return
@@ -330,14 +331,14 @@ class _UnitLayout:
     lengths: np.ndarray  # samples per span
 
     @classmethod
-    def of(cls, source: ResolvedSource, spans: Sequence[Span]) -> _UnitLayout | None:
+    def of(cls, source: ResolvedSource, runs: Runs) -> _UnitLayout | None:
         """``None`` when some of the shards have checksums and some not (each span is then
         checked on its own)."""
         assert source.manifest is not None, "iter_units checked it"
         entries = source.manifest.shards
-        lengths = np.array([len(s) for s in spans])
-        shard = np.repeat([s.shard for s in spans], lengths)
-        index = np.arange(len(shard)) + np.repeat([s.start for s in spans] - np.cumsum(lengths) + lengths, lengths)
+        lengths = runs.stop - runs.start
+        shard = np.repeat(runs.shard, lengths)
+        index = np.arange(len(shard)) + np.repeat(runs.start - np.cumsum(lengths) + lengths, lengths)
         shards = np.unique(shard).tolist()
         checked = [entries[k].crc32 is not None for k in shards]
         if any(checked) != all(checked):
@@ -350,7 +351,7 @@ class _UnitLayout:
             sizes[mine] = entry.offsets[index[mine] + 1] - at[mine]
             if crcs is not None and entry.crc32 is not None:
                 crcs[mine] = entry.crc32[index[mine]]
-        return cls(shard, index, sizes, crcs, np.repeat([s.valid for s in spans], lengths), at, lengths)
+        return cls(shard, index, sizes, crcs, np.repeat(runs.valid, lengths), at, lengths)
 
     def byte_ranges(self) -> tuple[list[int], list[int], list[int]]:
         """Each span's shard, first byte and end in it."""
@@ -369,31 +370,31 @@ def _scanned_unit(source: ResolvedSource, spans: Sequence[Span], got: Sequence[l
     """The samples of a unit's tar spans, in span order, from one scan of their bytes side by side
     (a span's bytes are exactly its samples, so together they are a run of whole samples); ``None``
     when a read failed or the scan does not take them all (each span is then read on its own)."""
-    layout = _UnitLayout.of(source, spans)
+    layout = _UnitLayout.of(source, Runs.of(spans))
     if layout is None or any(isinstance(g, GpupipeError) for g in got):
         return None
     segments: list[Any] = [block for blocks in got if not isinstance(blocks, GpupipeError) for block in blocks]
     if len(segments) > _JOIN_SEGMENTS:  # many short spans (blocks of shards): one copy beats a gather per span
         segments = [_joined(segments)]
-    return _scanned_layout(source, spans, segments, layout, first_ids, wanted)
+    return _scanned_layout(source, segments, layout, first_ids, wanted)
 
 
-def _scanned_layout(source: ResolvedSource, spans: Sequence[Span], segments: list, layout: _UnitLayout,
-                    first_ids: Callable[[Any], Any], wanted: _Wanted) -> SampleTable | None:
-    table = _scanned(segments, layout.starts, layout.crcs, wanted, source.shard_urls[spans[0].shard])
+def _scanned_layout(source: ResolvedSource, segments: list, layout: _UnitLayout, first_ids: Callable[[Any], Any],
+                    wanted: _Wanted) -> SampleTable | None:
+    table = _scanned(segments, layout.starts, layout.crcs, wanted, source.shard_urls[int(layout.shard[0])])
     if table is None:
         return None
     return replace(table, sample_ids=first_ids(layout.shard) + layout.index, valid=layout.valid)
 
 
-def _tar_unit(fetcher: Fetcher, source: ResolvedSource, spans: Sequence[Span], first_ids: Callable[[Any], Any],
+def _tar_unit(fetcher: Fetcher, source: ResolvedSource, runs: Runs, first_ids: Callable[[Any], Any],
               wanted: _Wanted) -> SampleTable | None:
     """Tar shards of local files: a unit's samples from one read of its spans' bytes end to end
     (:meth:`Fetcher.gather`), scanned — or, where every sample was scanned before in files
     unchanged since, taken where the scan found them (:mod:`gpupipe.stream.memo`). ``None`` when
     the read or the scan fails: each span is then read on its own."""
     assert source.manifest is not None, "iter_units checked it"
-    layout = _UnitLayout.of(source, spans)
+    layout = _UnitLayout.of(source, runs)
     if layout is None:
         return None
     entries, urls = source.manifest.shards, source.shard_urls
@@ -411,7 +412,7 @@ def _tar_unit(fetcher: Fetcher, source: ResolvedSource, spans: Sequence[Span], f
         return SampleTable(buffers=(joined,), buffer=np.zeros(len(size), np.int64), start=starts + image_at,
                            size=size, labels=labels, sample_ids=first_ids(layout.shard) + layout.index, keys=keys,
                            valid=layout.valid)
-    table = _scanned_layout(source, spans, [joined], layout, first_ids, wanted)
+    table = _scanned_layout(source, [joined], layout, first_ids, wanted)
     if table is not None and steady and not wanted.kinds and not table.buffer.any():
         for k in shards:
             mine = np.flatnonzero(layout.shard == k)

@@ -75,7 +75,7 @@ class ScanMemo:
         size, label and key — or ``None`` unless every sample is known."""
         n = len(index)
         image_at, size, label = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-        keys = np.empty(n, object)
+        keys: list[tuple[np.ndarray, np.ndarray]] = []  # (places, their keys) by shard
         identities: dict[int, Identity] = {}
         with self._lock:
             for k in np.unique(shard_of).tolist():
@@ -86,8 +86,12 @@ class ScanMemo:
                     return None
                 identities[k] = entry.identity
                 image_at[mine], size[mine], label[mine] = entry.image_at[at], entry.image_size[at], entry.label[at]
-                keys[mine] = entry.key[at]
-        return identities, image_at, size, label, [k.decode("ascii") for k in keys.tolist()]
+                keys.append((mine, entry.key[at]))
+        width = max(k.dtype.itemsize for _, k in keys) if keys else 1
+        joined = np.empty(n, f"S{width}")
+        for mine, k in keys:
+            joined[mine] = k
+        return identities, image_at, size, label, joined.astype(f"U{width}").tolist()  # (ASCII: the scan's keys)
 
     def remember(self, url: str, identity: Identity, samples: int, index: np.ndarray, image_at: np.ndarray,
                  size: np.ndarray, label: np.ndarray, keys: list[str]) -> None:
