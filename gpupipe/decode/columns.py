@@ -17,7 +17,7 @@ import numpy as np
 
 from gpupipe.decode.base import DecodeConfig, ResizeMode
 from gpupipe.decode.crops import crop_boxes
-from gpupipe.formats.headers import ProbedHeaders, probe_batch
+from gpupipe.formats.headers import ProbedHeaders, probe_batch, probed_from_ids
 
 __all__ = ["annotate", "probed", "keyed_crops", "crop_key"]
 
@@ -27,11 +27,15 @@ def crop_key(config: DecodeConfig, epoch: int) -> tuple:
     return (config.resize.value, config.seed, epoch, tuple(config.scale), tuple(config.ratio))
 
 
-def annotate(batch, config: DecodeConfig):
+def annotate(batch, config: DecodeConfig, header_ids: np.ndarray | None = None):
     """``batch`` with its images' headers probed and, under ``random_resized_crop``, its crop
-    boxes drawn (in a DataLoader worker, for the decoder with ``config``)."""
-    padded = _padded(batch)
-    headers = probe_batch(None if padded is not None else batch.images(), config.max_pixels, padded)
+    boxes drawn (in a DataLoader worker, for the decoder with ``config``). ``header_ids``: the
+    probe's verdicts the stream kept for these very bytes (:func:`~gpupipe.formats.headers.header_ids`),
+    taken instead of a probe when every image has one under ``config.max_pixels``."""
+    headers = None if header_ids is None else probed_from_ids(header_ids, config.max_pixels)
+    if headers is None:
+        padded = _padded(batch)
+        headers = probe_batch(None if padded is not None else batch.images(), config.max_pixels, padded)
     crops = None
     if config.resize is ResizeMode.RANDOM_CROP:
         crops = (crop_key(config, batch.epoch),

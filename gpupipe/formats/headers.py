@@ -12,6 +12,7 @@ indexed by a numpy array, not a Python call per image.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import numpy as np
 from gpupipe.core.errors import DecodeError
 from gpupipe.formats.imageheader import ImageHeader, check_complete, probe
 
-__all__ = ["ProbedHeaders", "probe_batch", "upright_hw"]
+__all__ = ["ProbedHeaders", "probe_batch", "upright_hw", "header_ids", "kept_under", "probed_from_ids"]
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,11 @@ def _known_rows(rows: np.ndarray, sizes: np.ndarray, max_pixels: int | None) -> 
         if not len(wanted):
             continue
         heads = np.ascontiguousarray(rows[wanted, :length]).view(f"V{length}").ravel().tolist()
-        for i, head in zip(wanted.tolist(), heads):
-            header = known.get(head)
+        got = list(map(known.get, heads))  # (a lookup per image, in C)
+        if len(wanted) == n and not any(found):
+            found = got
+            continue
+        for i, header in zip(wanted.tolist(), got):
             if header is not None and found[i] is None:
                 found[i] = header
     return found
@@ -132,6 +136,8 @@ def probe_batch(images: Sequence | None, max_pixels: int | None,
     then be None, each image being the start of its row)."""
     known = _known_rows(*padded, max_pixels) if padded is not None else None
     n = len(images) if images is not None else len(padded[1]) if padded is not None else 0
+    if known is not None and n and None not in known:
+        return _all_known(known, max_pixels)  # type: ignore[arg-type]
     index = np.empty(n, dtype=np.int32)
     table: list[ImageHeader] = []
     seen: dict[int, int] = {}  # id of a header object -> its place in the table
@@ -155,3 +161,68 @@ def probe_batch(images: Sequence | None, max_pixels: int | None,
             table.append(header)
         index[i] = j
     return ProbedHeaders(tuple(table), index, reasons, max_pixels)
+
+
+def _all_known(headers: list[ImageHeader], max_pixels: int | None) -> ProbedHeaders:
+    """:func:`probe_batch`'s answer when every image's header is known: the distinct header
+    objects in order of first appearance, found by their ids as an array (no Python call per image)."""
+    first, index = _distinct(np.fromiter(map(id, headers), np.int64, len(headers)))
+    return ProbedHeaders(tuple(headers[i] for i in first.tolist()), index, {}, max_pixels)
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each distinct value of ``values`` first is, in order of first appearance, and each
+    value's place among them (int32)."""
+    _, first, index = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[index.reshape(-1)].astype(np.int32)
+
+
+# Verdicts of the probe that a memo of unchanged bytes keeps per sample (gpupipe.stream.memo): a
+# small int each, standing for (max_pixels, header) — the probe passed the image under that limit
+# with that header. At most _IDS_MAX distinct ones a process; past that a verdict is not kept (-1).
+_IDS: dict[tuple[int | None, int], int] = {}  # (max_pixels, id of the header object) -> its number
+_BY_ID: list[tuple[int | None, ImageHeader]] = []  # (holds the headers: their ids stay theirs)
+_IDS_MAX = 1 << 16
+_IDS_LOCK = threading.Lock()
+
+
+def header_ids(probed: ProbedHeaders) -> np.ndarray:
+    """Each image's verdict in ``probed`` as a number for :func:`probed_from_ids` (int32; -1 where
+    the probe refused the image or no number is left)."""
+    numbers = np.empty(len(probed.table) + 1, np.int32)
+    numbers[-1] = -1
+    with _IDS_LOCK:
+        for j, header in enumerate(probed.table):
+            key = (probed.max_pixels, id(header))
+            number = _IDS.get(key)
+            if number is None and len(_BY_ID) < _IDS_MAX:
+                number = _IDS[key] = len(_BY_ID)
+                _BY_ID.append((probed.max_pixels, header))
+            numbers[j] = -1 if number is None else number
+    return numbers[probed.index]
+
+
+def kept_under(ids: np.ndarray, max_pixels: int | None) -> np.ndarray:
+    """A copy of ``ids`` (from :func:`header_ids`) with -1 where the verdict was not found under
+    ``max_pixels``."""
+    out = np.array(ids, dtype=np.int32)
+    for i in np.unique(out[out >= 0]).tolist():
+        if _BY_ID[i][0] != max_pixels:
+            out[out == i] = -1
+    return out
+
+
+def probed_from_ids(ids: np.ndarray, max_pixels: int | None) -> ProbedHeaders | None:
+    """The :class:`ProbedHeaders` that :func:`header_ids` gave ``ids`` for, when every image has a
+    verdict kept under ``max_pixels``; else None (probe them)."""
+    if not len(ids) or int(ids.min()) < 0:
+        return None
+    first, index = _distinct(ids)
+    kept = [_BY_ID[i] for i in ids[first].tolist()]
+    if any(limit != max_pixels for limit, _ in kept):
+        return None
+    return ProbedHeaders(tuple(header for _, header in kept), index, {}, max_pixels)
+

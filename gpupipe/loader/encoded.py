@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -110,10 +111,11 @@ class EncodedDataset(IterableDataset):
         self._taker: SlotTaker | None = None  # this worker's slots (kept across passes)
         self._fetcher: Fetcher | None = None  # this worker's fetcher, when it outlives passes
 
-    def _finish(self, batch: EncodedBatch) -> EncodedBatch:
+    def _finish(self, batch: EncodedBatch, header_ids: np.ndarray | None = None) -> EncodedBatch:
         """What the decoder would otherwise work out per image in the training process, done here
-        (:func:`gpupipe.decode.columns.annotate`)."""
-        return batch if self.decode is None else annotate(batch, self.decode)
+        (:func:`gpupipe.decode.columns.annotate`; ``header_ids``: the images' probe verdicts kept
+        by the stream, if it has them)."""
+        return batch if self.decode is None else annotate(batch, self.decode, header_ids)
 
     @property
     def _pad(self) -> float:
@@ -169,12 +171,14 @@ class EncodedDataset(IterableDataset):
         f = fetcher.stats
         last = f.copy()
         slots = self._taker if in_worker else None  # made by begin_pass: slots come with the ticket
+        probe = None if self.decode is None else (self.decode.max_pixels,)
         for unit, table in iter_units(fetcher, self.source, spec, self.epoch, mine,
-                                      on_error=self.stream.on_error, skips=skips):
+                                      on_error=self.stream.on_error, skips=skips, probe=probe):
             for i in range(unit.num_batches):
-                batch = pack_table(table.take(slice(i * b, (i + 1) * b)), shared=in_worker, pad=self._pad,
-                                   epoch=self.epoch, chunk=unit.chunk.index, batch=unit.first_batch + i, slots=slots)
-                batch = replace(self._finish(batch), skipped=skips.count, fetched=f.since(last))
+                part = table.take(slice(i * b, (i + 1) * b))
+                batch = pack_table(part, shared=in_worker, pad=self._pad, epoch=self.epoch, chunk=unit.chunk.index,
+                                   batch=unit.first_batch + i, slots=slots)
+                batch = replace(self._finish(batch, part.header_ids), skipped=skips.count, fetched=f.since(last))
                 yield slots.crossing(batch) if slots is not None else batch
                 skips.count, last = 0, f.copy()
 

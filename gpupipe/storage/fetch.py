@@ -597,9 +597,10 @@ class Fetcher:
                     parts.append(whole[a:b])
                 np.concatenate(parts, out=out)
             else:
-                files = dict.fromkeys(urls)  # each file's descriptor once (all of them held open at once)
-                fd = {url: self._open(url) for url in files}.__getitem__ if len(files) <= _FILES_OPEN else self._open
-                at, view = 0, memoryview(out)
+                distinct = dict.fromkeys(urls)  # each file's descriptor once (all of them held open at once)
+                fd = {url: self._open(url) for url in distinct}.__getitem__ if len(distinct) <= _FILES_OPEN \
+                    else self._open
+                at, view = 0, out.data
                 for url, a, n in zip(urls, starts, sizes):
                     if os.preadv(fd(url), (view[at:at + n],), a) != n:
                         return None

@@ -187,6 +187,7 @@ class SampleTable:
     keys: list[str]
     valid: np.ndarray
     targets: TargetColumns | None = None
+    header_ids: np.ndarray | None = None  # each image's probe verdict kept (formats.headers.header_ids), -1 none
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -228,7 +229,8 @@ class SampleTable:
                    labels=np.concatenate([t.labels for t in tables]),
                    sample_ids=np.concatenate([t.sample_ids for t in tables]),
                    keys=[k for t in tables for k in t.keys], valid=np.concatenate([t.valid for t in tables]),
-                   targets=targets)
+                   targets=targets, header_ids=None if any(t.header_ids is None for t in tables)
+                   else np.concatenate([t.header_ids for t in tables]))
 
     def take(self, index: np.ndarray | slice) -> SampleTable:
         """The samples at ``index`` (positions or a slice), in that order; the buffers are shared."""
@@ -236,7 +238,8 @@ class SampleTable:
         return SampleTable(buffers=self.buffers, buffer=self.buffer[index], start=self.start[index],
                            size=self.size[index], labels=self.labels[index], sample_ids=self.sample_ids[index],
                            keys=keys, valid=self.valid[index],
-                           targets=None if self.targets is None else self.targets.take(index))
+                           targets=None if self.targets is None else self.targets.take(index),
+                           header_ids=None if self.header_ids is None else self.header_ids[index])
 
 
 def pack(samples: Sequence[Sample], valid: Iterable[bool], *, epoch: int = 0, chunk: int = -1, batch: int = -1,

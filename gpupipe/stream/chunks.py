@@ -39,6 +39,7 @@ import numpy as np
 from gpupipe.core.errors import GpupipeError, ShardFormatError, StorageError
 from gpupipe.core.types import ByteRange, ErrorPolicy, Sample
 from gpupipe.formats.annotations import BOXES_FIELD, MASK_FIELD, parse_boxes
+from gpupipe.formats.headers import header_ids, kept_under, probe_batch
 from gpupipe.formats.imageheader import image_extensions
 from gpupipe.formats.tar import TAR, group_by_key, iter_members, sample_crc32
 from gpupipe.formats.tarscan import ScannedSpan, scan_span
@@ -173,11 +174,12 @@ class _Wanted:
 
     kinds: tuple[str, ...] = ()
     num_classes: int | None = None
+    probe: tuple[int | None] | None = None  # (max_pixels,): each image's probe verdict, where kept
 
     @classmethod
-    def of(cls, source: ResolvedSource) -> _Wanted:
+    def of(cls, source: ResolvedSource, probe: tuple[int | None] | None = None) -> _Wanted:
         classes = source.manifest.classes if source.manifest is not None else ()
-        return cls(tuple(source.targets), len(classes) if classes else None)
+        return cls(tuple(source.targets), len(classes) if classes else None, probe)
 
 
 def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, skips: SkipLog,
@@ -208,10 +210,12 @@ def _deliver(span: ReadSpan, url: str, first_id: int, on_error: ErrorPolicy, ski
 
 
 def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: int, units: Sequence[Unit],
-               *, on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None
-               ) -> Iterator[tuple[Unit, SampleTable]]:
+               *, on_error: ErrorPolicy = ErrorPolicy.RAISE, skips: SkipLog | None = None,
+               probe: tuple[int | None] | None = None) -> Iterator[tuple[Unit, SampleTable]]:
     """For each unit: its samples in delivery order (padding and placeholders not valid).
     Only the spans holding them are read, the units' one after another (the reader reads ahead).
+    ``probe`` ``(max_pixels,)``: where the scan memo keeps them, each image's probe verdict comes
+    with its sample (``SampleTable.header_ids``; :func:`_tar_unit`).
 
     A shuffled unit is many short spans. Tar spans are fetched one by one but scanned together,
     in one call for the unit (:func:`_scanned_unit`); only when that fails is each span read on
@@ -219,7 +223,7 @@ def iter_units(fetcher: Fetcher, source: ResolvedSource, spec: PlanSpec, epoch: 
     assert source.manifest is not None, "iter_units needs a manifest"
     skips = skips if skips is not None else SkipLog()
     first_ids = spec.first_ids
-    wanted = _Wanted.of(source)
+    wanted = _Wanted.of(source, probe)
     planned: deque[tuple[Unit, list[Span], np.ndarray]] = deque()
 
     def spans() -> Iterator[Span]:  # lazily: a folder unit is a span per image
@@ -408,10 +412,22 @@ def _tar_unit(fetcher: Fetcher, source: ResolvedSource, runs: Runs, first_ids: C
     steady = all(before[k] is not None and before[k] == _identity(fetcher, source, k) for k in shards)
     starts = layout.starts[:-1]
     if known is not None and steady and all(known[0][k] == before[k] for k in shards):
-        _, image_at, size, labels, keys = known
-        return SampleTable(buffers=(joined,), buffer=np.zeros(len(size), np.int64), start=starts + image_at,
-                           size=size, labels=labels, sample_ids=first_ids(layout.shard) + layout.index, keys=keys,
-                           valid=layout.valid)
+        _, image_at, size, labels, keys, header = known
+        start = starts + image_at
+        verdicts = None
+        if wanted.probe is not None:
+            verdicts = kept_under(header, wanted.probe[0])
+            missing = np.flatnonzero(verdicts < 0)
+            if len(missing):  # probed once here (a pass after the scan), then kept while the file is unchanged
+                verdicts[missing] = header_ids(probe_batch(
+                    [joined[a:a + z] for a, z in zip(start[missing].tolist(), size[missing].tolist())],
+                    wanted.probe[0]))
+                for k in np.unique(layout.shard[missing]).tolist():
+                    mine = missing[layout.shard[missing] == k]
+                    SCANNED.remember_headers(urls[k], before[k] or (), layout.index[mine], verdicts[mine])
+        return SampleTable(buffers=(joined,), buffer=np.zeros(len(size), np.int64), start=start, size=size,
+                           labels=labels, sample_ids=first_ids(layout.shard) + layout.index, keys=keys,
+                           valid=layout.valid, header_ids=verdicts)
     table = _scanned_layout(source, [joined], layout, first_ids, wanted)
     if table is not None and steady and not wanted.kinds and not table.buffer.any():
         for k in shards:

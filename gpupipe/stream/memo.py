@@ -42,11 +42,12 @@ class _Shard:
     image_size: np.ndarray
     label: np.ndarray
     key: np.ndarray
+    header: np.ndarray  # the probe's verdict on its image (gpupipe.formats.headers.header_ids), -1: none kept
 
     @classmethod
     def empty(cls, identity: Identity, n: int) -> _Shard:
         return cls(identity, np.zeros(n, bool), np.zeros(n, np.int32), np.zeros(n, np.int32),
-                   np.zeros(n, np.int64), np.zeros(n, "S1"))
+                   np.zeros(n, np.int64), np.zeros(n, "S1"), np.full(n, -1, np.int32))
 
 
 class ScanMemo:
@@ -69,12 +70,13 @@ class ScanMemo:
             self._samples = 0
 
     def known(self, urls: Sequence[str], index: np.ndarray, shard_of: np.ndarray
-              ) -> tuple[dict[int, Identity], np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
+              ) -> tuple[dict[int, Identity], np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray] | None:
         """For samples ``index`` of shards ``shard_of`` (positions in ``urls``): the identity each
         shard's answers hold for (by position) and each sample's image offset in its sample, image
-        size, label and key — or ``None`` unless every sample is known."""
+        size, label, key and probe verdict (-1: none) — or ``None`` unless every sample is known."""
         n = len(index)
         image_at, size, label = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        header = np.empty(n, np.int32)
         keys: list[tuple[np.ndarray, np.ndarray]] = []  # (places, their keys) by shard
         identities: dict[int, Identity] = {}
         with self._lock:
@@ -86,12 +88,21 @@ class ScanMemo:
                     return None
                 identities[k] = entry.identity
                 image_at[mine], size[mine], label[mine] = entry.image_at[at], entry.image_size[at], entry.label[at]
+                header[mine] = entry.header[at]
                 keys.append((mine, entry.key[at]))
         width = max(k.dtype.itemsize for _, k in keys) if keys else 1
         joined = np.empty(n, f"S{width}")
         for mine, k in keys:
             joined[mine] = k
-        return identities, image_at, size, label, joined.astype(f"U{width}").tolist()  # (ASCII: the scan's keys)
+        return identities, image_at, size, label, joined.astype(f"U{width}").tolist(), header  # (ASCII keys: the scan's)
+
+    def remember_headers(self, url: str, identity: Identity, index: np.ndarray, header: np.ndarray) -> None:
+        """The probe's verdicts on the images of samples ``index`` of the shard at ``url``, whose
+        bytes were read while the file had ``identity`` (kept only if its answers hold for that)."""
+        with self._lock:
+            entry = self._shards.get(url)
+            if entry is not None and entry.identity == identity:
+                entry.header[index] = header
 
     def remember(self, url: str, identity: Identity, samples: int, index: np.ndarray, image_at: np.ndarray,
                  size: np.ndarray, label: np.ndarray, keys: list[str]) -> None:

@@ -11,10 +11,15 @@ import pytest
 from datagen import ids_of, write_dataset
 
 from gpupipe.core.errors import GpupipeError
+from gpupipe.decode import columns
+from gpupipe.decode.settings import DecodeConfig
+from gpupipe.formats import headers
+from gpupipe.formats.headers import probe_batch
 from gpupipe.formats.manifest import MANIFEST_NAME, Manifest
 from gpupipe.loader.encoded import EncodedLoader, StreamConfig
 from gpupipe.stream import chunks
 from gpupipe.stream.memo import SCANNED, ScanMemo
+from gpupipe.tools.synth import synthetic_jpeg
 
 
 def loader(path, workers: int = 0, **kw) -> EncodedLoader:
@@ -94,10 +99,87 @@ def test_the_memo_keeps_at_most_its_limit_and_forgets_a_file_seen_otherwise():
     assert memo.known(["a"], np.arange(4), np.zeros(4, np.int64)) is None  # sample 3 not scanned yet
     memo.remember("b", (5, 6, 7, 8), 5, one, one, one, one, ["b0", "b1", "bb2"])
     assert len(memo) == 5 and memo.known(["a"], one, np.zeros(3, np.int64)) is None  # 6 + 5 > 10: "a" went
-    identities, at, size, label, keys = memo.known(["b"], one[::-1].copy(), np.zeros(3, np.int64))
+    identities, at, size, label, keys, header = memo.known(["b"], one[::-1].copy(), np.zeros(3, np.int64))
     assert identities == {0: (5, 6, 7, 8)} and keys == ["bb2", "b1", "b0"] and size.tolist() == [2, 1, 0]
+    assert header.tolist() == [-1, -1, -1]  # no probe verdict kept yet
+    memo.remember_headers("b", (5, 6, 7, 0), one[:1], np.array([4], np.int32))  # read under another identity
+    memo.remember_headers("b", (5, 6, 7, 8), one[1:], np.array([4, 5], np.int32))
+    assert memo.known(["b"], one, np.zeros(3, np.int64))[5].tolist() == [-1, 4, 5]
     memo.remember("b", (5, 6, 7, 9), 5, one[:1], one[:1], one[:1], one[:1], ["b0"])  # the file seen otherwise
     assert memo.known(["b"], one[:2], np.zeros(2, np.int64)) is None
     assert memo.known(["b"], one[:1], np.zeros(1, np.int64))[0] == {0: (5, 6, 7, 9)}
     memo.remember("c", (1, 1, 1, 1), 11, one, one, one, one, ["c0", "c1", "c2"])  # more than the limit
     assert memo.known(["c"], one, np.zeros(3, np.int64)) is None
+
+
+BAD = 21  # a sample whose image is no JPEG
+
+
+def jpeg_dataset(path) -> None:
+    write_dataset(str(path), [40, 40, 17], image=lambda i: b"\xff\xd8 no jpeg" if i == BAD
+                  else synthetic_jpeg(np.random.default_rng(i), (16 + i % 3, 16)))
+
+
+def probed_passes(ld: EncodedLoader, calls: dict[str, int], passes: int) -> list[tuple[dict, list]]:
+    """Each pass: the probe calls it made (in the stream's units, in the batches) and per batch
+    (the headers it carries, the rows it refused, a fresh probe's headers of its bytes)."""
+    out = []
+    for _ in range(passes):
+        ld.set_epoch(0)
+        before = dict(calls)
+        got = []
+        for b in ld:
+            fresh = probe_batch(b.images(), ld.decode.max_pixels)
+            got.append((b.probed.headers(), sorted(b.probed.reasons), fresh.headers(), sorted(fresh.reasons)))
+        out.append(({k: calls[k] - before[k] for k in calls}, got))
+    return out
+
+
+@pytest.fixture
+def probes(monkeypatch) -> dict[str, int]:
+    calls = {"unit": 0, "batch": 0}
+
+    def counting(where, real):
+        return lambda *a, **k: calls.__setitem__(where, calls[where] + 1) or real(*a, **k)
+    monkeypatch.setattr(chunks, "probe_batch", counting("unit", chunks.probe_batch))
+    monkeypatch.setattr(columns, "probe_batch", counting("batch", columns.probe_batch))
+    return calls
+
+
+def test_probe_verdicts_are_kept_with_the_scan_and_are_what_a_probe_finds(tmp_path, probes):
+    """Pass 1 scans and probes each batch; pass 2 takes the scan from the memo and probes each
+    unit's images once, keeping the verdicts; pass 3 probes nothing. Every pass's batches carry
+    exactly the headers (and refusals) a probe of their bytes gives."""
+    jpeg_dataset(tmp_path / "ds")
+    ld = loader(tmp_path / "ds")
+    ld.decode = DecodeConfig()
+    passes = probed_passes(ld, probes, 3)
+    assert [calls for calls, _ in passes] == [{"unit": 0, "batch": 13}, {"unit": 7, "batch": 1}, {"unit": 1, "batch": 1}]
+    for _, batches in passes:
+        for carried, refused, fresh, fresh_refused in batches:
+            assert carried == fresh and refused == fresh_refused
+        assert sum(len(refused) for _, refused, _, _ in batches) == 1  # the bad image, every pass
+    assert passes[0][1] == passes[1][1] == passes[2][1]
+
+
+def test_probe_verdicts_kept_under_one_pixel_limit_are_not_taken_under_another(tmp_path, probes):
+    jpeg_dataset(tmp_path / "ds")
+    ld = loader(tmp_path / "ds")
+    ld.decode = DecodeConfig()
+    probed_passes(ld, probes, 2)  # verdicts kept: every good image passed
+    ld.decode = DecodeConfig(max_pixels=200)  # 16x16 = 256 pixels: now every image is refused
+    for _, batches in probed_passes(ld, probes, 2):
+        for carried, refused, fresh, fresh_refused in batches:
+            assert carried == fresh and all(h is None for h in carried) and len(refused) == len(carried)
+
+
+def test_verdicts_past_the_registry_s_size_are_not_kept(monkeypatch):
+    monkeypatch.setattr(headers, "_IDS_MAX", len(headers._BY_ID) + 1)
+    images = [synthetic_jpeg(np.random.default_rng(i), (16 + i, 16)) for i in range(3)]
+    ids = headers.header_ids(probe_batch(images, None))
+    assert (ids >= 0).sum() <= 1 and headers.probed_from_ids(ids, None) is None
+    one = ids[ids >= 0]
+    if len(one):  # a number kept stands for its header under its limit only
+        assert headers.probed_from_ids(one, None).headers() == probe_batch([images[int(np.flatnonzero(ids >= 0)[0])]],
+                                                                           None).headers()
+        assert headers.probed_from_ids(one, 10**9) is None and headers.kept_under(one, 10**9).tolist() == [-1]
