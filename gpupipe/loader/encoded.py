@@ -18,8 +18,9 @@ import logging
 import pickle
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -204,6 +205,13 @@ class EncodedDataset(IterableDataset):
             yield replace(self._finish(packed), skipped=skips.count, fetched=f.since(last))
 
 
+def _in_thread(dataset: EncodedDataset, pin: bool) -> Generator[EncodedBatch | SlotBatch, None, None]:
+    """The batches of ``dataset`` made in this thread, pinned where ``pin`` (what torch's
+    DataLoader does with 0 workers)."""
+    for batch in dataset:
+        yield batch.pin_memory() if pin else batch
+
+
 class _WholeUnits(IterableDataset):
     """The worker side, one item per unit of work: the list of its batches. torch takes its
     workers' items round-robin and units go round-robin to workers, so whole units arrive in the
@@ -345,24 +353,24 @@ class EncodedLoader:
         if self.source.manifest is not None:
             workers = min(workers, max(1, len(units)))
         whole = workers > 0 and self.source.manifest is not None  # whole units, put in the plan's order
-        if workers == 0:
-            loader = DataLoader(self._dataset(), batch_size=None, num_workers=0, pin_memory=self.pin_memory)
-            board = None
-        else:
+        loader: DataLoader | None = None
+        board: SlotBoard | None = None
+        if workers > 0:
             loader, board = self._persistent(workers, whole)
         expected = collections.deque(u.key for u in units)
         check = self.mixing.start() if self.mixing is not None else None  # None: nothing to check
         arrived: dict[tuple[int, int], list[EncodedBatch]] = {}  # units that came before their turn
         received: dict[tuple[int, int], int] = {}  # batches received per unit (chunk, first batch), this pass
-        try:
-            it = start_workers(loader)
-        except Exception as exc:  # noqa: BLE001 — torch's error for a worker that died between passes
-            if workers == 0:
-                raise
-            log.warning("gpupipe: a stream worker kept from the last pass is gone (%s); starting new ones", exc)
-            self.close()
-            loader, board = self._persistent(workers, whole)
-            it = start_workers(loader)
+        if loader is None:  # in this thread: torch's DataLoader adds a profiler range and a fetcher a batch here
+            it: Any = _in_thread(self._dataset(), self.pin_memory)
+        else:
+            try:
+                it = start_workers(loader)
+            except Exception as exc:  # noqa: BLE001 — torch's error for a worker that died between passes
+                log.warning("gpupipe: a stream worker kept from the last pass is gone (%s); starting new ones", exc)
+                self.close()
+                loader, board = self._persistent(workers, whole)
+                it = start_workers(loader)
         if board is not None and self._workers is not None:
             board.reclaim(self._workers.ticket.pass_id)  # what a pass broken off left flagged, torch has dropped
         failed = True
@@ -410,8 +418,8 @@ class EncodedLoader:
             failed = False
             raise
         finally:
-            if workers == 0:
-                stop_workers(it)
+            if loader is None:
+                it.close()  # the dataset's own generator: its reader closes now
             elif failed:
                 self.close()
 
