@@ -2,6 +2,7 @@
 
     python benchmarks/feed_bench.py --root .bench/tiny-6000 [--size 32] [--images 6000]
         [--workers 0,1] [--rounds 5] [--seconds 2] [--writer ingest|tarwriter] [--threads 2]
+        [--code CHECKOUT ...]
 
 Makes (once) ``--images`` dead-leaves JPEGs of ``--size``² px in shards of 1,000, written by
 ``gpupipe ingest`` or by webdataset's ``TarWriter`` (pax headers, then ``gpupipe index``), then
@@ -16,6 +17,9 @@ decode only, batch 256, shuffled, DALI's CPU decoder with ``--threads`` threads 
 Beside images/s it prints the training process's CPU per sample outside the native decoder:
 ``utime + stime`` of this process's threads but DALI's own (named ``[DALI]...``), per sample
 delivered (:func:`gpupipe.tools.bench.measure.thread_cpu`), and the workers' CPU apart.
+With ``--code A B`` every turn is a fresh process (a loader, DALI's pipeline or the rows), gpupipe
+imported from checkout ``A`` or ``B`` (``git worktree add /tmp/base REV``): two commits compared on
+the same machine in the same minutes.
 A benchmark, not a test: numbers go to docs/benchmarks.md with the command and the machine.
 """
 from __future__ import annotations
@@ -198,8 +202,16 @@ def main(argv: list[str] | None = None) -> int:
                     "(rows_run: the feed's ceiling without a stream)")
     ap.add_argument("--seconds", type=float, default=2.0, help="each loader's turn in a round: whole epochs, at least this long")
     ap.add_argument("--device", default="cpu", help="cpu (DALI's CPU decoder on both sides) or cuda (mixed)")
+    ap.add_argument("--code", nargs="+", metavar="CHECKOUT",
+                    help="each turn a fresh process, gpupipe imported from each CHECKOUT in turn (two git worktrees: "
+                         "an A/B of two commits on the same machine minutes apart), the order reversed every round")
+    ap.add_argument("--child", choices=["dali", "rows", "gpupipe"], help=argparse.SUPPRESS)  # one turn, as JSON
     args = ap.parse_args(argv)
     shards = make_data(args.root, args.images, args.size, args.writer)
+    if args.child:
+        return child_turn(args, shards)
+    if args.code:
+        return fresh_rounds(args)
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs["dali"] = dali_run(shards, args.threads, args.batch, tmp, args.device)
@@ -213,16 +225,71 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for name, run in runs.items():
                 results[name].append(timed(run, args.seconds))
+    report(args, results)
+    return 0
+
+
+def child_turn(args, shards: str) -> int:
+    """One loader's turn in this (fresh) process: warm up for a second, then :func:`timed`; JSON."""
+    import json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.child == "dali":
+            run = dali_run(shards, args.threads, args.batch, tmp, args.device)
+        elif args.child == "rows":
+            run = rows_run(shards, args.threads, args.batch, args.device)
+        else:
+            import gpupipe
+
+            wanted = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+            if wanted and not os.path.abspath(gpupipe.__file__).startswith(os.path.abspath(wanted) + os.sep):
+                raise SystemExit(f"gpupipe came from {gpupipe.__file__}, not from the checkout {wanted}")
+            run = gpupipe_run(shards, int(args.workers), args.threads, args.batch, args.device)
+        timed(run, 1.0)
+        print(json.dumps(timed(run, args.seconds)))
+    return 0
+
+
+def fresh_rounds(args) -> int:
+    """Each turn in a fresh process (:func:`child_turn`): DALI's pipeline, then every checkout
+    with every worker count, in an order reversed every round."""
+    import json
+    import subprocess
+
+    common = ["--root", args.root, "--images", str(args.images), "--size", str(args.size), "--writer", args.writer,
+              "--threads", str(args.threads), "--batch", str(args.batch), "--seconds", str(args.seconds),
+              "--device", args.device]
+    turns = [("dali", ["--child", "dali"], None)] + ([("dali rows", ["--child", "rows"], None)] if args.rows else [])
+    turns += [(f"{code} w={w}", ["--child", "gpupipe", "--workers", w], code)
+              for w in args.workers.split(",") for code in args.code]
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in turns}
+    for r in range(args.rounds):
+        for name, extra, code in turns if r % 2 == 0 else turns[::-1]:
+            env = dict(os.environ)
+            if code is not None:
+                env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(code), env.get("PYTHONPATH", "")])
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), *common, *extra], env=env,
+                                  capture_output=True, text=True, check=False)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+            if done.returncode or not lines:
+                raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}")
+            results[name].append(json.loads(lines[-1]))
+        print(f"round {r}: " + ", ".join(f"{n} {rs[-1]['img_s']:.0f}" for n, rs in results.items()), flush=True)
+    report(args, results)
+    return 0
+
+
+def report(args, results: dict[str, list[dict]]) -> None:
     dali = statistics.median(r["img_s"] for r in results["dali"])
     print(f"{args.images} JPEGs {args.size}x{args.size} ({args.writer}), batch {args.batch}, "
-          f"{args.threads} DALI threads, {args.device}, median of {args.rounds}")
+          f"{args.threads} DALI threads, {args.device}, median of {args.rounds}"
+          + (", each turn a fresh process" if args.code else ""))
     for name, rs in results.items():
         med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         lo, hi = min(r["img_s"] for r in rs), max(r["img_s"] for r in rs)
         print(f"  {name:14s} {med['img_s']:9.0f} img/s ({lo:.0f}-{hi:.0f})  {med['img_s'] / dali:5.2f} of DALI   CPU us/sample: "
               f"outside native {med['outside_us']:6.1f}  native {med['native_us']:6.1f}  "
               f"workers {med['workers_us']:6.1f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -170,7 +170,8 @@ def test_probe_verdicts_kept_under_one_pixel_limit_are_not_taken_under_another(t
     ld.decode = DecodeConfig(max_pixels=200)  # 16x16 = 256 pixels: now every image is refused
     for _, batches in probed_passes(ld, probes, 2):
         for carried, refused, fresh, fresh_refused in batches:
-            assert carried == fresh and all(h is None for h in carried) and len(refused) == len(carried)
+            assert carried == fresh and refused == fresh_refused
+            assert all(h is None for h in carried) and len(refused) == len(carried)
 
 
 def test_verdicts_past_the_registry_s_size_are_not_kept(monkeypatch):
