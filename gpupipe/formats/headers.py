@@ -12,6 +12,7 @@ indexed by a numpy array, not a Python call per image.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -187,6 +188,17 @@ _IDS: dict[tuple[int | None, int], int] = {}  # (max_pixels, id of the header ob
 _BY_ID: list[tuple[int | None, ImageHeader]] = []  # (holds the headers: their ids stay theirs)
 _IDS_MAX = 1 << 16
 _IDS_LOCK = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    """A forked child (a stream worker) gets a lock of its own: another thread of the parent may
+    have held this one at the fork, and no thread of the child would ever release it."""
+    global _IDS_LOCK
+    _IDS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def header_ids(probed: ProbedHeaders) -> np.ndarray:

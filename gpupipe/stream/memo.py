@@ -17,6 +17,7 @@ parsed from the sample's own members.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -135,3 +136,13 @@ class ScanMemo:
 SCANNED = ScanMemo()
 """This process's memo (a DataLoader worker's own after the fork; kept across passes by
 persistent workers)."""
+
+
+def _new_lock_in_child() -> None:
+    """A forked child (a stream worker) gets a lock of its own: another thread of the parent may
+    have held the memo's at the fork, and no thread of the child would ever release it."""
+    SCANNED._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)

@@ -184,3 +184,27 @@ def test_verdicts_past_the_registry_s_size_are_not_kept(monkeypatch):
         assert headers.probed_from_ids(one, None).headers() == probe_batch([images[int(np.flatnonzero(ids >= 0)[0])]],
                                                                            None).headers()
         assert headers.probed_from_ids(one, 10**9) is None and headers.kept_under(one, 10**9).tolist() == [-1]
+
+
+def _use_both_locks(out) -> None:
+    image = synthetic_jpeg(np.random.default_rng(0), (16, 16))
+    ids = headers.header_ids(probe_batch([image], None))
+    SCANNED.remember_headers("x", (), np.arange(1), ids)
+    out.put(int(ids[0]) >= 0)
+
+
+def test_a_forked_worker_does_not_inherit_a_held_lock():
+    """Another thread of the training process holds the memo's and the verdicts' locks while a
+    stream worker is forked: the worker has locks of its own and does not hang."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    with SCANNED._lock, headers._IDS_LOCK:
+        child = ctx.Process(target=_use_both_locks, args=(out,))
+        child.start()
+    child.join(20)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0 and out.get(timeout=5)
