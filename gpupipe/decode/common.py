@@ -133,8 +133,9 @@ def prepare(batch, config, stats) -> tuple[Checked, np.ndarray]:
     upright_hw, exists = checked.upright()
     count_stretched_sizes(upright_hw, exists, config, stats)
     boxes = keyed_crops(batch, config) if config.resize is ResizeMode.RANDOM_CROP else None
-    if boxes is None:
-        boxes = crop_boxes_from_sizes(upright_hw, exists, batch.sample_ids.tolist(), batch.epoch, config)
+    if boxes is None:  # (the sample ids key random_resized_crop's boxes only)
+        ids = batch.sample_ids.tolist() if config.resize is ResizeMode.RANDOM_CROP else ()
+        boxes = crop_boxes_from_sizes(upright_hw, exists, ids, batch.epoch, config)
     return checked, boxes
 
 

@@ -311,7 +311,9 @@ class DaliDecoder:
         (so the output is one dense (B, H, W, 3) tensor), or with ``alone`` only ``rows``.
         Returns ((bytes, sizes), the per-row placement of those rows)."""
         n = len(batch)
-        if alone or len(rows) == n:
+        if not alone and len(rows) == n:  # every row (the rows are distinct): the batch as it is
+            return _encoded(batch, None), placement
+        if alone:
             src = np.asarray(rows, dtype=np.int64)
         else:
             src = np.full(n, rows[0], dtype=np.int64)
