@@ -253,7 +253,7 @@ class Span:
         return self.stop - self.start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Runs:
     """Spans as columns (int64 ``shard``, ``start``, ``stop``; bool ``valid``): what a reader
     that works on whole units takes, with no Python object per span (a shuffled unit is
