@@ -137,8 +137,11 @@ def probe_batch(images: Sequence | None, max_pixels: int | None,
     then be None, each image being the start of its row)."""
     known = _known_rows(*padded, max_pixels) if padded is not None else None
     n = len(images) if images is not None else len(padded[1]) if padded is not None else 0
-    if known is not None and n and None not in known:
-        return _all_known(known, max_pixels)  # type: ignore[arg-type]
+    if known is not None and n:
+        ids = np.fromiter(map(id, known), np.int64, n)  # (None's id where a header is not known)
+        if not (ids == id(None)).any():
+            first, index = _distinct(ids)
+            return ProbedHeaders(tuple(known[i] for i in first.tolist()), index, {}, max_pixels)
     index = np.empty(n, dtype=np.int32)
     table: list[ImageHeader] = []
     seen: dict[int, int] = {}  # id of a header object -> its place in the table
@@ -162,13 +165,6 @@ def probe_batch(images: Sequence | None, max_pixels: int | None,
             table.append(header)
         index[i] = j
     return ProbedHeaders(tuple(table), index, reasons, max_pixels)
-
-
-def _all_known(headers: list[ImageHeader], max_pixels: int | None) -> ProbedHeaders:
-    """:func:`probe_batch`'s answer when every image's header is known: the distinct header
-    objects in order of first appearance, found by their ids as an array (no Python call per image)."""
-    first, index = _distinct(np.fromiter(map(id, headers), np.int64, len(headers)))
-    return ProbedHeaders(tuple(headers[i] for i in first.tolist()), index, {}, max_pixels)
 
 
 def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

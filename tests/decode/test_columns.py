@@ -91,6 +91,27 @@ def test_probe_batch_says_what_probing_each_image_alone_says(max_pixels, padded)
             assert _all_fields(got.headers()[i]) == header, i
 
 
+@pytest.mark.parametrize("max_pixels", [None, 2000])
+def test_a_batch_whose_headers_are_all_remembered_gets_the_same_table(max_pixels):
+    """Good JPEGs of a few sizes in a shuffled order, probed twice from their padded rows: the
+    second time every header comes from memory (its table built from the header objects' ids);
+    each image still gets exactly its own header, the table holds each distinct one once, in order
+    of first appearance."""
+    from gpupipe.tools.synth import synthetic_jpeg
+
+    kinds = [synthetic_jpeg(np.random.default_rng(k), (16 + 4 * k, 24)) for k in range(4)]
+    order = np.random.default_rng(1).integers(0, 4, 40)
+    images = [kinds[k] for k in order.tolist()]
+    rows = _padded(images)
+    first, again = probe_batch(None, max_pixels, rows), probe_batch(None, max_pixels, rows)
+    for got in (first, again):
+        assert not got.reasons and len(got.table) == len(set(map(id, got.table))) == len(np.unique(order))
+        assert [id(h) for h in got.table] == list(dict.fromkeys(id(h) for h in got.headers()))  # first appearance
+        for i, data in enumerate(images):
+            assert _all_fields(got.headers()[i]) == _one_by_one(data, max_pixels)[0], i
+    assert [_all_fields(h) for h in again.headers()] == [_all_fields(h) for h in first.headers()]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), cut=st.integers(0, 400), tail=st.sampled_from([b"", b"\xff\xd9", b"\0\0"]))
 def test_a_remembered_header_never_answers_for_another_file(seed, cut, tail):
