@@ -175,15 +175,20 @@ def test_probe_verdicts_kept_under_one_pixel_limit_are_not_taken_under_another(t
 
 
 def test_verdicts_past_the_registry_s_size_are_not_kept(monkeypatch):
-    monkeypatch.setattr(headers, "_IDS_MAX", len(headers._BY_ID) + 1)
-    images = [synthetic_jpeg(np.random.default_rng(i), (16 + i, 16)) for i in range(3)]
-    ids = headers.header_ids(probe_batch(images, None))
-    assert (ids >= 0).sum() <= 1 and headers.probed_from_ids(ids, None) is None
-    one = ids[ids >= 0]
-    if len(one):  # a number kept stands for its header under its limit only
-        assert headers.probed_from_ids(one, None).headers() == probe_batch([images[int(np.flatnonzero(ids >= 0)[0])]],
-                                                                           None).headers()
-        assert headers.probed_from_ids(one, 10**9) is None and headers.kept_under(one, 10**9).tolist() == [-1]
+    """A registry with room for one verdict (empty: what other tests kept stays out): the first
+    distinct header gets a number, the others none; a number stands for its header under its
+    limit only."""
+    monkeypatch.setattr(headers, "_IDS", {})
+    monkeypatch.setattr(headers, "_BY_ID", [])
+    monkeypatch.setattr(headers, "_IDS_MAX", 1)
+    images = [synthetic_jpeg(np.random.default_rng(i), (16 + i, 16)) for i in range(3)]  # 3 sizes: 3 headers
+    probed = probe_batch(images, None)
+    assert len(probed.table) == 3
+    ids = headers.header_ids(probed)
+    assert ids.tolist() == [0, -1, -1] and headers.probed_from_ids(ids, None) is None
+    assert headers.probed_from_ids(ids[:1], None).headers() == probe_batch(images[:1], None).headers()
+    assert headers.probed_from_ids(ids[:1], 10**9) is None and headers.kept_under(ids, 10**9).tolist() == [-1, -1, -1]
+    assert headers.kept_under(ids, None).tolist() == [0, -1, -1]
 
 
 def _use_both_locks(out) -> None:
