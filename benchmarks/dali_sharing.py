@@ -26,13 +26,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 from collections import deque
 
-import numpy as np
+from feed_bench import padded_batches, shard_images  # (benchmarks/, this script's folder)
 
 BATCH = 256
 
@@ -51,22 +50,6 @@ def thread_cpu() -> dict[tuple[str, str], float]:
             continue
         out[(task, name)] = (int(fields[11]) + int(fields[12])) / tick
     return out
-
-
-def _rows(shards: str) -> list[np.ndarray]:
-    images = []
-    for path in sorted(glob.glob(os.path.join(shards, "*.tar"))):
-        with tarfile.open(path) as tar:
-            images += [np.frombuffer(tar.extractfile(m).read(), np.uint8)  # type: ignore[union-attr]
-                       for m in tar.getmembers() if m.name.endswith((".jpg", ".jpeg"))]
-    batches = []
-    for k in range(len(images) // BATCH):
-        chunk = images[k * BATCH:(k + 1) * BATCH]
-        rows = np.zeros((BATCH, max(len(d) for d in chunk)), np.uint8)
-        for i, d in enumerate(chunk):
-            rows[i, :len(d)] = d
-        batches.append(rows)
-    return batches
 
 
 def _calibrated(us: float) -> int:
@@ -96,7 +79,7 @@ def fed(shards: str, threads: int, busy_us: float, nice: int, seconds: float):
     p.build()  # DALI's threads exist now, at this thread's priority
     if nice:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    source, waiting = itertools.cycle(_rows(shards)), deque()
+    source, waiting = itertools.cycle(padded_batches(shard_images(shards), BATCH)), deque()
 
     def step() -> None:
         for _ in range(work):

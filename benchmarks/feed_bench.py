@@ -120,19 +120,20 @@ def dali_run(shards: str, threads: int, batch: int, tmp: str, device: str):
     return run
 
 
-def rows_run(shards: str, threads: int, batch: int, device: str):
-    """DALI's decoder alone, fed as gpupipe feeds it — each batch a padded (B, stride) array and
-    two batches ahead — from batches made before the clock starts (the shards' JPEGs in file
-    order): what the feed could reach with no stream and no hand-over at all."""
+def shard_images(shards: str) -> list[np.ndarray]:
+    """The JPEGs of the tar shards in folder ``shards``, in file order."""
     import tarfile
-
-    from nvidia.dali import fn, pipeline_def, types
 
     images = []
     for path in sorted(glob.glob(os.path.join(shards, "*.tar"))):
         with tarfile.open(path) as tar:
             images += [np.frombuffer(tar.extractfile(m).read(), np.uint8)  # type: ignore[union-attr]
                        for m in tar.getmembers() if m.name.endswith((".jpg", ".jpeg"))]
+    return images
+
+
+def padded_batches(images: list[np.ndarray], batch: int) -> list[np.ndarray]:
+    """``images`` as whole batches of padded (batch, longest) rows, as gpupipe feeds DALI."""
     batches = []
     for k in range(len(images) // batch):
         chunk = images[k * batch:(k + 1) * batch]
@@ -140,6 +141,17 @@ def rows_run(shards: str, threads: int, batch: int, device: str):
         for i, d in enumerate(chunk):
             rows[i, :len(d)] = d
         batches.append(rows)
+    return batches
+
+
+def rows_run(shards: str, threads: int, batch: int, device: str):
+    """DALI's decoder alone, fed as gpupipe feeds it — each batch a padded (B, stride) array and
+    two batches ahead — from batches made before the clock starts (the shards' JPEGs in file
+    order): what the feed could reach with no stream and no hand-over at all."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    images = shard_images(shards)
+    batches = padded_batches(images, batch)
     gpu = device.startswith("cuda")
 
     @pipeline_def(batch_size=batch, num_threads=threads, prefetch_queue_depth=1,  # type: ignore[call-overload]
