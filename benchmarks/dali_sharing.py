@@ -36,22 +36,6 @@ from feed_bench import padded_batches, shard_images  # (benchmarks/, this script
 BATCH = 256
 
 
-def thread_cpu() -> dict[tuple[str, str], float]:
-    """CPU seconds (user + system) of each live thread of this process, by (task id, name)."""
-    out = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for task in glob.glob("/proc/self/task/*"):
-        try:
-            with open(task + "/comm") as f:
-                name = f.read().strip()
-            with open(task + "/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[(task, name)] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
 def _calibrated(us: float) -> int:
     """Loop turns that take ``us`` µs of this thread's CPU (best of a few tries, before DALI runs)."""
     if us <= 0:
@@ -65,7 +49,7 @@ def _calibrated(us: float) -> int:
     return max(1, round(n * us * 1e-6 / best))
 
 
-def fed(shards: str, threads: int, busy_us: float, nice: int, seconds: float):
+def fed(shards: str, threads: int, busy_us: float, nice: int):
     """DALI's decoder fed prepared rows, ``busy_us`` of spinning an image in the feeding thread."""
     from nvidia.dali import fn, pipeline_def, types
 
@@ -115,15 +99,17 @@ def own(shards: str, threads: int):
 
 
 def child(args) -> None:
+    from gpupipe.tools.bench.measure import threads_cpu
+
     step = own(args.root, args.threads) if args.child == "own" else \
-        fed(args.root, args.threads, float(args.child.split(",")[0]), int(args.child.split(",")[1]), args.seconds)
+        fed(args.root, args.threads, float(args.child.split(",")[0]), int(args.child.split(",")[1]))
     for _ in range(30):
         step()
-    before, t0, n = thread_cpu(), time.perf_counter(), 0
+    before, t0, n = threads_cpu(), time.perf_counter(), 0
     while time.perf_counter() - t0 < args.seconds:
         step()
         n += BATCH
-    wall, after = time.perf_counter() - t0, thread_cpu()
+    wall, after = time.perf_counter() - t0, threads_cpu()
     kinds: dict[str, float] = {}
     for key, cpu in after.items():
         name = key[1]

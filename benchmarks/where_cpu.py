@@ -57,7 +57,7 @@ STEPS = [
     ("multiprocessing.reduction", "ForkingPickler.dumps", "  pickle (feeder thread)", False),
 ]
 _ACC: collections.Counter = collections.Counter()
-_DUMP = {"every": 20, "n": 0}
+_DUMP_EVERY = 20  # the worker writes its steps every this many batches
 
 
 def _in_worker() -> bool:
@@ -93,7 +93,7 @@ def _wrap(module: str, path: str, label: str, generator: bool) -> None:
                 _ACC[label] += clock() - t
                 if dump and _in_worker():
                     _ACC["_batches"] += 1
-                    if _ACC["_batches"] % _DUMP["every"] == 0 and os.environ.get("WHERE_CPU_DIR"):
+                    if _ACC["_batches"] % _DUMP_EVERY == 0 and os.environ.get("WHERE_CPU_DIR"):
                         with open(os.path.join(os.environ["WHERE_CPU_DIR"], f"{os.getpid()}.json"), "w") as out:
                             json.dump(_ACC, out)
                 yield x

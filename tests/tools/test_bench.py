@@ -379,7 +379,7 @@ def test_thread_cpu_tells_the_native_decoders_threads_from_the_rest_and_children
     import threading
     import time as _time
 
-    from gpupipe.tools.bench.measure import children_cpu, thread_cpu
+    from gpupipe.tools.bench.measure import children_cpu, thread_cpu, threads_cpu
 
     def burn(seconds: float) -> None:
         end = _time.process_time() + seconds
@@ -399,9 +399,10 @@ def test_thread_cpu_tells_the_native_decoders_threads_from_the_rest_and_children
     t = threading.Thread(target=native)
     t.start()
     assert burned.wait(60)  # its 0.3 s of CPU, however long a loaded machine takes to give them
-    mid = thread_cpu()
+    mid, each = thread_cpu(), threads_cpu()
     done.set()
     t.join()
+    assert each[(t.native_id, "[DALI] Executor")] >= 0.2  # the thread by its id and name
     assert mid["native"] - before["native"] >= 0.2
     assert mid["outside"] - before["outside"] < 0.2
     c0 = children_cpu()

@@ -14,7 +14,7 @@ import resource
 import threading
 from typing import Any
 
-__all__ = ["cpu_seconds", "thread_cpu", "children_cpu", "Sampler", "gpu_note", "tree_rss_mb", "environment"]
+__all__ = ["cpu_seconds", "thread_cpu", "threads_cpu", "children_cpu", "Sampler", "gpu_note", "tree_rss_mb", "environment"]
 
 
 def cpu_seconds() -> float:
@@ -142,16 +142,11 @@ def _cpu_model() -> str | None:
 _NATIVE_THREADS = ("[DALI]", "nvimgcodec", "nvjpeg")  # the native decoder's own threads, by name prefix
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds (user + system) of this process so far: ``native`` in the native decoder's
-    own threads (DALI names its ``[DALI] Executor``, ``[DALI][TPn]Exec``, ...; read from
-    ``/proc/self/task/*/stat``), ``outside`` in all the others — the Python side that has to
-    keep the decoder fed (the process's total from ``getrusage``, which keeps the CPU of
-    threads that ended, less ``native``). A native decoder's threads live as long as its
-    pipeline: take both readings while the decoder lives."""
+def threads_cpu() -> dict[tuple[int, str], float]:
+    """CPU seconds (user + system) of each thread of this process alive now, by (thread id, name)
+    (``/proc/self/task/*/stat``; a thread that ended meanwhile is left out)."""
     tick = os.sysconf("SC_CLK_TCK")
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    out = {"outside": own.ru_utime + own.ru_stime, "native": 0.0}
+    out = {}
     for task in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{task}/stat") as f:
@@ -160,11 +155,20 @@ def thread_cpu() -> dict[str, float]:
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
-        if name.startswith(_NATIVE_THREADS):
-            seconds = (int(fields[11]) + int(fields[12])) / tick
-            out["native"] += seconds
-            out["outside"] -= seconds
+        out[(int(task), name)] = (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process so far: ``native`` in the native decoder's
+    own threads (DALI names its ``[DALI] Executor``, ``[DALI][TPn]Exec``, ...; read from
+    ``/proc/self/task/*/stat``), ``outside`` in all the others — the Python side that has to
+    keep the decoder fed (the process's total from ``getrusage``, which keeps the CPU of
+    threads that ended, less ``native``). A native decoder's threads live as long as its
+    pipeline: take both readings while the decoder lives."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    native = sum(seconds for (_, name), seconds in threads_cpu().items() if name.startswith(_NATIVE_THREADS))
+    return {"outside": own.ru_utime + own.ru_stime - native, "native": native}
 
 
 def children_cpu() -> float:
